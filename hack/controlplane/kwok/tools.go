@@ -1,0 +1,8 @@
+//go:build tools
+
+// Package tools pins kwok, which plays the kubelet for fake nodes.
+package tools
+
+import (
+	_ "sigs.k8s.io/kwok/cmd/kwok"
+)
