@@ -1,0 +1,619 @@
+//! The `ManagedJob` custom resource (`managedjobs.dev/v1alpha1`): spec, status, the two state
+//! machines' names, and the CRD with its validation rules (DESIGN.md section 3).
+//!
+//! The CRD is generated from these types by kube's derive; [`crd`] then adds what the derive cannot
+//! express (ranges, patterns, CEL rules for "exactly one of run/template" and immutability, the
+//! trimmed pod-template schema) so that bad input is refused by the API server, never by the
+//! operator.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// API group of the resource.
+pub const GROUP: &str = "managedjobs.dev";
+/// Finalizer that holds a deleted ManagedJob until its workload is stopped and cleaned up.
+pub const FINALIZER: &str = "managedjobs.dev/cleanup";
+/// Label carrying the store's job id on every workload object (Pods).
+pub const LABEL_JOB_ID: &str = "managedjobs.dev/job-id";
+/// Label carrying the attempt number on every workload object (Pods).
+pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
+/// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
+pub const MAX_SCRIPT_BYTES: usize = 65_536;
+
+/// What the user asks for. Immutable after creation except `priority` and `cancel`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "managedjobs.dev",
+    version = "v1alpha1",
+    kind = "ManagedJob",
+    namespaced,
+    status = "ManagedJobStatus",
+    shortname = "mj",
+    shortname = "mjob",
+    printcolumn = r#"{"name":"Job-ID","type":"integer","jsonPath":".status.jobId","description":"Id the operator's store assigned"}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase","description":"Phase of the job"}"#,
+    printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".status.scheduleState","description":"Scheduler state"}"#,
+    printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.recoveryCount","description":"Relaunches after preemption or node loss"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Latest status message"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedJobSpec {
+    /// Shell script run by `sh -c` on the controller node (the local executor). Exactly one of
+    /// `run` and `template` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// Shell script run before `run` in each attempt (local executor). A non-zero exit ends the
+    /// attempt as FailedSetup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    /// Environment of `setup` and `run`: the process sees these variables (plus PATH and the
+    /// MANAGEDJOB_* variables), never the operator's own environment.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Pod template run by the pod executor, one Pod per attempt, restartPolicy Never. Exactly
+    /// one of `run` and `template` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplateSpec>,
+    /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// Restart and recovery budgets.
+    #[serde(default)]
+    pub recovery: RecoverySpec,
+    /// Set to true to cancel the job without deleting the object; it keeps its final status.
+    #[serde(default)]
+    pub cancel: bool,
+    /// Seconds the job may run, counted from its first start; past it the job is stopped and
+    /// Failed with reason DeadlineExceeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
+    /// Seconds after the job finished (Succeeded, Failed*, Cancelled) when the operator deletes
+    /// the object. Unset keeps it forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<i32>,
+}
+
+/// One environment variable of the local executor.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct EnvVar {
+    /// Variable name: a shell identifier (`[A-Za-z_][A-Za-z0-9_]*`).
+    pub name: String,
+    /// Value, passed verbatim (never interpreted by a shell).
+    #[serde(default)]
+    pub value: String,
+}
+
+/// Restart and recovery budgets (SkyPilot's `max_restarts_on_errors` and recovery count).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverySpec {
+    /// Restarts after the workload itself fails (non-zero exit). 0 = fail at the first error.
+    #[serde(default)]
+    pub max_restarts_on_errors: i32,
+    /// Relaunches after preemption, eviction or node loss. Unset = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_recoveries: Option<i32>,
+}
+
+/// What the operator observed and did. Written only by the operator, through the status
+/// subresource.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedJobStatus {
+    /// Id the operator's store assigned at first sight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<i64>,
+    /// User-facing phase (SkyPilot's ManagedJobStatus in Kubernetes casing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<JobPhase>,
+    /// The scheduler's view of the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_state: Option<ScheduleState>,
+    /// Human-readable sentence about the latest step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Position in the admission queue when the job was queued (1 = next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i64>,
+    /// When the operator first saw the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_at: Option<Time>,
+    /// When the first attempt's workload started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the job reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// Number of the current (or last) attempt, from 1.
+    #[serde(default)]
+    pub attempt: i32,
+    /// Relaunches after preemption or node loss so far.
+    #[serde(default)]
+    pub recovery_count: i32,
+    /// Restarts after workload errors so far.
+    #[serde(default)]
+    pub restart_count: i32,
+    /// Exit code of the last attempt's workload, once it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// CamelCase reason of a failure (e.g. `ExitCode`, `DeadlineExceeded`, `RecoveryBudgetSpent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// The current attempt's workload: `pod/<name>` or `pid/<pid>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// `metadata.generation` this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Reconciling, Ready, Stalled, Complete and Failed (metav1.Condition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The phase a user sees (DESIGN.md section 4). Terminal: Succeeded, Cancelled and the five
+/// Failed*. Cancelling is not terminal.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum JobPhase {
+    /// Waiting for a slot.
+    Pending,
+    /// Job controller process started.
+    Submitted,
+    /// Launching the workload.
+    Starting,
+    /// Workload running.
+    Running,
+    /// Relaunching after preemption, node loss, or restarting after an error.
+    Recovering,
+    /// Workload finished with exit code 0.
+    Succeeded,
+    /// Cancel requested; the workload is being stopped.
+    Cancelling,
+    /// Cancelled and cleaned up.
+    Cancelled,
+    /// The workload failed and its restart budget is spent.
+    Failed,
+    /// The setup script (or an init container) failed.
+    FailedSetup,
+    /// The job could not be submitted (e.g. its executor is disabled, a quota refused its Pod).
+    FailedPrecheck,
+    /// The launch was impossible within its limits.
+    FailedNoResource,
+    /// An internal error that resumption could not repair.
+    FailedController,
+}
+
+impl JobPhase {
+    /// Every phase, in SkyPilot's order.
+    pub const ALL: [JobPhase; 13] = [
+        JobPhase::Pending,
+        JobPhase::Submitted,
+        JobPhase::Starting,
+        JobPhase::Running,
+        JobPhase::Recovering,
+        JobPhase::Succeeded,
+        JobPhase::Cancelling,
+        JobPhase::Cancelled,
+        JobPhase::Failed,
+        JobPhase::FailedSetup,
+        JobPhase::FailedPrecheck,
+        JobPhase::FailedNoResource,
+        JobPhase::FailedController,
+    ];
+
+    /// True for Succeeded, Cancelled and every Failed*. Cancelling is not terminal.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Cancelled) || self.is_failure()
+    }
+
+    /// True for the five Failed* phases.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            JobPhase::Failed
+                | JobPhase::FailedSetup
+                | JobPhase::FailedPrecheck
+                | JobPhase::FailedNoResource
+                | JobPhase::FailedController
+        )
+    }
+
+    /// The name as stored and shown (`Pending`, `FailedSetup`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobPhase::Pending => "Pending",
+            JobPhase::Submitted => "Submitted",
+            JobPhase::Starting => "Starting",
+            JobPhase::Running => "Running",
+            JobPhase::Recovering => "Recovering",
+            JobPhase::Succeeded => "Succeeded",
+            JobPhase::Cancelling => "Cancelling",
+            JobPhase::Cancelled => "Cancelled",
+            JobPhase::Failed => "Failed",
+            JobPhase::FailedSetup => "FailedSetup",
+            JobPhase::FailedPrecheck => "FailedPrecheck",
+            JobPhase::FailedNoResource => "FailedNoResource",
+            JobPhase::FailedController => "FailedController",
+        }
+    }
+
+    /// Parses [`JobPhase::as_str`]'s output; `None` for anything else.
+    pub fn parse(s: &str) -> Option<JobPhase> {
+        JobPhase::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for JobPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The scheduler's state of a job (SkyPilot's ManagedJobScheduleState).
+///
+/// `Inactive -> Waiting -> Launching -> Alive -> (AliveWaiting -> Launching -> Alive)* -> Done`;
+/// Inactive/Waiting may go straight to Done when cancelled. Nothing leaves Done.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ScheduleState {
+    /// Known to the store, not yet submitted to the scheduler.
+    Inactive,
+    /// Queued for its first launch.
+    Waiting,
+    /// Holds a launch slot (and a run slot).
+    Launching,
+    /// Its job controller process runs and is not launching (holds a run slot).
+    Alive,
+    /// Alive and asking for a launch slot to relaunch (recovery or restart).
+    AliveWaiting,
+    /// Finished; the phase is terminal.
+    Done,
+}
+
+impl ScheduleState {
+    /// Every schedule state, in lifecycle order.
+    pub const ALL: [ScheduleState; 6] = [
+        ScheduleState::Inactive,
+        ScheduleState::Waiting,
+        ScheduleState::Launching,
+        ScheduleState::Alive,
+        ScheduleState::AliveWaiting,
+        ScheduleState::Done,
+    ];
+
+    /// True for the states that hold a run slot and have a job controller process.
+    pub fn holds_run_slot(self) -> bool {
+        matches!(
+            self,
+            ScheduleState::Launching | ScheduleState::Alive | ScheduleState::AliveWaiting
+        )
+    }
+
+    /// The name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleState::Inactive => "Inactive",
+            ScheduleState::Waiting => "Waiting",
+            ScheduleState::Launching => "Launching",
+            ScheduleState::Alive => "Alive",
+            ScheduleState::AliveWaiting => "AliveWaiting",
+            ScheduleState::Done => "Done",
+        }
+    }
+
+    /// Parses [`ScheduleState::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<ScheduleState> {
+        ScheduleState::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for ScheduleState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which executor runs a spec: `local` for `run`, `pod` for `template`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// A process group on the controller node.
+    Local,
+    /// A Pod in the job's namespace.
+    Pod,
+}
+
+impl ExecutorKind {
+    /// `local` or `pod`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorKind::Local => "local",
+            ExecutorKind::Pod => "pod",
+        }
+    }
+
+    /// Parses `local` or `pod`.
+    pub fn parse(s: &str) -> Option<ExecutorKind> {
+        match s {
+            "local" => Some(ExecutorKind::Local),
+            "pod" => Some(ExecutorKind::Pod),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ExecutorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ManagedJobSpec {
+    /// The executor this spec asks for. The API server guarantees exactly one of run/template.
+    pub fn executor(&self) -> ExecutorKind {
+        if self.template.is_some() {
+            ExecutorKind::Pod
+        } else {
+            ExecutorKind::Local
+        }
+    }
+}
+
+/// The CRD as installed: kube's derived schema plus the validation rules of DESIGN.md section 3.
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = ManagedJob::crd();
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    let version = &mut value["spec"]["versions"][0];
+    let root = &mut version["schema"]["openAPIV3Schema"];
+    root["description"] = json!(
+        "A managed job: a batch workload launched within the operator's launch and run caps, \
+         recovered after preemption, restarted after errors and cancelled on request."
+    );
+    root["properties"]["spec"]["description"] = json!(
+        "What to run and how to treat failures. Immutable after creation except priority and cancel."
+    );
+    root["properties"]["status"]["description"] =
+        json!("What the operator observed; written only by the operator.");
+    refine_spec_schema(&mut root["properties"]["spec"]);
+    crd = serde_json::from_value(value).expect("the refined CRD deserializes");
+    crd
+}
+
+/// The CRD as YAML, exactly as committed in `crds/managedjobs.dev_managedjobs.yaml`.
+pub fn crd_yaml() -> String {
+    let mut out = String::from("# Generated by `managed-jobs crd`; do not edit.\n");
+    out.push_str(&serde_norway::to_string(&crd()).expect("a CRD serializes to YAML"));
+    out
+}
+
+fn rule(rule: &str, message: &str) -> Value {
+    json!({ "rule": rule, "message": message })
+}
+
+fn refine_spec_schema(spec: &mut Value) {
+    const IMMUTABLE: [&str; 6] = [
+        "run",
+        "setup",
+        "env",
+        "template",
+        "activeDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+    ];
+    let mut rules = vec![rule(
+        "has(self.run) != has(self.template)",
+        "exactly one of spec.run (local executor) and spec.template (pod executor) must be set",
+    )];
+    for field in IMMUTABLE {
+        rules.push(rule(
+            &format!("has(self.{field}) == has(oldSelf.{field})"),
+            &format!("spec.{field} is immutable after creation (only spec.priority and spec.cancel may change)"),
+        ));
+    }
+    rules.push(json!({
+        "rule": "self.recovery == oldSelf.recovery",
+        "message": "spec.recovery is immutable after creation (only spec.priority and spec.cancel may change)",
+    }));
+    rules.push(rule(
+        "!oldSelf.cancel || self.cancel",
+        "spec.cancel cannot be set back to false once a job is cancelled",
+    ));
+    spec["x-kubernetes-validations"] = Value::Array(rules);
+    spec["required"] = json!([]);
+    spec.as_object_mut().unwrap().remove("required");
+
+    let props = &mut spec["properties"];
+    for field in IMMUTABLE {
+        let message = format!(
+            "spec.{field} is immutable after creation (only spec.priority and spec.cancel may change)"
+        );
+        props[field]["x-kubernetes-validations"] = json!([rule("self == oldSelf", &message)]);
+    }
+    for field in ["run", "setup"] {
+        props[field]["minLength"] = json!(1);
+        props[field]["maxLength"] = json!(MAX_SCRIPT_BYTES);
+    }
+    props["priority"]["minimum"] = json!(-1000);
+    props["priority"]["maximum"] = json!(1000);
+    props["priority"]["default"] = json!(0);
+    props["cancel"]["default"] = json!(false);
+    props["activeDeadlineSeconds"]["minimum"] = json!(1);
+    props["ttlSecondsAfterFinished"]["minimum"] = json!(0);
+
+    let env = &mut props["env"];
+    env["maxItems"] = json!(256);
+    env["x-kubernetes-list-type"] = json!("map");
+    env["x-kubernetes-list-map-keys"] = json!(["name"]);
+    let item = &mut env["items"];
+    item["required"] = json!(["name"]);
+    item["properties"]["name"]["pattern"] = json!("^[A-Za-z_][A-Za-z0-9_]*$");
+    item["properties"]["name"]["maxLength"] = json!(256);
+    item["properties"]["value"]["maxLength"] = json!(32_768);
+
+    let recovery = &mut props["recovery"];
+    recovery["default"] = json!({});
+    recovery["properties"]["maxRestartsOnErrors"]["minimum"] = json!(0);
+    recovery["properties"]["maxRestartsOnErrors"]["maximum"] = json!(1000);
+    recovery["properties"]["maxRestartsOnErrors"]["default"] = json!(0);
+    recovery["properties"]["maxRecoveries"]["minimum"] = json!(0);
+    recovery["required"] = json!([]);
+    recovery.as_object_mut().unwrap().remove("required");
+
+    props["template"] = pod_template_schema();
+}
+
+/// A trimmed PodTemplateSpec schema: the full upstream schema would push the CRD past the 256 KiB
+/// client-side-apply annotation limit, so the Pod spec is kept open (`x-kubernetes-preserve-unknown-fields`)
+/// and only what the operator relies on is checked here; the rest is checked when the Pod is created.
+fn pod_template_schema() -> Value {
+    json!({
+        "description": "Pod template run by the pod executor, one Pod per attempt (restartPolicy Never). Exactly one of run and template is set.",
+        "type": "object",
+        "x-kubernetes-validations": [rule(
+            "self == oldSelf",
+            "spec.template is immutable after creation (only spec.priority and spec.cancel may change)",
+        )],
+        "properties": {
+            "metadata": {
+                "description": "Labels and annotations copied onto each Pod.",
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+            },
+            "spec": {
+                "description": "A core/v1 PodSpec; validated in full when the Pod is created.",
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "required": ["containers"],
+                "properties": {
+                    "containers": {
+                        "description": "The Pod's containers; at least one.",
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true,
+                            "required": ["name"],
+                        },
+                    },
+                    "restartPolicy": {
+                        "description": "Must be Never (or unset): the operator restarts and recovers the job itself.",
+                        "type": "string",
+                    },
+                },
+                "x-kubernetes-validations": [rule(
+                    "!has(self.restartPolicy) || self.restartPolicy == 'Never'",
+                    "spec.template.spec.restartPolicy must be Never (or unset): the operator itself restarts (maxRestartsOnErrors) and recovers (maxRecoveries) the job",
+                )],
+            },
+        },
+        "required": ["spec"],
+    })
+}
+
+/// Validates what the API schema cannot: returns a sentence naming the field, or `Ok(())`.
+///
+/// Used when the CRD was installed without our rules (e.g. an older copy): the operator then fails
+/// the one job with FailedPrecheck instead of acting on bad input.
+pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
+    match (&spec.run, &spec.template) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err("exactly one of spec.run and spec.template must be set".into());
+        }
+        (Some(run), None) if run.is_empty() => return Err("spec.run must not be empty".into()),
+        _ => {}
+    }
+    if !(-1000..=1000).contains(&spec.priority) {
+        return Err(format!(
+            "spec.priority {} is outside -1000..1000",
+            spec.priority
+        ));
+    }
+    if spec.recovery.max_restarts_on_errors < 0 {
+        return Err("spec.recovery.maxRestartsOnErrors must be >= 0".into());
+    }
+    if spec.recovery.max_recoveries.is_some_and(|n| n < 0) {
+        return Err("spec.recovery.maxRecoveries must be >= 0".into());
+    }
+    if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
+        return Err("spec.activeDeadlineSeconds must be >= 1".into());
+    }
+    for (i, var) in spec.env.iter().enumerate() {
+        if !is_shell_identifier(&var.name) {
+            return Err(format!(
+                "spec.env[{i}].name {:?} is not a valid variable name",
+                var.name
+            ));
+        }
+    }
+    if let Some(template) = &spec.template {
+        let containers = template
+            .spec
+            .as_ref()
+            .map(|s| s.containers.len())
+            .unwrap_or(0);
+        if containers == 0 {
+            return Err("spec.template.spec.containers must hold at least one container".into());
+        }
+        let policy = template
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.as_deref());
+        if policy.is_some_and(|p| p != "Never") {
+            return Err("spec.template.spec.restartPolicy must be Never".into());
+        }
+    }
+    Ok(())
+}
+
+fn is_shell_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_phases_match_the_design() {
+        let terminal: Vec<_> = JobPhase::ALL
+            .into_iter()
+            .filter(|p| p.is_terminal())
+            .collect();
+        assert_eq!(terminal.len(), 7);
+        assert!(!JobPhase::Cancelling.is_terminal());
+        for p in JobPhase::ALL {
+            assert_eq!(JobPhase::parse(p.as_str()), Some(p));
+        }
+    }
+
+    #[test]
+    fn crd_is_small_enough_for_client_side_apply() {
+        let yaml = crd_yaml();
+        assert!(yaml.len() < 64 * 1024, "CRD is {} bytes", yaml.len());
+    }
+
+    #[test]
+    fn validate_spec_names_the_field() {
+        let mut spec = ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        assert!(validate_spec(&spec).is_ok());
+        spec.env.push(EnvVar {
+            name: "A=B".into(),
+            value: "x".into(),
+        });
+        assert!(
+            validate_spec(&spec)
+                .unwrap_err()
+                .contains("spec.env[0].name")
+        );
+    }
+}

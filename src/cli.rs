@@ -1,0 +1,276 @@
+//! The `managed-jobs` command line: `run`, `crd`, `queue`, `logs` and the internal
+//! `job-controller`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::api::ExecutorKind;
+use crate::capacity::{self, Overrides};
+use crate::engine::CAPS_SETTING;
+use crate::store::{JobRow, Store, now_ms};
+use crate::telemetry::LogFormat;
+
+/// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
+/// preemption, restarted after errors, cancelled on request.
+#[derive(Debug, Parser)]
+#[command(name = "managed-jobs", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "MJ_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the operator: watch ManagedJobs, schedule them, write status.
+    Run(RunArgs),
+    /// Print the ManagedJob CustomResourceDefinition (YAML).
+    Crd,
+    /// Show the jobs in the store, like `sky jobs queue`.
+    Queue(QueueArgs),
+    /// Print a job's workload log (or its job controller's log).
+    Logs(LogsArgs),
+    /// Internal: drive one job (started by the operator).
+    #[command(hide = true)]
+    JobController(JobControllerArgs),
+}
+
+/// Default state dir: `$MJ_STATE_DIR`, else `$XDG_STATE_HOME/managed-jobs`, else
+/// `~/.local/state/managed-jobs`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(dir).join("managed-jobs");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".local/state/managed-jobs")
+}
+
+/// Flags of `managed-jobs run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Directory for the SQLite store, logs and the operator lock (a PVC in a cluster).
+    #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
+    pub state_dir: PathBuf,
+    /// Watch ManagedJobs in this namespace only (default: all namespaces).
+    #[arg(long, env = "MJ_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Executors to enable, comma-separated: `local`, `pod`. Default: `pod` inside a cluster
+    /// (the local executor would run user code with the operator's identity), `local,pod` outside.
+    #[arg(long, env = "MJ_EXECUTORS", value_delimiter = ',')]
+    pub executors: Vec<String>,
+    /// Override the launch cap (default: 4 x usable CPUs; ceiling 512).
+    #[arg(long, env = "MJ_LAUNCH_CAP")]
+    pub launch_cap: Option<usize>,
+    /// Override the run cap (default: (usable memory - reserve) / per-job budget; ceiling 10000).
+    #[arg(long, env = "MJ_RUN_CAP")]
+    pub run_cap: Option<usize>,
+    /// Per-job memory budget in MiB used to derive the run cap.
+    #[arg(long, env = "MJ_JOB_MEMORY_MIB", default_value_t = capacity::DEFAULT_JOB_MEMORY_MIB)]
+    pub job_memory_mib: u64,
+    /// Memory kept for the operator and the host, MiB.
+    #[arg(long, env = "MJ_RESERVED_MEMORY_MIB", default_value_t = capacity::DEFAULT_RESERVED_MEMORY_MIB)]
+    pub reserved_memory_mib: u64,
+    /// Sustained Kubernetes API requests per second for the operator's writes.
+    #[arg(long, env = "MJ_API_QPS", default_value_t = 50)]
+    pub api_qps: u32,
+    /// Burst of Kubernetes API requests above the QPS.
+    #[arg(long, env = "MJ_API_BURST", default_value_t = 100)]
+    pub api_burst: u32,
+    /// Seconds between SIGTERM and SIGKILL when stopping a workload.
+    #[arg(long, env = "MJ_CANCEL_GRACE_SECONDS", default_value_t = 5.0)]
+    pub cancel_grace_seconds: f64,
+    /// First back-off before a restart after an error, seconds; doubles per restart (max 300).
+    #[arg(long, env = "MJ_RESTART_BACKOFF_SECONDS", default_value_t = 1.0)]
+    pub restart_backoff_seconds: f64,
+    /// Job controller exits before the job is done that end it as FailedController.
+    #[arg(long, env = "MJ_MAX_CONTROLLER_CRASHES", default_value_t = 3)]
+    pub max_controller_crashes: i64,
+}
+
+/// Flags of `managed-jobs queue`.
+#[derive(Debug, clap::Args)]
+pub struct QueueArgs {
+    /// State dir of the operator.
+    #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
+    pub state_dir: PathBuf,
+    /// Also show finished jobs.
+    #[arg(long, short)]
+    pub all: bool,
+}
+
+/// Flags of `managed-jobs logs`.
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// Job id, `namespace/name`, or `name` (namespace `default`).
+    pub job: String,
+    /// Print the job controller process's log instead of the workload's.
+    #[arg(long)]
+    pub controller: bool,
+    /// State dir of the operator.
+    #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
+    pub state_dir: PathBuf,
+}
+
+/// Flags of the internal `job-controller` (`--job-id N` always last: liveness checks read it).
+#[derive(Debug, clap::Args)]
+pub struct JobControllerArgs {
+    /// State dir of the operator.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// The job to drive.
+    #[arg(long)]
+    pub job_id: i64,
+}
+
+impl RunArgs {
+    /// The executors to enable, defaulting by environment (in a cluster or not).
+    pub fn executors(&self) -> anyhow::Result<Vec<ExecutorKind>> {
+        if self.executors.is_empty() {
+            let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+            return Ok(if in_cluster {
+                vec![ExecutorKind::Pod]
+            } else {
+                vec![ExecutorKind::Local, ExecutorKind::Pod]
+            });
+        }
+        self.executors
+            .iter()
+            .map(|e| {
+                ExecutorKind::parse(e.trim())
+                    .with_context(|| format!("unknown executor {e:?}: expected local or pod"))
+            })
+            .collect()
+    }
+
+    /// Cap overrides from the flags.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            launch_cap: self.launch_cap,
+            run_cap: self.run_cap,
+            job_memory_mib: Some(self.job_memory_mib),
+            reserved_memory_mib: Some(self.reserved_memory_mib),
+        }
+    }
+}
+
+fn open_existing(state_dir: &Path) -> anyhow::Result<Store> {
+    let path = state_dir.join(crate::STORE_FILE);
+    anyhow::ensure!(
+        path.exists(),
+        "no store at {} (is the operator's --state-dir elsewhere?)",
+        path.display()
+    );
+    Ok(Store::open(&path, 1024)?)
+}
+
+fn human_duration(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// Renders the `queue` table.
+pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
+    let usage = store.slot_usage()?;
+    let caps = store
+        .setting(CAPS_SETTING)?
+        .unwrap_or_else(|| "unknown".into());
+    let mut out = format!(
+        "caps: {caps}; in use: launching {}, alive {}; queued {}\n",
+        usage.launching, usage.alive, usage.waiting
+    );
+    out.push_str(&format!(
+        "{:>6}  {:<40} {:<16} {:<12} {:>4} {:>4}  {:<20} {:>8}  {}\n",
+        "ID",
+        "NAMESPACE/NAME",
+        "PHASE",
+        "SCHEDULE",
+        "REC",
+        "RST",
+        "SUBMITTED",
+        "DURATION",
+        "MESSAGE"
+    ));
+    let now = now_ms();
+    let rows: Vec<JobRow> = store
+        .all()?
+        .into_iter()
+        .filter(|r| all || !r.phase.is_terminal())
+        .collect();
+    for r in rows {
+        let submitted = jiff::Timestamp::from_millisecond(r.submitted_at_ms)
+            .map(|t| t.strftime("%Y-%m-%d %H:%M:%S").to_string())
+            .unwrap_or_default();
+        let duration = r
+            .started_at_ms
+            .map(|s| human_duration(r.finished_at_ms.unwrap_or(now) - s))
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "{:>6}  {:<40} {:<16} {:<12} {:>4} {:>4}  {:<20} {:>8}  {}\n",
+            r.id,
+            r.key(),
+            r.phase.as_str(),
+            r.schedule_state.as_str(),
+            r.recovery_count,
+            r.restart_count,
+            submitted,
+            duration,
+            r.message
+        ));
+    }
+    Ok(out)
+}
+
+/// `managed-jobs queue`.
+pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
+    let store = open_existing(&args.state_dir)?;
+    print!("{}", queue_table(&store, args.all)?);
+    Ok(())
+}
+
+/// `managed-jobs logs`.
+pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
+    let store = open_existing(&args.state_dir)?;
+    let row = match args.job.parse::<i64>() {
+        Ok(id) => store.get(id)?,
+        Err(_) => {
+            let (ns, name) = args.job.split_once('/').unwrap_or(("default", &args.job));
+            store
+                .find_by_name(ns, name)?
+                .into_iter()
+                .next()
+                .with_context(|| format!("no job {ns}/{name} in the store"))?
+        }
+    };
+    let path = if args.controller {
+        crate::job_controller::log_path(&args.state_dir, row.id)
+    } else {
+        crate::executor::local::LocalExecutor::log_path(&args.state_dir, row.id)
+    };
+    let text = std::fs::read(&path)
+        .with_context(|| format!("job {} has no log at {} yet", row.id, path.display()))?;
+    use std::io::Write as _;
+    std::io::stdout().write_all(&text)?;
+    Ok(())
+}
+
+/// Seconds (float) to a duration, refusing negatives.
+pub fn seconds(s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("invalid seconds {s}: {e}"))
+}

@@ -1,0 +1,410 @@
+//! The engine: store, scheduling passes and job controller processes, without Kubernetes.
+//!
+//! It owns the state dir (exclusive lock), runs a scheduling pass on every wake-up (a datagram
+//! from a job controller, a child's exit, a new job, a cancel) and every [`BACKSTOP`], starts job
+//! controller processes in sessions of their own, notices their exit at once (the engine is their
+//! parent, or holds a pidfd after a restart) and resumes their jobs. The [`crate::operator`] adds
+//! the Kubernetes side (watch, finalizer, status writes); tests drive the engine directly.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg};
+use tokio::sync::Notify;
+
+use crate::api::{ExecutorKind, JobPhase, ScheduleState};
+use crate::capacity::Capacity;
+use crate::executor::local::LocalExecutor;
+use crate::job_controller::settings;
+use crate::process;
+use crate::scheduler;
+use crate::store::{Cas, Change, Expect, JobRow, Store, StoreError};
+
+/// Period of the backstop scheduling pass and status sweep.
+pub const BACKSTOP: Duration = Duration::from_secs(5);
+/// SQLite page cache of the engine's connection, KiB.
+pub const ENGINE_CACHE_KIB: u32 = 8 * 1024;
+/// Store setting holding the caps in force (`launch=N,run=M`), for `managed-jobs queue`.
+pub const CAPS_SETTING: &str = "caps";
+
+/// Engine configuration (from `managed-jobs run` flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Holds the store, logs, the lock and the wake-up socket.
+    pub state_dir: PathBuf,
+    /// Watch only this namespace (None = all).
+    pub namespace: Option<String>,
+    /// Executors enabled.
+    pub executors: Vec<ExecutorKind>,
+    /// Caps in force.
+    pub capacity: Capacity,
+    /// Grace between SIGTERM and SIGKILL when stopping a workload.
+    pub cancel_grace: Duration,
+    /// First restart back-off (doubles per restart).
+    pub restart_backoff: Duration,
+    /// Job controller exits before Done that end a job as FailedController.
+    pub max_controller_crashes: i64,
+    /// The `managed-jobs` binary used to start job controllers.
+    pub self_exe: PathBuf,
+}
+
+/// Shared state of the engine's tasks.
+pub struct Engine {
+    cfg: Config,
+    store: Mutex<Store>,
+    schedule: Notify,
+    /// Notified whenever a job's status may have changed (the operator's status writer waits on it).
+    pub status_changed: Notify,
+    _lock: Flock<std::fs::File>,
+}
+
+/// Takes the state dir's exclusive lock, or fails naming the holder's lock file.
+pub fn lock_state_dir(cfg: &Config) -> anyhow::Result<Flock<std::fs::File>> {
+    std::fs::create_dir_all(cfg.state_dir.join("logs"))?;
+    let path = cfg.state_dir.join("operator.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+        anyhow::anyhow!(
+            "another operator holds {} (two operators must never drive one state dir)",
+            path.display()
+        )
+    })
+}
+
+impl Engine {
+    /// Takes the state dir, opens the store, shares settings with job controllers, adopts or
+    /// resumes live jobs, and starts the wake-up listener and the scheduler loop.
+    pub fn start(cfg: Config) -> anyhow::Result<Arc<Engine>> {
+        let lock = lock_state_dir(&cfg)?;
+        let mut store = Store::open(&cfg.state_dir.join(crate::STORE_FILE), ENGINE_CACHE_KIB)?;
+        let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
+        store.set_setting(settings::EXECUTORS, &executors.join(","))?;
+        store.set_setting(
+            settings::CANCEL_GRACE_MS,
+            &cfg.cancel_grace.as_millis().to_string(),
+        )?;
+        store.set_setting(
+            settings::RESTART_BACKOFF_MS,
+            &cfg.restart_backoff.as_millis().to_string(),
+        )?;
+        let caps = cfg.capacity.caps;
+        store.set_setting(
+            CAPS_SETTING,
+            &format!("launch={},run={}", caps.launch, caps.run),
+        )?;
+        tracing::info!(
+            launch_cap = caps.launch,
+            run_cap = caps.run,
+            executors = %executors.join(","),
+            state_dir = %cfg.state_dir.display(),
+            "caps in force: {}",
+            cfg.capacity
+        );
+        let socket = bind_socket(&cfg)?;
+        let engine = Arc::new(Engine {
+            cfg,
+            store: Mutex::new(store),
+            schedule: Notify::new(),
+            status_changed: Notify::new(),
+            _lock: lock,
+        });
+        tokio::spawn(listen(engine.clone(), socket));
+        engine.startup_sweep()?;
+        tokio::spawn(scheduler_loop(engine.clone()));
+        Ok(engine)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The store (one connection shared by the engine's tasks).
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks for a scheduling pass and a status sweep.
+    pub fn wake_all(&self) {
+        self.schedule.notify_one();
+        self.status_changed.notify_one();
+    }
+
+    /// Persists a cancel request and acts on it: a queued job ends Cancelled at once, a live
+    /// job's controller is woken to stop its workload.
+    pub fn cancel(&self, row: JobRow, deleting: bool) -> Result<JobRow, StoreError> {
+        let mut row = self.store().request_cancel(row.id, deleting)?;
+        tracing::info!(job_id = row.id, job = %row.key(), schedule = %row.schedule_state, "cancel requested");
+        match row.schedule_state {
+            ScheduleState::Inactive | ScheduleState::Waiting => {
+                let change = Change {
+                    phase: Some(JobPhase::Cancelled),
+                    schedule: Some(ScheduleState::Done),
+                    message: Some("cancelled before it started; no process was run".into()),
+                    reason: "Cancelled",
+                    ..Default::default()
+                };
+                let expect = Expect {
+                    phases: vec![JobPhase::Pending],
+                    schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
+                };
+                let result = self.store().transition(row.id, &expect, &change)?;
+                match result {
+                    Cas::Applied(r) => row = *r,
+                    // Admitted meanwhile: its controller will see the persisted request.
+                    Cas::Conflict(r) => {
+                        row = *r;
+                        self.wake_controller(&row);
+                    }
+                }
+            }
+            ScheduleState::Done => {}
+            _ => self.wake_controller(&row),
+        }
+        self.wake_all();
+        Ok(row)
+    }
+
+    /// Sends SIGUSR1 to the job's controller process, if it is the recorded one.
+    fn wake_controller(&self, row: &JobRow) {
+        if let (Some(pid), Some(start)) = (row.controller_pid, row.controller_start_time) {
+            process::signal_if_alive(pid, start, nix::sys::signal::Signal::SIGUSR1);
+        }
+    }
+
+    /// Starts a job controller process for `row` in a session of its own, records its pid and
+    /// start time, and supervises it.
+    fn spawn_controller(self: &Arc<Self>, row: &JobRow) {
+        match self.try_spawn(row) {
+            Ok((pid, start, child)) => {
+                let op = self.clone();
+                let id = row.id;
+                tokio::spawn(async move {
+                    let mut child = child;
+                    let _ = child.wait().await;
+                    op.on_controller_exit(id, pid, start);
+                });
+            }
+            Err(e) => {
+                tracing::error!(job_id = row.id, error = %e, "could not start a job controller process");
+                let change = Change {
+                    phase: Some(JobPhase::FailedController),
+                    schedule: Some(ScheduleState::Done),
+                    failure_reason: Some(Some("ControllerStartFailed".into())),
+                    message: Some(format!("could not start a job controller process: {e}")),
+                    reason: "Failed",
+                    ..Default::default()
+                };
+                let _ = self.store().transition(row.id, &Expect::default(), &change);
+                self.wake_all();
+            }
+        }
+    }
+
+    fn try_spawn(&self, row: &JobRow) -> anyhow::Result<(i32, u64, tokio::process::Child)> {
+        let log_path = crate::job_controller::log_path(&self.cfg.state_dir, row.id);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let mut cmd = std::process::Command::new(&self.cfg.self_exe);
+        cmd.arg("job-controller")
+            .arg("--state-dir")
+            .arg(&self.cfg.state_dir)
+            .arg("--job-id")
+            .arg(row.id.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // SAFETY: setsid and sigprocmask are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                process::set_sigusr1_blocked(true);
+                Ok(())
+            });
+        }
+        let child = tokio::process::Command::from(cmd).spawn()?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("child has no pid"))? as i32;
+        let start = process::start_time(pid).unwrap_or(0);
+        let first = row.phase == JobPhase::Pending;
+        let change = Change {
+            controller: Some(Some((pid, start))),
+            controller_started: true,
+            phase: first.then_some(JobPhase::Submitted),
+            message: first.then(|| format!("job controller process started (pid {pid})")),
+            reason: "ControllerStarted",
+            ..Default::default()
+        };
+        let live = [
+            ScheduleState::Launching,
+            ScheduleState::Alive,
+            ScheduleState::AliveWaiting,
+        ];
+        self.store()
+            .transition(row.id, &Expect::schedule(&live), &change)?;
+        tracing::info!(job_id = row.id, pid, "job controller process started");
+        self.status_changed.notify_one();
+        Ok((pid, start, child))
+    }
+
+    /// A job controller process exited. If the job is not Done it crashed: resume it with a
+    /// fresh process, or end it as FailedController after `max_controller_crashes`.
+    fn on_controller_exit(self: &Arc<Self>, id: i64, pid: i32, start: u64) {
+        self.wake_all();
+        let row = match self.store().find(id) {
+            Ok(Some(row)) => row,
+            _ => return,
+        };
+        if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
+            return;
+        }
+        let crashes = row.controller_crashes + 1;
+        let live = [
+            ScheduleState::Launching,
+            ScheduleState::Alive,
+            ScheduleState::AliveWaiting,
+        ];
+        if crashes >= self.cfg.max_controller_crashes {
+            tracing::error!(
+                job_id = id,
+                pid,
+                crashes,
+                "job controller keeps exiting; failing the job"
+            );
+            let change = Change {
+                phase: Some(JobPhase::FailedController),
+                schedule: Some(ScheduleState::Done),
+                controller: Some(None),
+                controller_crashed: true,
+                failure_reason: Some(Some("ControllerCrashed".into())),
+                message: Some(format!(
+                    "the job controller process exited {crashes} times before finishing; see `managed-jobs logs {id} --controller`"
+                )),
+                reason: "Failed",
+                ..Default::default()
+            };
+            let result = self
+                .store()
+                .transition(id, &Expect::schedule(&live), &change);
+            if let Ok(Cas::Applied(_)) = result
+                && row.executor == ExecutorKind::Local
+                && row.attempt > 0
+            {
+                let local = LocalExecutor::new(&self.cfg.state_dir);
+                let grace = self.cfg.cancel_grace;
+                tokio::spawn(async move { local.stop(id, row.attempt, grace).await });
+            }
+            return;
+        }
+        tracing::warn!(
+            job_id = id,
+            pid,
+            start,
+            crashes,
+            "job controller process exited early; resuming the job"
+        );
+        let change = Change {
+            controller: Some(None),
+            controller_crashed: true,
+            reason: "ControllerExited",
+            ..Default::default()
+        };
+        // Bind first: the store's guard must be released before spawning (which locks it again).
+        let result = self
+            .store()
+            .transition(id, &Expect::schedule(&live), &change);
+        if let Ok(Cas::Applied(row)) = result {
+            self.spawn_controller(&row);
+        }
+    }
+
+    /// At start: adopt live job controllers, resume jobs whose controller is gone or was never
+    /// recorded (crash between the two writes), and finish queued cancels. Slots are recounted
+    /// from the store by the first pass.
+    fn startup_sweep(self: &Arc<Self>) -> Result<(), StoreError> {
+        let live = self.store().live_jobs()?;
+        for row in live {
+            match (row.controller_pid, row.controller_start_time) {
+                (Some(pid), Some(start)) if process::is_alive(pid, start) => {
+                    tracing::info!(job_id = row.id, pid, "adopting a running job controller");
+                    let op = self.clone();
+                    let id = row.id;
+                    tokio::spawn(async move {
+                        process::wait_gone(pid, start).await;
+                        op.on_controller_exit(id, pid, start);
+                    });
+                }
+                (Some(pid), start) => self.on_controller_exit(row.id, pid, start.unwrap_or(0)),
+                (None, _) => {
+                    tracing::info!(
+                        job_id = row.id,
+                        "resuming a job that has no job controller process"
+                    );
+                    self.spawn_controller(&row);
+                }
+            }
+        }
+        let cancels = self.store().pending_cancels()?;
+        for row in cancels {
+            if let Err(e) = self.cancel(row, false) {
+                tracing::error!(error = %e, "finishing a queued cancel failed");
+            }
+        }
+        self.wake_all();
+        Ok(())
+    }
+}
+
+fn bind_socket(cfg: &Config) -> anyhow::Result<tokio::net::UnixDatagram> {
+    let path = cfg.state_dir.join(crate::wake::SOCKET_NAME);
+    // We hold the state dir lock, so a socket file left here belongs to a dead operator.
+    let _ = std::fs::remove_file(&path);
+    Ok(tokio::net::UnixDatagram::bind(&path)?)
+}
+
+async fn listen(op: Arc<Engine>, socket: tokio::net::UnixDatagram) {
+    let mut buf = [0u8; 64];
+    loop {
+        if socket.recv(&mut buf).await.is_ok() {
+            op.wake_all();
+        }
+    }
+}
+
+async fn scheduler_loop(op: Arc<Engine>) {
+    loop {
+        tokio::select! {
+            _ = op.schedule.notified() => {}
+            _ = tokio::time::sleep(BACKSTOP) => {}
+        }
+        let result = {
+            let mut store = op.store();
+            scheduler::pass(&mut store, op.cfg.capacity.caps)
+        };
+        match result {
+            Ok(r) => {
+                let acted = !r.started.is_empty() || !r.relaunched.is_empty();
+                for row in r.started {
+                    op.spawn_controller(&row);
+                }
+                for row in r.relaunched {
+                    op.wake_controller(&row);
+                }
+                if acted {
+                    op.status_changed.notify_one();
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "scheduling pass failed"),
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The local executor: `setup` then `run` under `sh`, as a process group of its own on the
+//! controller node, with only the spec's environment (DESIGN.md section 9).
+//!
+//! Each attempt runs a fixed wrapper script (`sh -c WRAPPER MARKER SETUP RUN EXIT_FILE`): the
+//! user's scripts are passed as arguments, never spliced into a command line. The wrapper writes
+//! `<stage> <code>` to the attempt's exit file, so a job controller that was restarted (not the
+//! wrapper's parent) still learns how the attempt ended. `MARKER` (`managedjob-<id>-<attempt>`)
+//! is the wrapper's `$0`: the deterministic key that lets a resumed controller find the attempt's
+//! process instead of launching it twice.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::Outcome;
+use crate::process;
+use crate::store::JobRow;
+
+/// PATH given to workloads whose spec does not set one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const WRAPPER: &str = r#"exit_file=$3
+if [ -n "$1" ]; then
+  sh -c "$1"
+  code=$?
+  if [ "$code" -ne 0 ]; then
+    printf 'setup %s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+    exit "$code"
+  fi
+fi
+sh -c "$2"
+code=$?
+printf 'run %s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+exit "$code"
+"#;
+
+/// The local executor, rooted at the operator's state dir.
+#[derive(Clone, Debug)]
+pub struct LocalExecutor {
+    state_dir: PathBuf,
+}
+
+/// A running attempt.
+pub struct LocalWorkload {
+    /// Pid of the wrapper shell, also the process group id.
+    pub pid: i32,
+    /// Its start time (clock ticks since boot).
+    pub start_time: u64,
+    child: Option<Child>,
+    exit_file: PathBuf,
+}
+
+/// What [`LocalExecutor::find`] saw of an attempt.
+pub enum Found {
+    /// The attempt's process group runs.
+    Running(LocalWorkload),
+    /// The attempt ended; here is how.
+    Exited(Outcome),
+    /// No trace of the attempt (never started, or killed before it could record its end).
+    Missing,
+}
+
+impl LocalExecutor {
+    /// An executor keeping its files under `state_dir` (`run/`, `logs/`, `work/`).
+    pub fn new(state_dir: &Path) -> LocalExecutor {
+        LocalExecutor {
+            state_dir: state_dir.to_path_buf(),
+        }
+    }
+
+    /// `managedjob-<id>-<attempt>`: the attempt's deterministic key.
+    pub fn marker(job_id: i64, attempt: i32) -> String {
+        format!("managedjob-{job_id}-{attempt}")
+    }
+
+    fn exit_file(&self, job_id: i64, attempt: i32) -> PathBuf {
+        self.state_dir
+            .join("run")
+            .join(format!("{job_id}-{attempt}.exit"))
+    }
+
+    /// Path of the job's workload log (all attempts, appended).
+    pub fn log_path(state_dir: &Path, job_id: i64) -> PathBuf {
+        state_dir
+            .join("logs")
+            .join(format!("{job_id}.workload.log"))
+    }
+
+    /// Looks for the attempt: its exit file, else its running process group.
+    pub fn find(&self, job_id: i64, attempt: i32) -> Found {
+        let exit_file = self.exit_file(job_id, attempt);
+        if let Some(outcome) = read_exit_file(&exit_file) {
+            return Found::Exited(outcome);
+        }
+        // The marker alone is not unique across state dirs (two operators on one host); the exit
+        // file's path, also an argument, is.
+        let marker = Self::marker(job_id, attempt);
+        let exit_arg = exit_file.to_string_lossy();
+        for pid in process::find_by_arguments(&[&marker, &exit_arg]) {
+            // The wrapper leads its own group; its children carry the marker only in their env.
+            if nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()
+                == Some(nix::unistd::Pid::from_raw(pid))
+                && let Some(start_time) = process::start_time(pid)
+            {
+                return Found::Running(LocalWorkload {
+                    pid,
+                    start_time,
+                    child: None,
+                    exit_file,
+                });
+            }
+        }
+        Found::Missing
+    }
+
+    /// Starts the attempt: a new process group running the wrapper with the spec's env only.
+    pub fn launch(&self, job: &JobRow, attempt: i32) -> std::io::Result<LocalWorkload> {
+        let run_dir = self.state_dir.join("run");
+        let work_dir = self.state_dir.join("work").join(job.id.to_string());
+        std::fs::create_dir_all(&run_dir)?;
+        std::fs::create_dir_all(&work_dir)?;
+        std::fs::create_dir_all(self.state_dir.join("logs"))?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(Self::log_path(&self.state_dir, job.id))?;
+        let exit_file = self.exit_file(job.id, attempt);
+        let _ = std::fs::remove_file(&exit_file);
+        let spec = &job.spec;
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(WRAPPER)
+            .arg(Self::marker(job.id, attempt))
+            .arg(spec.setup.as_deref().unwrap_or(""))
+            .arg(spec.run.as_deref().unwrap_or(""))
+            .arg(&exit_file)
+            .env_clear()
+            .env("PATH", DEFAULT_PATH)
+            .env("HOME", &work_dir)
+            .env("MANAGEDJOB_ID", job.id.to_string())
+            .env("MANAGEDJOB_NAME", &job.name)
+            .env("MANAGEDJOB_NAMESPACE", &job.namespace)
+            .env("MANAGEDJOB_ATTEMPT", attempt.to_string())
+            .current_dir(&work_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(false);
+        for var in &spec.env {
+            cmd.env(&var.name, &var.value);
+        }
+        let child = cmd.spawn()?;
+        let pid = child.id().expect("a spawned child has a pid") as i32;
+        let start_time = process::start_time(pid).unwrap_or(0);
+        Ok(LocalWorkload {
+            pid,
+            start_time,
+            child: Some(child),
+            exit_file,
+        })
+    }
+
+    /// Stops the attempt's process group (SIGTERM, `grace`, SIGKILL) if it runs.
+    pub async fn stop(&self, job_id: i64, attempt: i32, grace: Duration) {
+        if let Found::Running(w) = self.find(job_id, attempt) {
+            process::stop_group(w.pid, grace).await;
+        }
+    }
+}
+
+impl LocalWorkload {
+    /// Waits until the attempt ends and says how.
+    pub async fn wait(&mut self) -> Outcome {
+        match self.child.as_mut() {
+            Some(child) => {
+                let _ = child.wait().await;
+            }
+            None => process::wait_gone(self.pid, self.start_time).await,
+        }
+        read_exit_file(&self.exit_file).unwrap_or(Outcome::Lost {
+            reason: "the workload's process was killed before it recorded an exit code".into(),
+        })
+    }
+
+    /// Stops the attempt's process group: SIGTERM, up to `grace`, SIGKILL; returns once the group
+    /// is gone (reaping the wrapper when it is our child, so no zombie keeps the group alive).
+    pub async fn stop(&mut self, grace: Duration) {
+        match self.child.as_mut() {
+            Some(child) => {
+                let group = nix::unistd::Pid::from_raw(self.pid);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+                if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                    let _ = child.wait().await;
+                }
+                process::stop_group(self.pid, Duration::from_millis(200)).await;
+            }
+            None => process::stop_group(self.pid, grace).await,
+        }
+    }
+
+    /// `pid/<pid>`.
+    pub fn describe(&self) -> String {
+        format!("pid/{}", self.pid)
+    }
+}
+
+fn read_exit_file(path: &Path) -> Option<Outcome> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut parts = text.split_whitespace();
+    let stage = parts.next()?;
+    let code: i32 = parts.next()?.parse().ok()?;
+    Some(match (stage, code) {
+        ("run", 0) => Outcome::Succeeded,
+        ("setup", code) => Outcome::SetupFailed {
+            code,
+            reason: "SetupFailed".into(),
+        },
+        (_, code) => Outcome::Failed {
+            code,
+            reason: if code > 128 {
+                format!("KilledBySignal{}", code - 128)
+            } else {
+                "ExitCode".into()
+            },
+        },
+    })
+}

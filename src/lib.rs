@@ -1,0 +1,23 @@
+//! managed-jobs: a Kubernetes operator that runs managed jobs.
+//!
+//! Users apply `ManagedJob` resources ([`api`]); the [`operator`] mirrors them into a SQLite
+//! [`store`], admits them within the [`capacity`] caps ([`scheduler`]), starts one
+//! [`job_controller`] process per admitted job, which runs the workload through an [`executor`],
+//! and writes progress back as [`status`]. See DESIGN.md for the semantics.
+
+pub mod api;
+pub mod capacity;
+pub mod cli;
+pub mod engine;
+pub mod executor;
+pub mod job_controller;
+pub mod operator;
+pub mod process;
+pub mod scheduler;
+pub mod status;
+pub mod store;
+pub mod telemetry;
+pub mod wake;
+
+/// File name of the SQLite store in the state dir.
+pub const STORE_FILE: &str = "managed-jobs.db";

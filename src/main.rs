@@ -1,0 +1,47 @@
+use clap::Parser;
+use managed_jobs::cli::{self, Cli, Command};
+use managed_jobs::{api, capacity, engine, job_controller, operator, telemetry};
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", api::crd_yaml());
+            Ok(())
+        }
+        Command::Queue(args) => cli::queue(&args),
+        Command::Logs(args) => cli::logs(&args),
+        Command::JobController(args) => {
+            telemetry::init(cli.log_format);
+            // A small single-threaded runtime: there are many of these processes.
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(job_controller::run(args.state_dir, args.job_id))
+        }
+        Command::Run(args) => {
+            telemetry::init(cli.log_format);
+            let cfg = engine::Config {
+                state_dir: args.state_dir.clone(),
+                namespace: args.namespace.clone(),
+                executors: args.executors()?,
+                capacity: capacity::detect(args.overrides()),
+                cancel_grace: cli::seconds(args.cancel_grace_seconds)?,
+                restart_backoff: cli::seconds(args.restart_backoff_seconds)?,
+                max_controller_crashes: args.max_controller_crashes.max(1),
+                self_exe: std::env::current_exe()?,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?
+                .block_on(async move {
+                    let client = kube::Client::try_default().await?;
+                    let budget = operator::ApiBudget {
+                        qps: args.api_qps,
+                        burst: args.api_burst,
+                    };
+                    operator::run(client, cfg, budget).await
+                })
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The operator (`managed-jobs run`): the Kubernetes side around the [`Engine`].
+//!
+//! - the reconcile loop (kube's `Controller` + `finalizer`): mirror each ManagedJob into the
+//!   store (submitting it), cancel on `spec.cancel`, cancel and clean up on delete, delete after
+//!   `ttlSecondsAfterFinished`;
+//! - the status writer: for rows whose `status_version` moved, one merge patch of the status
+//!   subresource each, coalesced (a burst of changes is one write) and within the API budget
+//!   (`--api-qps`/`--api-burst`, a token bucket).
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use crate::api::{FINALIZER, JobPhase, ManagedJob, ScheduleState, validate_spec};
+use crate::engine::{BACKSTOP, Config, Engine};
+use crate::store::{Cas, Change, Expect, JobRow, StoreError, now_ms};
+
+/// API budget of the operator's own requests.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiBudget {
+    /// Sustained requests per second.
+    pub qps: u32,
+    /// Burst above the sustained rate.
+    pub burst: u32,
+}
+
+/// Errors of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The object lacks a field the API server always sets.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+}
+
+/// Shared state of the reconcile loop and the status writer.
+pub struct Operator {
+    client: Client,
+    engine: Arc<Engine>,
+    limiter: DefaultDirectRateLimiter,
+}
+
+/// Runs the operator until SIGTERM/SIGINT. Job controller processes keep running after it
+/// stops; the next start adopts them.
+pub async fn run(client: Client, cfg: Config, budget: ApiBudget) -> anyhow::Result<()> {
+    let namespace = cfg.namespace.clone();
+    let engine = Engine::start(cfg)?;
+    let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))
+        .allow_burst(NonZeroU32::new(budget.burst.max(1)).expect("max(1) > 0"));
+    let op = Arc::new(Operator {
+        client: client.clone(),
+        engine,
+        limiter: RateLimiter::direct(quota),
+    });
+    tokio::spawn(status_loop(op.clone()));
+    let jobs: Api<ManagedJob> = match &namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    tracing::info!("operator started; watching ManagedJobs");
+    Controller::new(jobs, watcher::Config::default().any_semantic())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, op)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+    tracing::info!(
+        "operator stopped; job controller processes keep running and are adopted at the next start"
+    );
+    Ok(())
+}
+
+async fn status_loop(op: Arc<Operator>) {
+    loop {
+        tokio::select! {
+            _ = op.engine.status_changed.notified() => {}
+            _ = tokio::time::sleep(BACKSTOP) => {}
+        }
+        // Coalesce a burst of changes into one write per job.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        loop {
+            let rows = match op.engine.store().unsynced(256) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading unsynced rows failed");
+                    break;
+                }
+            };
+            if rows.is_empty() {
+                break;
+            }
+            let failures = futures::stream::iter(rows)
+                .map(|row| {
+                    let op = op.clone();
+                    async move { op.write_status(&row).await }
+                })
+                .buffer_unordered(16)
+                .filter(|ok| futures::future::ready(!ok))
+                .count()
+                .await;
+            if failures > 0 {
+                break; // retried at the next wake-up or backstop
+            }
+        }
+    }
+}
+
+async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Error> {
+    let ns = mj
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let api: Api<ManagedJob> = Api::namespaced(op.client.clone(), &ns);
+    finalizer(&api, FINALIZER, mj, |event| async {
+        match event {
+            Finalizer::Apply(mj) => op.apply(&mj).await,
+            Finalizer::Cleanup(mj) => op.cleanup(&mj).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+fn error_policy(mj: Arc<ManagedJob>, error: &Error, _op: Arc<Operator>) -> Action {
+    tracing::warn!(job = %mj.name_any(), error = %error, "reconcile failed; retrying in 5 s");
+    Action::requeue(Duration::from_secs(5))
+}
+
+impl Operator {
+    /// Mirror, submit, cancel on request, delete after the TTL.
+    async fn apply(&self, mj: &ManagedJob) -> Result<Action, Error> {
+        let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        let ns = mj
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
+        let name = mj.name_any();
+        let generation = mj.metadata.generation.unwrap_or(0);
+        let up = self
+            .engine
+            .store()
+            .upsert(&uid, &ns, &name, generation, &mj.spec)?;
+        let mut row = up.row;
+        if up.inserted {
+            tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, "job submitted");
+            if let Err(why) = validate_spec(&mj.spec) {
+                let change = Change {
+                    phase: Some(JobPhase::FailedPrecheck),
+                    schedule: Some(ScheduleState::Done),
+                    failure_reason: Some(Some("InvalidSpec".into())),
+                    message: Some(why),
+                    reason: "Failed",
+                    ..Default::default()
+                };
+                if let Cas::Applied(r) =
+                    self.engine
+                        .store()
+                        .transition(row.id, &Expect::default(), &change)?
+                {
+                    row = *r;
+                }
+            }
+        }
+        if mj.spec.cancel && !row.cancel_requested {
+            row = self.engine.cancel(row, false)?;
+        }
+        self.engine.wake_all();
+        if row.schedule_state == ScheduleState::Done
+            && let (Some(ttl), Some(finished)) =
+                (mj.spec.ttl_seconds_after_finished, row.finished_at_ms)
+        {
+            let due = finished + i64::from(ttl) * 1000;
+            let left = due - now_ms();
+            if left > 0 {
+                return Ok(Action::requeue(Duration::from_millis(left as u64)));
+            }
+            tracing::info!(job_id = row.id, job = %row.key(), "deleting: ttlSecondsAfterFinished passed");
+            let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &ns);
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Deletion: cancel, wait until Done, forget the job; the finalizer helper then lets go.
+    async fn cleanup(&self, mj: &ManagedJob) -> Result<Action, Error> {
+        let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        let Some(row) = self.engine.store().find_by_uid(&uid)? else {
+            return Ok(Action::await_change());
+        };
+        if row.schedule_state == ScheduleState::Done {
+            tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
+            self.engine.store().delete(row.id)?;
+            let work = self
+                .engine
+                .config()
+                .state_dir
+                .join("work")
+                .join(row.id.to_string());
+            let _ = std::fs::remove_dir_all(work);
+            return Ok(Action::await_change());
+        }
+        if !row.deleting {
+            self.engine.cancel(row, true)?;
+        }
+        // The status write of the final phase triggers the next reconcile; this is a backstop.
+        Ok(Action::requeue(Duration::from_secs(2)))
+    }
+
+    /// Writes one row's status; true when the row needs no retry.
+    async fn write_status(&self, row: &JobRow) -> bool {
+        self.limiter.until_ready().await;
+        let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &row.namespace);
+        let patch = crate::status::merge_patch(row);
+        let result = api
+            .patch_status(&row.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        let done = match result {
+            Ok(_) => true,
+            // Gone, or replaced by a new object of the same name: nothing to write to.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => true,
+            Err(e) => {
+                tracing::warn!(job_id = row.id, job = %row.key(), error = %e, "status write failed");
+                false
+            }
+        };
+        if done
+            && let Err(e) = self.engine.store().mark_synced(row.id, row.status_version)
+        {
+            tracing::error!(job_id = row.id, error = %e, "marking status synced failed");
+        }
+        done
+    }
+}

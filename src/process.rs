@@ -1,0 +1,152 @@
+//! Process identity and lifecycle helpers (Linux): start times for pid-reuse-safe liveness,
+//! pidfds to notice the exit of processes that are not our children, process groups.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// Start time of `pid` in clock ticks since boot (field 22 of `/proc/PID/stat`), or `None` if
+/// the process does not exist. Together with the pid it identifies a process across pid reuse.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces: split after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state); field 22 is index 19.
+    if fields.first() == Some(&"Z") {
+        return None; // a zombie has exited
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// True if the process `pid` exists and started at `started` (not a reused pid).
+pub fn is_alive(pid: i32, started: u64) -> bool {
+    start_time(pid) == Some(started)
+}
+
+/// The command line of `pid` as its arguments.
+pub fn cmdline(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// Pids whose argument list contains every one of `markers` as a whole argument.
+pub fn find_by_arguments(markers: &[&str]) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            cmdline(*pid).is_some_and(|args| markers.iter().all(|m| args.iter().any(|a| a == m)))
+                && start_time(*pid).is_some()
+        })
+        .collect()
+}
+
+/// Sends `signal` to `pid` only if it is still the process that started at `started`.
+pub fn signal_if_alive(pid: i32, started: u64, signal: Signal) -> bool {
+    is_alive(pid, started) && kill(Pid::from_raw(pid), signal).is_ok()
+}
+
+/// True while any process is in process group `pgid`.
+pub fn group_exists(pgid: i32) -> bool {
+    killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+/// Stops process group `pgid`: SIGTERM, up to `grace` for it to exit, then SIGKILL; returns once
+/// no process of the group is left (or after a further 10 s).
+pub async fn stop_group(pgid: i32, grace: Duration) {
+    let group = Pid::from_raw(pgid);
+    let _ = killpg(group, Signal::SIGTERM);
+    let _ = killpg(group, Signal::SIGCONT);
+    let deadline = tokio::time::Instant::now() + grace;
+    while group_exists(pgid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while group_exists(pgid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A pidfd: readable once the process exits. Works for processes that are not our children
+/// (job controllers adopted after an operator restart, workloads adopted after a resume).
+pub struct PidFd(OwnedFd);
+
+impl AsRawFd for PidFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl PidFd {
+    /// Opens a pidfd for `pid` (Linux >= 5.3).
+    pub fn open(pid: i32) -> io::Result<PidFd> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the syscall returned a fresh fd that we now own.
+        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// Waits until the process exits.
+    pub async fn exited(self) -> io::Result<()> {
+        // SAFETY: the PidFd owns its fd, which stays open and unchanged while the AsyncFd lives.
+        let afd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(self, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| e.into_parts().1)?;
+        let _guard = afd.readable().await?;
+        Ok(())
+    }
+}
+
+/// Waits until process `pid` (started at `started`) is gone. Uses a pidfd; falls back to polling
+/// `/proc` every 200 ms where pidfds are unavailable.
+pub async fn wait_gone(pid: i32, started: u64) {
+    if let Ok(fd) = PidFd::open(pid)
+        && is_alive(pid, started)
+        && fd.exited().await.is_ok()
+    {
+        return;
+    }
+    while is_alive(pid, started) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Blocks or unblocks SIGUSR1 for the calling thread (inherited by children across exec).
+pub fn set_sigusr1_blocked(blocked: bool) {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(Signal::SIGUSR1);
+    let how = if blocked {
+        nix::sys::signal::SigmaskHow::SIG_BLOCK
+    } else {
+        nix::sys::signal::SigmaskHow::SIG_UNBLOCK
+    };
+    let _ = nix::sys::signal::pthread_sigmask(how, Some(&set), None);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_reuse_is_detected() {
+        let me = std::process::id() as i32;
+        let t = start_time(me).expect("own start time");
+        assert!(is_alive(me, t));
+        assert!(!is_alive(me, t + 1));
+    }
+}

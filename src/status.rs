@@ -1,0 +1,113 @@
+//! From a store row to the API status: phase, counters, times and the conditions GitOps tools
+//! read (DESIGN.md section 3).
+//!
+//! Conditions, on the batch/v1 Job precedent that a started job is healthy:
+//! - `Reconciling` True while the operator still acts (Pending, Submitted, Starting, Recovering,
+//!   Cancelling);
+//! - `Ready` True while Running and once Succeeded;
+//! - `Stalled` True on a terminal failure or cancellation;
+//! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`).
+//!
+//! kstatus reads Reconciling/Stalled first: Pending..Recovering are InProgress, Running and
+//! Succeeded Current, Failed*/Cancelled Failed. No terminal phase reads as in progress.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::{Value, json};
+
+use crate::api::{JobPhase, ManagedJobStatus};
+use crate::store::JobRow;
+
+fn time(ms: i64) -> Time {
+    Time(jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+fn condition(
+    type_: &str,
+    on: bool,
+    reason: &str,
+    message: &str,
+    at_ms: i64,
+    generation: i64,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if on { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: time(at_ms),
+        observed_generation: Some(generation),
+    }
+}
+
+/// The conditions for a row, in a fixed order.
+pub fn conditions(row: &JobRow) -> Vec<Condition> {
+    let p = row.phase;
+    let at = row.phase_changed_at_ms;
+    let g = row.generation;
+    let msg = row.message.as_str();
+    let reason = row.phase.as_str();
+    let reconciling = matches!(
+        p,
+        JobPhase::Pending
+            | JobPhase::Submitted
+            | JobPhase::Starting
+            | JobPhase::Recovering
+            | JobPhase::Cancelling
+    );
+    let ready = matches!(p, JobPhase::Running | JobPhase::Succeeded);
+    let stalled = p.is_failure() || p == JobPhase::Cancelled;
+    let mut out = vec![
+        condition("Reconciling", reconciling, reason, msg, at, g),
+        condition("Ready", ready, reason, msg, at, g),
+        condition("Stalled", stalled, reason, msg, at, g),
+    ];
+    // batch/v1 Job sets Complete / Failed only once the job ended, each True.
+    if p == JobPhase::Succeeded {
+        out.push(condition("Complete", true, "Succeeded", msg, at, g));
+    }
+    if stalled {
+        let why = row.failure_reason.as_deref().unwrap_or(reason);
+        out.push(condition("Failed", true, why, msg, at, g));
+    }
+    out
+}
+
+/// The status a row stands for.
+pub fn status(row: &JobRow) -> ManagedJobStatus {
+    ManagedJobStatus {
+        job_id: Some(row.id),
+        phase: Some(row.phase),
+        schedule_state: Some(row.schedule_state),
+        message: Some(row.message.clone()),
+        queue_position: row.queue_position,
+        submitted_at: Some(time(row.submitted_at_ms)),
+        started_at: row.started_at_ms.map(time),
+        finished_at: row.finished_at_ms.map(time),
+        attempt: row.attempt,
+        recovery_count: row.recovery_count,
+        restart_count: row.restart_count,
+        exit_code: row.exit_code,
+        failure_reason: row.failure_reason.clone(),
+        workload: row.workload.clone(),
+        observed_generation: Some(row.generation),
+        conditions: conditions(row),
+    }
+}
+
+/// A JSON merge patch that replaces the whole status (absent fields become null, so a value of an
+/// earlier attempt never lingers) and fails unless the object still has the row's uid.
+pub fn merge_patch(row: &JobRow) -> Value {
+    let mut status = serde_json::to_value(status(row)).expect("a status serializes");
+    let obj = status.as_object_mut().expect("status is an object");
+    for field in [
+        "queuePosition",
+        "startedAt",
+        "finishedAt",
+        "exitCode",
+        "failureReason",
+        "workload",
+    ] {
+        obj.entry(field).or_insert(Value::Null);
+    }
+    json!({ "metadata": { "uid": row.uid }, "status": status })
+}

@@ -1,0 +1,400 @@
+//! The engine with real job controller processes, real workloads and a real SQLite file, without
+//! Kubernetes: lifecycle, restarts, caps, cancellation and crash resumption.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use managed_jobs::api::{EnvVar, JobPhase, ManagedJobSpec, RecoverySpec, ScheduleState};
+use managed_jobs::capacity::{Caps, Overrides, compute};
+use managed_jobs::engine::{Config, Engine};
+use managed_jobs::store::JobRow;
+use managed_jobs::{api::ExecutorKind, process};
+
+fn config(dir: &Path, caps: Caps) -> Config {
+    let mut capacity = compute(2, 4096, Overrides::default());
+    capacity.caps = caps;
+    Config {
+        state_dir: dir.to_path_buf(),
+        namespace: None,
+        executors: vec![ExecutorKind::Local],
+        capacity,
+        cancel_grace: Duration::from_secs(2),
+        restart_backoff: Duration::from_millis(100),
+        max_controller_crashes: 3,
+        self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
+    }
+}
+
+fn spec(run: &str) -> ManagedJobSpec {
+    ManagedJobSpec {
+        run: Some(run.into()),
+        ..Default::default()
+    }
+}
+
+fn submit(engine: &Engine, name: &str, spec: &ManagedJobSpec) -> i64 {
+    let id = engine
+        .store()
+        .upsert(&format!("uid-{name}"), "test", name, 1, spec)
+        .unwrap()
+        .row
+        .id;
+    engine.wake_all();
+    id
+}
+
+async fn wait_for(
+    engine: &Engine,
+    id: i64,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&JobRow) -> bool,
+) -> JobRow {
+    let start = Instant::now();
+    loop {
+        let row = engine.store().get(id).unwrap();
+        if pred(&row) {
+            return row;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "job {id} never reached {what}; now {:?}/{:?}: {}\nhistory: {:#?}",
+            row.phase,
+            row.schedule_state,
+            row.message,
+            engine.store().history(id).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn wait_done(engine: &Engine, id: i64) -> JobRow {
+    wait_for(engine, id, "Done", Duration::from_secs(60), |r| {
+        r.schedule_state == ScheduleState::Done
+    })
+    .await
+}
+
+fn start(dir: &Path, caps: Caps) -> Arc<Engine> {
+    Engine::start(config(dir, caps)).expect("engine starts")
+}
+
+const CAPS: Caps = Caps { launch: 4, run: 8 };
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_succeeds_with_its_output_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let id = submit(&engine, "hello", &spec("echo hello from $MANAGEDJOB_NAME"));
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+    assert_eq!(row.exit_code, Some(0));
+    assert_eq!(row.attempt, 1);
+    assert_eq!(row.controller_starts, 1);
+    let log = std::fs::read_to_string(dir.path().join(format!("logs/{id}.workload.log"))).unwrap();
+    assert_eq!(log, "hello from hello\n");
+    let phases: Vec<String> = engine
+        .store()
+        .history(id)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.to_phase)
+        .collect();
+    for p in ["Pending", "Submitted", "Starting", "Running", "Succeeded"] {
+        assert!(
+            phases.contains(&p.to_string()),
+            "{p} missing from {phases:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoting_reaches_the_script_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let spec = ManagedJobSpec {
+        run: Some("printf '%s\\n' \"hello, $WHO\" 'literal $HOME `id`'\n".into()),
+        env: vec![EnvVar {
+            name: "WHO".into(),
+            value: "wörld; rm -rf / #".into(),
+        }],
+        ..Default::default()
+    };
+    let id = submit(&engine, "quoting", &spec);
+    assert_eq!(wait_done(&engine, id).await.phase, JobPhase::Succeeded);
+    let log = std::fs::read_to_string(dir.path().join(format!("logs/{id}.workload.log"))).unwrap();
+    assert_eq!(log, "hello, wörld; rm -rf / #\nliteral $HOME `id`\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_sees_only_the_specs_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    // SAFETY: set before any job controller is spawned; tests in this binary don't read it.
+    unsafe { std::env::set_var("MJ_SECRET_OF_THE_OPERATOR", "leaked") };
+    let id = submit(&engine, "env", &spec("env | sort"));
+    assert_eq!(wait_done(&engine, id).await.phase, JobPhase::Succeeded);
+    let log = std::fs::read_to_string(dir.path().join(format!("logs/{id}.workload.log"))).unwrap();
+    assert!(!log.contains("MJ_SECRET"), "{log}");
+    assert!(log.contains("MANAGEDJOB_ID="), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_job_gets_exactly_one_plus_max_restarts_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let spec = ManagedJobSpec {
+        run: Some("echo attempt $MANAGEDJOB_ATTEMPT; exit 7".into()),
+        recovery: RecoverySpec {
+            max_restarts_on_errors: 2,
+            max_recoveries: None,
+        },
+        ..Default::default()
+    };
+    let id = submit(&engine, "failing", &spec);
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Failed, "{}", row.message);
+    assert_eq!(row.exit_code, Some(7));
+    assert_eq!(row.restart_count, 2);
+    assert_eq!(row.attempt, 3);
+    let log = std::fs::read_to_string(dir.path().join(format!("logs/{id}.workload.log"))).unwrap();
+    assert_eq!(log, "attempt 1\nattempt 2\nattempt 3\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_failure_is_failed_setup() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let spec = ManagedJobSpec {
+        setup: Some("exit 4".into()),
+        run: Some("echo never".into()),
+        ..Default::default()
+    };
+    let id = submit(&engine, "setup", &spec);
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::FailedSetup);
+    assert_eq!(row.exit_code, Some(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caps_are_never_exceeded_and_every_job_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), Caps { launch: 2, run: 3 });
+    let ids: Vec<i64> = (0..20)
+        .map(|i| submit(&engine, &format!("batch-{i}"), &spec("sleep 0.2")))
+        .collect();
+    let mut max_alive = 0;
+    let mut max_launching = 0;
+    loop {
+        let usage = engine.store().slot_usage().unwrap();
+        max_alive = max_alive.max(usage.alive);
+        max_launching = max_launching.max(usage.launching);
+        let done = ids
+            .iter()
+            .filter(|id| engine.store().get(**id).unwrap().schedule_state == ScheduleState::Done)
+            .count();
+        if done == ids.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(max_alive <= 3, "alive peaked at {max_alive}");
+    assert!(max_launching <= 2, "launching peaked at {max_launching}");
+    assert_eq!(max_alive, 3, "the run cap should be used");
+    for id in ids {
+        assert_eq!(engine.store().get(id).unwrap().phase, JobPhase::Succeeded);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_within_a_priority_and_higher_priority_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), Caps { launch: 1, run: 1 });
+    let blocker = submit(&engine, "blocker", &spec("sleep 1"));
+    wait_for(&engine, blocker, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let low: Vec<i64> = (0..3)
+        .map(|i| submit(&engine, &format!("low-{i}"), &spec("true")))
+        .collect();
+    let high = submit(
+        &engine,
+        "high",
+        &ManagedJobSpec {
+            priority: 100,
+            ..spec("true")
+        },
+    );
+    let mut order: Vec<(i64, i64)> = Vec::new();
+    for id in low.iter().chain([&high]) {
+        let row = wait_done(&engine, *id).await;
+        order.push((row.started_at_ms.unwrap(), *id));
+    }
+    order.sort();
+    let started: Vec<i64> = order.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(started, vec![high, low[0], low[1], low[2]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_while_pending_starts_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), Caps { launch: 1, run: 1 });
+    let blocker = submit(&engine, "blocker", &spec("sleep 30"));
+    wait_for(&engine, blocker, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let queued = submit(&engine, "queued", &spec("sleep 30"));
+    let row = engine.store().get(queued).unwrap();
+    assert_eq!(row.schedule_state, ScheduleState::Waiting);
+    let row = engine.cancel(row, false).unwrap();
+    assert_eq!(row.phase, JobPhase::Cancelled);
+    assert_eq!(row.schedule_state, ScheduleState::Done);
+    assert_eq!(row.controller_starts, 0);
+    let blocker_row = engine.store().get(blocker).unwrap();
+    engine.cancel(blocker_row, false).unwrap();
+    wait_done(&engine, blocker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_while_running_stops_the_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let id = submit(&engine, "long", &spec("sleep 300 & sleep 300; wait"));
+    let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let pgid: i32 = row
+        .workload
+        .unwrap()
+        .trim_start_matches("pid/")
+        .parse()
+        .unwrap();
+    assert!(process::group_exists(pgid));
+    let row = engine.store().get(id).unwrap();
+    engine.cancel(row, false).unwrap();
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Cancelled);
+    assert!(
+        !process::group_exists(pgid),
+        "the workload's group survived"
+    );
+    let phases: Vec<String> = engine
+        .store()
+        .history(id)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.to_phase)
+        .collect();
+    assert!(phases.contains(&"Cancelling".to_string()), "{phases:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_job_controller_is_resumed_and_the_job_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let id = submit(
+        &engine,
+        "resume",
+        &spec("echo started >> runs.txt; sleep 1; echo ok"),
+    );
+    let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let pid = row.controller_pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+    assert_eq!(row.controller_crashes, 1);
+    assert_eq!(row.controller_starts, 2);
+    assert_eq!(
+        row.attempt, 1,
+        "the workload must be adopted, not relaunched"
+    );
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "started\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_workload_is_recovered_within_max_recoveries() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let spec = ManagedJobSpec {
+        run: Some("if [ \"$MANAGEDJOB_ATTEMPT\" = 1 ]; then sleep 300; fi".into()),
+        recovery: RecoverySpec {
+            max_restarts_on_errors: 0,
+            max_recoveries: Some(1),
+        },
+        ..Default::default()
+    };
+    let id = submit(&engine, "preempted", &spec);
+    let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let pgid: i32 = row
+        .workload
+        .unwrap()
+        .trim_start_matches("pid/")
+        .parse()
+        .unwrap();
+    // Preemption: the whole group goes at once, before the wrapper can record an exit code.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+    assert_eq!(row.recovery_count, 1);
+    assert_eq!(row.attempt, 2);
+}
+
+#[test]
+fn engine_restart_adopts_running_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let id = first.block_on(async {
+        let engine = start(dir.path(), CAPS);
+        let id = submit(&engine, "survivor", &spec("echo run >> runs.txt; sleep 2"));
+        wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+            r.phase == JobPhase::Running
+        })
+        .await;
+        id
+    });
+    // Stopping the runtime drops every task of the first engine and with them its lock; the
+    // job controller process (own session) keeps running.
+    first.shutdown_timeout(Duration::from_secs(1));
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let engine = start(dir.path(), CAPS);
+        let row = wait_done(&engine, id).await;
+        assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+        assert_eq!(
+            row.controller_starts, 1,
+            "the running controller is adopted"
+        );
+        assert_eq!(row.controller_crashes, 0);
+    });
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_engine_on_one_state_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = start(dir.path(), CAPS);
+    let err = Engine::start(config(dir.path(), CAPS))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("another operator"), "{err}");
+}
