@@ -44,6 +44,9 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// A deleted job's workload is still being stopped; the finalizer stays until it is Done.
+    #[error("waiting for job {0} to stop before releasing the finalizer")]
+    CleanupPending(i64),
     /// The object lacks a field the API server always sets.
     #[error("object has no {0}")]
     MissingField(&'static str),
@@ -108,15 +111,23 @@ async fn status_loop(op: Arc<Operator>) {
             if rows.is_empty() {
                 break;
             }
-            let failures = futures::stream::iter(rows)
-                .map(|row| {
-                    let op = op.clone();
-                    async move { op.write_status(&row).await }
-                })
-                .buffer_unordered(16)
-                .filter(|ok| futures::future::ready(!ok))
-                .count()
-                .await;
+            // Write the rows that gave up a slot before those that took one, so that a reader
+            // of the API never sees more jobs alive than the caps allow.
+            let (freeing, taking): (Vec<JobRow>, Vec<JobRow>) = rows
+                .into_iter()
+                .partition(|r| !r.schedule_state.holds_run_slot());
+            let mut failures = 0;
+            for group in [freeing, taking] {
+                failures += futures::stream::iter(group)
+                    .map(|row| {
+                        let op = op.clone();
+                        async move { op.write_status(&row).await }
+                    })
+                    .buffer_unordered(16)
+                    .filter(|ok| futures::future::ready(!ok))
+                    .count()
+                    .await;
+            }
             if failures > 0 {
                 break; // retried at the next wake-up or backstop
             }
@@ -140,6 +151,13 @@ async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Err
 }
 
 fn error_policy(mj: Arc<ManagedJob>, error: &Error, _op: Arc<Operator>) -> Action {
+    use kube::runtime::finalizer::Error as F;
+    if let Error::Finalizer(e) = error
+        && let F::CleanupFailed(Error::CleanupPending(_)) = e.as_ref()
+    {
+        // Not a failure: the status write of the final phase re-triggers us; this is a backstop.
+        return Action::requeue(Duration::from_secs(1));
+    }
     tracing::warn!(job = %mj.name_any(), error = %error, "reconcile failed; retrying in 5 s");
     Action::requeue(Duration::from_secs(5))
 }
@@ -216,11 +234,13 @@ impl Operator {
             let _ = std::fs::remove_dir_all(work);
             return Ok(Action::await_change());
         }
+        let id = row.id;
         if !row.deleting {
             self.engine.cancel(row, true)?;
         }
-        // The status write of the final phase triggers the next reconcile; this is a backstop.
-        Ok(Action::requeue(Duration::from_secs(2)))
+        // kube's finalizer helper releases the finalizer on Ok: hold it with an error until the
+        // job is Done (the status write of the final phase triggers the next reconcile).
+        Err(Error::CleanupPending(id))
     }
 
     /// Writes one row's status; true when the row needs no retry.
@@ -240,9 +260,7 @@ impl Operator {
                 false
             }
         };
-        if done
-            && let Err(e) = self.engine.store().mark_synced(row.id, row.status_version)
-        {
+        if done && let Err(e) = self.engine.store().mark_synced(row.id, row.status_version) {
             tracing::error!(job_id = row.id, error = %e, "marking status synced failed");
         }
         done

@@ -727,10 +727,12 @@ impl Store {
         )
     }
 
-    /// Jobs whose status changed since it was last written to the API, oldest first.
+    /// Jobs whose status changed since it was last written to the API: those holding no run
+    /// slot first (so the API never shows more jobs alive than the caps), then oldest first.
     pub fn unsynced(&self, limit: usize) -> Result<Vec<JobRow>> {
         self.select(
-            "status_version > synced_version ORDER BY id LIMIT ?1",
+            "status_version > synced_version
+             ORDER BY schedule_state IN ('Launching', 'Alive', 'AliveWaiting'), id LIMIT ?1",
             [limit as i64],
         )
     }

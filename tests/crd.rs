@@ -1,0 +1,34 @@
+//! The committed CRD (`crds/`) is exactly what `managed-jobs crd` prints: regenerate it with
+//! `cargo run -- crd > crds/managedjobs.dev_managedjobs.yaml` after changing the API types.
+
+#[test]
+fn committed_crd_is_up_to_date() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/managedjobs.dev_managedjobs.yaml"
+    );
+    let committed = std::fs::read_to_string(path).expect("crds/managedjobs.dev_managedjobs.yaml");
+    assert!(
+        committed == managed_jobs::api::crd_yaml(),
+        "crds/ is stale: run `cargo run -- crd > crds/managedjobs.dev_managedjobs.yaml`"
+    );
+}
+
+#[test]
+fn every_spec_field_has_a_description() {
+    let crd = serde_json::to_value(managed_jobs::api::crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    for (name, field) in spec["properties"].as_object().unwrap() {
+        assert!(
+            field["description"].is_string(),
+            "spec.{name} has no description"
+        );
+    }
+    let recovery = &spec["properties"]["recovery"]["properties"];
+    for (name, field) in recovery.as_object().unwrap() {
+        assert!(
+            field["description"].is_string(),
+            "spec.recovery.{name} has no description"
+        );
+    }
+}

@@ -1,0 +1,556 @@
+//! The operator end to end on the real dev control plane: `managed-jobs run` (the real binary)
+//! scoped to a namespace of the test's own, ManagedJobs created through the API, status read back
+//! from the API.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher;
+use managed_jobs::api::{JobPhase, ManagedJob, ScheduleState};
+
+const T: Duration = Duration::from_secs(60);
+
+fn job(name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n{body}"
+    )
+}
+
+fn phase_is(p: JobPhase) -> impl Fn(&managed_jobs::api::ManagedJobStatus) -> bool {
+    move |s| s.phase == Some(p)
+}
+
+fn condition(mj: &ManagedJob, type_: &str) -> Option<String> {
+    mj.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test]
+async fn hello_succeeds_and_status_follows() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "hello").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let yaml = std::fs::read_to_string(support::root().join("examples/hello.yaml")).unwrap();
+    support::create_yaml(&client, &ns.name, &yaml).await;
+    let mj = support::wait_status(&client, &ns.name, "hello", T, "Succeeded", |s| {
+        s.phase == Some(JobPhase::Succeeded)
+    })
+    .await;
+    let s = mj.status.clone().unwrap();
+    assert_eq!(s.exit_code, Some(0));
+    assert_eq!(s.schedule_state, Some(ScheduleState::Done));
+    assert_eq!(s.attempt, 1);
+    assert!(s.job_id.is_some() && s.submitted_at.is_some() && s.finished_at.is_some());
+    assert_eq!(s.observed_generation, mj.metadata.generation);
+    assert_eq!(condition(&mj, "Complete").as_deref(), Some("True"));
+    assert_eq!(condition(&mj, "Ready").as_deref(), Some("True"));
+    assert_eq!(condition(&mj, "Reconciling").as_deref(), Some("False"));
+    assert!(
+        mj.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"managedjobs.dev/cleanup".into())
+    );
+    // `kubectl wait` works on it, as on a batch/v1 Job.
+    let (ok, out) = support::kubectl(
+        cp,
+        &[
+            "-n",
+            &ns.name,
+            "wait",
+            "--for=condition=Complete",
+            "mj/hello",
+            "--timeout=10s",
+        ],
+    );
+    assert!(ok, "{out}");
+    // `managed-jobs logs` prints the workload's output.
+    let out = std::process::Command::new(support::binary())
+        .args(["logs", &format!("{}/hello", ns.name), "--state-dir"])
+        .arg(op.state_dir.path())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hello from managed-jobs"));
+}
+
+#[tokio::test]
+async fn failing_job_is_restarted_then_fails_with_its_exit_code() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "fail").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let body = "  run: echo attempt $MANAGEDJOB_ATTEMPT; exit 3\n  recovery:\n    maxRestartsOnErrors: 2\n";
+    support::create_yaml(&client, &ns.name, &job("flaky", body)).await;
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "flaky",
+        T,
+        "Failed",
+        phase_is(JobPhase::Failed),
+    )
+    .await;
+    let s = mj.status.clone().unwrap();
+    assert_eq!(s.exit_code, Some(3));
+    assert_eq!(s.restart_count, 2);
+    assert_eq!(s.attempt, 3, "exactly 1 + maxRestartsOnErrors attempts");
+    assert_eq!(s.failure_reason.as_deref(), Some("ExitCode"));
+    assert_eq!(condition(&mj, "Failed").as_deref(), Some("True"));
+    assert_eq!(condition(&mj, "Stalled").as_deref(), Some("True"));
+}
+
+#[tokio::test]
+async fn twenty_jobs_never_exceed_the_caps_seen_from_the_api() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "caps").await;
+    let _op =
+        support::OperatorProcess::start(cp, &ns.name, &["--launch-cap", "2", "--run-cap", "3"]);
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    // Watch every status the API serves, from before the first create.
+    let watch = tokio::spawn({
+        let api = api.clone();
+        async move {
+            let mut states: BTreeMap<String, (Option<ScheduleState>, Option<JobPhase>)> =
+                BTreeMap::new();
+            let mut max_alive = 0usize;
+            let mut max_launching = 0usize;
+            let stream = watcher(api, watcher::Config::default()).boxed();
+            let mut stream = stream;
+            while let Some(event) = stream.next().await {
+                let objs = match event {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => vec![o],
+                    _ => continue,
+                };
+                for o in objs {
+                    let s = o.status.clone().unwrap_or_default();
+                    states.insert(
+                        o.metadata.name.clone().unwrap(),
+                        (s.schedule_state, s.phase),
+                    );
+                }
+                let alive = states
+                    .values()
+                    .filter(|(s, _)| s.is_some_and(|s| s.holds_run_slot()))
+                    .count();
+                let launching = states
+                    .values()
+                    .filter(|(s, _)| *s == Some(ScheduleState::Launching))
+                    .count();
+                max_alive = max_alive.max(alive);
+                max_launching = max_launching.max(launching);
+                let done = states
+                    .values()
+                    .filter(|(_, p)| *p == Some(JobPhase::Succeeded))
+                    .count();
+                if done == 20 {
+                    return (max_alive, max_launching);
+                }
+            }
+            (max_alive, max_launching)
+        }
+    });
+    for i in 0..20 {
+        support::create_yaml(
+            &client,
+            &ns.name,
+            &job(&format!("batch-{i:02}"), "  run: sleep 1\n"),
+        )
+        .await;
+    }
+    let (max_alive, max_launching) = tokio::time::timeout(Duration::from_secs(120), watch)
+        .await
+        .expect("all 20 jobs succeed within 120 s")
+        .unwrap();
+    assert!(
+        max_alive <= 3,
+        "the API showed {max_alive} jobs alive (run cap 3)"
+    );
+    assert!(
+        max_launching <= 2,
+        "the API showed {max_launching} launching (launch cap 2)"
+    );
+    assert!(
+        max_alive >= 2,
+        "queueing should still use the slots (saw {max_alive})"
+    );
+}
+
+#[tokio::test]
+async fn cancel_while_pending_never_starts_a_process() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "cpend").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &["--run-cap", "1"]);
+    support::create_yaml(&client, &ns.name, &job("blocker", "  run: sleep 60\n")).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "blocker",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    support::create_yaml(
+        &client,
+        &ns.name,
+        &job("queued", "  run: touch never-ran; sleep 60\n"),
+    )
+    .await;
+    let mj = support::wait_status(&client, &ns.name, "queued", T, "queued", |s| {
+        s.schedule_state == Some(ScheduleState::Waiting)
+    })
+    .await;
+    assert_eq!(mj.status.unwrap().queue_position, Some(1));
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    api.patch(
+        "queued",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+    )
+    .await
+    .unwrap();
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "queued",
+        T,
+        "Cancelled",
+        phase_is(JobPhase::Cancelled),
+    )
+    .await;
+    let s = mj.status.unwrap();
+    assert_eq!(s.attempt, 0);
+    assert!(s.workload.is_none());
+    let id = s.job_id.unwrap();
+    assert!(
+        !op.state_dir.path().join(format!("logs/{id}.log")).exists(),
+        "a job controller ran"
+    );
+    assert!(
+        !op.state_dir
+            .path()
+            .join(format!("work/{id}/never-ran"))
+            .exists()
+    );
+    // The cancelled object keeps its final status; a blocker cancel frees the slot.
+    api.patch(
+        "blocker",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+    )
+    .await
+    .unwrap();
+    support::wait_status(
+        &client,
+        &ns.name,
+        "blocker",
+        T,
+        "Cancelled",
+        phase_is(JobPhase::Cancelled),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cancel_while_running_stops_the_workload_process_group() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "crun").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(
+        &client,
+        &ns.name,
+        &job("long", "  run: sleep 300 & sleep 300; wait\n"),
+    )
+    .await;
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "long",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let pgid: i32 = mj
+        .status
+        .unwrap()
+        .workload
+        .unwrap()
+        .trim_start_matches("pid/")
+        .parse()
+        .unwrap();
+    assert!(managed_jobs::process::group_exists(pgid));
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    api.patch(
+        "long",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+    )
+    .await
+    .unwrap();
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "long",
+        T,
+        "Cancelled",
+        phase_is(JobPhase::Cancelled),
+    )
+    .await;
+    assert!(
+        !managed_jobs::process::group_exists(pgid),
+        "the workload's process group survived"
+    );
+    assert_eq!(condition(&mj, "Stalled").as_deref(), Some("True"));
+}
+
+#[tokio::test]
+async fn delete_cleans_up_and_removes_the_finalizer() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "del").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(&client, &ns.name, &job("doomed", "  run: sleep 300\n")).await;
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "doomed",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let pgid: i32 = mj
+        .status
+        .unwrap()
+        .workload
+        .unwrap()
+        .trim_start_matches("pid/")
+        .parse()
+        .unwrap();
+    support::delete(&client, &ns.name, "doomed").await;
+    support::wait_gone(&client, &ns.name, "doomed", T).await;
+    assert!(
+        !managed_jobs::process::group_exists(pgid),
+        "the workload survived its ManagedJob"
+    );
+    let out = std::process::Command::new(support::binary())
+        .args(["queue", "--all", "--state-dir"])
+        .arg(op.state_dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("doomed"),
+        "the store still has it"
+    );
+}
+
+#[tokio::test]
+async fn killed_job_controller_is_resumed_and_the_job_succeeds() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "jckill").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(
+        &client,
+        &ns.name,
+        &job("sturdy", "  run: echo run >> runs.txt; sleep 2\n"),
+    )
+    .await;
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "sturdy",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let id = mj.status.unwrap().job_id.unwrap();
+    let (_, pid) = op
+        .job_controllers()
+        .into_iter()
+        .find(|(j, _)| *j == id)
+        .expect("its job controller");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "sturdy",
+        T,
+        "Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    assert_eq!(
+        mj.status.unwrap().attempt,
+        1,
+        "the running workload was adopted, not relaunched"
+    );
+    let runs =
+        std::fs::read_to_string(op.state_dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run\n");
+}
+
+#[tokio::test]
+async fn killed_operator_restarts_without_running_any_job_twice() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "opkill").await;
+    let mut op =
+        support::OperatorProcess::start(cp, &ns.name, &["--launch-cap", "2", "--run-cap", "3"]);
+    let runs = tempfile::tempdir().unwrap();
+    let runs_file = runs.path().join("runs.txt");
+    for i in 0..8 {
+        let body = format!(
+            "  run: echo $MANAGEDJOB_NAME >> {}; sleep 1\n",
+            runs_file.display()
+        );
+        support::create_yaml(&client, &ns.name, &job(&format!("job-{i}"), &body)).await;
+    }
+    support::wait_status(
+        &client,
+        &ns.name,
+        "job-0",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    op.kill();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    op.restart();
+    for i in 0..8 {
+        support::wait_status(
+            &client,
+            &ns.name,
+            &format!("job-{i}"),
+            T,
+            "Succeeded",
+            phase_is(JobPhase::Succeeded),
+        )
+        .await;
+    }
+    let text = std::fs::read_to_string(&runs_file).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    let expected: Vec<String> = (0..8).map(|i| format!("job-{i}")).collect();
+    assert_eq!(lines, expected, "every job ran exactly once");
+}
+
+#[tokio::test]
+async fn invalid_specs_are_refused_by_the_api_naming_the_field() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "invalid").await;
+    let dir = support::root().join("../shared/cases/invalid");
+    let expected_field = [
+        ("01-run-and-template.yaml", "spec.run"),
+        ("02-neither.yaml", "spec.run"),
+        ("03-priority-out-of-range.yaml", "spec.priority"),
+        (
+            "04-negative-restarts.yaml",
+            "spec.recovery.maxRestartsOnErrors",
+        ),
+        ("05-empty-run.yaml", "spec.run"),
+        ("06-unknown-field.yaml", "spec.runn"),
+        ("07-env-without-name.yaml", "spec.env[0].name"),
+        ("08-bad-env-name.yaml", "spec.env[0].name"),
+        ("09-nonpositive-deadline.yaml", "spec.activeDeadlineSeconds"),
+        ("10-priority-string.yaml", "spec.priority"),
+        (
+            "11-template-without-containers.yaml",
+            "spec.template.spec.containers",
+        ),
+    ];
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("../shared/cases/invalid") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let (ok, out) =
+            support::kubectl(cp, &["apply", "-n", &ns.name, "-f", path.to_str().unwrap()]);
+        assert!(!ok, "{file} was accepted: {out}");
+        if let Some((_, field)) = expected_field.iter().find(|(f, _)| *f == file) {
+            assert!(
+                out.contains(field),
+                "{file}: the error does not name {field}: {out}"
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen >= expected_field.len());
+    let (_, out) = support::kubectl(cp, &["get", "mj", "-n", &ns.name, "-o", "name"]);
+    assert!(
+        out.trim().is_empty() || out.contains("No resources"),
+        "something was stored: {out}"
+    );
+}
+
+#[tokio::test]
+async fn valid_cases_behave_as_their_comments_say() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "valid").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let dir = support::root().join("../shared/cases/valid");
+    let apply = |file: &str| {
+        let path = dir.join(file);
+        support::kubectl(cp, &["apply", "-n", &ns.name, "-f", path.to_str().unwrap()])
+    };
+    // Immutability: run may not change, priority may.
+    assert!(apply("immutable-base.yaml").0);
+    let (ok, out) = apply("immutable-changed-run.yaml");
+    assert!(
+        !ok && out.contains("spec.run") && out.contains("immutable"),
+        "{out}"
+    );
+    let (ok, out) = apply("immutable-changed-priority.yaml");
+    assert!(ok, "{out}");
+    // Created already cancelled: Cancelled without a job controller process.
+    assert!(apply("cancel-at-birth.yaml").0);
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "cancel-at-birth",
+        T,
+        "Cancelled",
+        phase_is(JobPhase::Cancelled),
+    )
+    .await;
+    let id = mj.status.unwrap().job_id.unwrap();
+    assert!(!op.state_dir.path().join(format!("logs/{id}.log")).exists());
+    // Quoting: the log holds the lines exactly as the script wrote them.
+    assert!(apply("quoting.yaml").0);
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "quoting",
+        T,
+        "Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let id = mj.status.unwrap().job_id.unwrap();
+    let log = std::fs::read_to_string(op.state_dir.path().join(format!("logs/{id}.workload.log")))
+        .unwrap();
+    assert_eq!(log, "hello, wörld; rm -rf / #\nliteral $HOME `id`\n");
+}

@@ -1,0 +1,371 @@
+//! Test support for integration tests against the real dev control plane (hack/controlplane.sh):
+//! kube-apiserver + etcd + kube-controller-manager + kube-scheduler + kwok, built from the official
+//! Go modules.
+//!
+//! - [`control_plane`] starts it once per test binary (`hack/controlplane.sh up` reuses a healthy
+//!   instance, so a whole `cargo test` run shares one), or uses the kubeconfig in
+//!   `MJ_KUBECONFIG`. When the binaries were never built, tests print a loud SKIPPED line and
+//!   return, except under `CI=true`, where that is a failure.
+//! - [`TestNamespace`] gives each test its own namespace, deleted afterwards.
+//! - The CRDs from `crds/` are installed once and waited for (Established and served).
+//! - [`OperatorProcess`] runs the real `managed-jobs run` binary scoped to one namespace with its
+//!   own state dir, and kills it and every process it started when dropped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use managed_jobs::api::{ManagedJob, ManagedJobStatus};
+
+/// Repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script() -> PathBuf {
+    root().join("hack/controlplane.sh")
+}
+
+/// A running control plane.
+pub struct ControlPlane {
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+}
+
+fn binaries_built() -> bool {
+    let out = Command::new(script())
+        .args(["bin-dir", "kubernetes"])
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let dir = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            Path::new(&dir).join("kube-apiserver").exists()
+        }
+        _ => false,
+    }
+}
+
+/// The shared control plane, or `None` (after printing why) when tests must skip.
+pub fn control_plane() -> Option<&'static ControlPlane> {
+    static CP: OnceLock<Option<ControlPlane>> = OnceLock::new();
+    CP.get_or_init(|| {
+        if let Some(k) = std::env::var_os("MJ_KUBECONFIG") {
+            return Some(ControlPlane {
+                kubeconfig: PathBuf::from(k),
+            });
+        }
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        if !binaries_built() {
+            assert!(
+                !ci,
+                "CI=true but the control plane binaries are not built: run `hack/controlplane.sh build` first"
+            );
+            eprintln!(
+                "\n*** SKIPPED: integration tests need the dev control plane; build it once with \
+                 `hack/controlplane.sh build` (about 15 minutes) or set MJ_KUBECONFIG ***\n"
+            );
+            return None;
+        }
+        let out = Command::new(script())
+            .arg("up")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running hack/controlplane.sh up");
+        assert!(out.status.success(), "hack/controlplane.sh up failed");
+        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        install_crds(&kubeconfig);
+        Some(ControlPlane { kubeconfig })
+    })
+    .as_ref()
+}
+
+/// Runs the control plane's own kubectl with `args`; returns (success, stdout+stderr).
+pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
+    let out = Command::new(script())
+        .arg("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .expect("running kubectl");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn install_crds(kubeconfig: &Path) {
+    let cp = ControlPlane {
+        kubeconfig: kubeconfig.to_path_buf(),
+    };
+    let crds = root().join("crds");
+    let (ok, out) = kubectl(&cp, &["apply", "-f", crds.to_str().unwrap()]);
+    assert!(ok, "installing CRDs: {out}");
+    let (ok, out) = kubectl(
+        &cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/managedjobs.managedjobs.dev",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "CRD not established: {out}");
+    // Discovery serves the new type a moment after Established.
+    let start = Instant::now();
+    while !kubectl(&cp, &["get", "managedjobs", "-A"]).0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "CRD never served"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A client for the control plane.
+pub async fn client(cp: &ControlPlane) -> Client {
+    let kc = Kubeconfig::read_from(&cp.kubeconfig).expect("reading kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// A namespace of the test's own, deleted (without waiting) when dropped.
+pub struct TestNamespace {
+    /// Its name.
+    pub name: String,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    /// Creates `mj-<prefix>-<random>`.
+    pub async fn new(client: &Client, cp: &ControlPlane, prefix: &str) -> TestNamespace {
+        let suffix: u32 = std::process::id()
+            ^ (Instant::now().elapsed().subsec_nanos())
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos());
+        let name = format!("mj-{prefix}-{:x}", suffix % 0xffffff);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name }
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating the test namespace");
+        TestNamespace {
+            name,
+            kubeconfig: cp.kubeconfig.clone(),
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let cp = ControlPlane {
+            kubeconfig: self.kubeconfig.clone(),
+        };
+        // Finalizers of ManagedJobs whose operator is gone would hold the namespace: drop them.
+        let (_, names) = kubectl(&cp, &["-n", &self.name, "get", "managedjobs", "-o", "name"]);
+        for name in names.lines().filter(|l| l.starts_with("managedjob")) {
+            kubectl(
+                &cp,
+                &[
+                    "-n",
+                    &self.name,
+                    "patch",
+                    name,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ],
+            );
+        }
+        kubectl(&cp, &["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// A `managed-jobs run` process scoped to one namespace, with its own state dir.
+pub struct OperatorProcess {
+    child: Option<std::process::Child>,
+    /// Its state dir.
+    pub state_dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    namespace: String,
+    extra: Vec<String>,
+}
+
+/// The `managed-jobs` binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_managed-jobs")
+}
+
+impl OperatorProcess {
+    /// Starts the operator with the local executor and `extra` flags.
+    pub fn start(cp: &ControlPlane, namespace: &str, extra: &[&str]) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        op.spawn();
+        op
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.path().join("operator.log"))
+            .unwrap();
+        let child = Command::new(binary())
+            .arg("run")
+            .arg("--state-dir")
+            .arg(self.state_dir.path())
+            .arg("--namespace")
+            .arg(&self.namespace)
+            .args(["--executors", "local,pod", "--cancel-grace-seconds", "2"])
+            .args(["--restart-backoff-seconds", "0.2"])
+            .args(&self.extra)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting managed-jobs run");
+        self.child = Some(child);
+    }
+
+    /// SIGKILLs the operator alone (its job controllers and workloads keep running).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same state dir.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// The operator's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state_dir.path().join("operator.log")).unwrap_or_default()
+    }
+
+    /// Pids of the job controller processes of this state dir, by job id.
+    pub fn job_controllers(&self) -> Vec<(i64, i32)> {
+        let dir = self.state_dir.path().to_string_lossy().into_owned();
+        let mut out = Vec::new();
+        for pid in managed_jobs::process::find_by_arguments(&["job-controller", &dir]) {
+            let args = managed_jobs::process::cmdline(pid).unwrap_or_default();
+            if let Some(id) = args.last().and_then(|a| a.parse().ok()) {
+                out.push((id, pid));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        self.kill();
+        // Everything this operator started carries its state dir on its command line.
+        let dir = self.state_dir.path().to_string_lossy().into_owned();
+        for pid in std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        {
+            if managed_jobs::process::cmdline(pid)
+                .is_some_and(|args| args.iter().any(|a| a.contains(&dir)))
+            {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Applies a ManagedJob from YAML text into `ns`.
+pub async fn create_yaml(client: &Client, ns: &str, yaml: &str) -> ManagedJob {
+    let mj: ManagedJob = serde_norway::from_str(yaml).expect("valid ManagedJob YAML");
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &mj)
+        .await
+        .expect("creating the ManagedJob")
+}
+
+/// Polls the object until `pred` holds on its status, or panics after `timeout` with the last
+/// status seen.
+pub async fn wait_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&ManagedJobStatus) -> bool,
+) -> ManagedJob {
+    let api = Api::<ManagedJob>::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    loop {
+        if let Ok(mj) = api.get(name).await
+            && mj.status.as_ref().is_some_and(&pred)
+        {
+            return mj;
+        }
+        if start.elapsed() > timeout {
+            let last = api.get(name).await.ok().and_then(|m| m.status);
+            panic!("{ns}/{name} never reached {what} within {timeout:?}; last status: {last:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the object is gone.
+pub async fn wait_gone(client: &Client, ns: &str, name: &str, timeout: Duration) {
+    let api = Api::<ManagedJob>::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    while api.get_opt(name).await.expect("get").is_some() {
+        assert!(start.elapsed() < timeout, "{ns}/{name} was never deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes the object (foreground is not needed: the finalizer holds it).
+pub async fn delete(client: &Client, ns: &str, name: &str) {
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
+/// Skips the test (returns) when no control plane is available.
+#[macro_export]
+macro_rules! control_plane_or_skip {
+    () => {
+        match support::control_plane() {
+            Some(cp) => cp,
+            None => return,
+        }
+    };
+}
