@@ -171,10 +171,20 @@ impl Operator {
             .ok_or(Error::MissingField("metadata.namespace"))?;
         let name = mj.name_any();
         let generation = mj.metadata.generation.unwrap_or(0);
-        let up = self
-            .engine
-            .store()
-            .upsert(&uid, &ns, &name, generation, &mj.spec)?;
+        let created_at_ms = mj
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond())
+            .unwrap_or_else(now_ms);
+        let up = self.engine.store().upsert_created(
+            &uid,
+            &ns,
+            &name,
+            generation,
+            &mj.spec,
+            created_at_ms,
+        )?;
         let mut row = up.row;
         if up.inserted {
             tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, "job submitted");

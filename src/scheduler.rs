@@ -6,7 +6,8 @@
 //! - AliveWaiting jobs (recoveries and restarts) are admitted before new jobs and need only a
 //!   launch slot: a recovery is never blocked behind a new job that lacks a run slot.
 //! - New (Waiting) jobs need a launch slot and a run slot.
-//! - Within each group: higher priority first, then lower job id (FIFO within a priority).
+//! - Within each group: higher priority first, then earlier creation (`metadata.creationTimestamp`,
+//!   one-second resolution), then lower job id: FIFO within a priority.
 
 use crate::api::{JobPhase, ScheduleState};
 use crate::capacity::Caps;

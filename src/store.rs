@@ -73,13 +73,14 @@ fn migrations() -> Migrations<'static> {
             workload TEXT,
             backoff_until_ms INTEGER,
             submitted_at_ms INTEGER NOT NULL,
+            created_at_ms INTEGER NOT NULL,
             started_at_ms INTEGER,
             finished_at_ms INTEGER,
             phase_changed_at_ms INTEGER NOT NULL,
             status_version INTEGER NOT NULL DEFAULT 1,
             synced_version INTEGER NOT NULL DEFAULT 0
         );
-        CREATE INDEX jobs_queue ON jobs (schedule_state, priority DESC, id)
+        CREATE INDEX jobs_queue ON jobs (schedule_state, priority DESC, created_at_ms, id)
             WHERE schedule_state IN ('Waiting', 'AliveWaiting');
         CREATE INDEX jobs_live ON jobs (schedule_state)
             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
@@ -447,8 +448,7 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// Mirrors a ManagedJob: inserts it as Pending/Waiting at first sight (the job is submitted
-    /// at once), otherwise updates its generation and priority. Returns the stored row.
+    /// [`Store::upsert_created`] for an object created now.
     pub fn upsert(
         &mut self,
         uid: &str,
@@ -456,6 +456,22 @@ impl Store {
         name: &str,
         generation: i64,
         spec: &ManagedJobSpec,
+    ) -> Result<Upserted> {
+        self.upsert_created(uid, namespace, name, generation, spec, now_ms())
+    }
+
+    /// Mirrors a ManagedJob: inserts it as Pending/Waiting at first sight (the job is submitted
+    /// at once), otherwise updates its generation and priority. `created_at_ms` is the object's
+    /// `metadata.creationTimestamp`: FIFO within a priority follows it (then the job id), so the
+    /// order in which the operator happens to see objects does not reorder the queue.
+    pub fn upsert_created(
+        &mut self,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+        generation: i64,
+        spec: &ManagedJobSpec,
+        created_at_ms: i64,
     ) -> Result<Upserted> {
         let tx = self.conn.transaction()?;
         let existing: Option<(i64, i64, i32)> = tx
@@ -481,8 +497,9 @@ impl Store {
                 let spec_json = serde_json::to_string(spec).expect("a spec serializes");
                 tx.execute(
                     "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
-                        phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9)",
+                        phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
+                        created_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10)",
                     params![
                         uid,
                         namespace,
@@ -492,7 +509,8 @@ impl Store {
                         spec_json,
                         spec.priority,
                         "queued: waiting for a launch slot",
-                        now
+                        now,
+                        created_at_ms
                     ],
                 )?;
                 let id = tx.last_insert_rowid();
@@ -520,8 +538,9 @@ impl Store {
                 }
                 let position: i64 = tx.query_row(
                     "SELECT count(*) FROM jobs WHERE schedule_state = 'Waiting'
-                        AND (priority > ?1 OR (priority = ?1 AND id <= ?2))",
-                    params![spec.priority, id],
+                        AND (priority > ?1 OR (priority = ?1 AND (created_at_ms < ?3
+                            OR (created_at_ms = ?3 AND id <= ?2))))",
+                    params![spec.priority, id, created_at_ms],
                     |r| r.get(0),
                 )?;
                 tx.execute(
@@ -711,10 +730,10 @@ impl Store {
     }
 
     /// Up to `limit` jobs in `state` (Waiting or AliveWaiting) in admission order: higher
-    /// priority first, then lower id (FIFO within a priority).
+    /// priority first, then earlier creation, then lower id (FIFO within a priority).
     pub fn queue_head(&self, state: ScheduleState, limit: usize) -> Result<Vec<JobRow>> {
         self.select(
-            "schedule_state = ?1 ORDER BY priority DESC, id LIMIT ?2",
+            "schedule_state = ?1 ORDER BY priority DESC, created_at_ms, id LIMIT ?2",
             params![state.as_str(), limit as i64],
         )
     }
