@@ -120,7 +120,9 @@ pub struct ManagedJobStatus {
     /// Human-readable sentence about the latest step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Position in the admission queue when the job was queued (1 = next).
+    /// Position in the admission queue when the job was submitted (1 = next); not updated as
+    /// the queue moves (that would cost an API write per queued job per admission): see
+    /// `managed-jobs queue` for live order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i64>,
     /// When the operator first saw the job.

@@ -173,7 +173,7 @@ impl Engine {
     }
 
     /// Sends SIGUSR1 to the job's controller process, if it is the recorded one.
-    fn wake_controller(&self, row: &JobRow) {
+    pub fn wake_controller(&self, row: &JobRow) {
         if let (Some(pid), Some(start)) = (row.controller_pid, row.controller_start_time) {
             process::signal_if_alive(pid, start, nix::sys::signal::Signal::SIGUSR1);
         }

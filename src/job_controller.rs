@@ -17,8 +17,10 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::api::{ExecutorKind, JobPhase, ScheduleState, validate_spec};
 use crate::executor::Outcome;
 use crate::executor::local::{Found, LocalExecutor, LocalWorkload};
+use crate::executor::pod;
 use crate::store::{Cas, Change, Expect, JobRow, Store, now_ms};
 use crate::wake::OperatorWaker;
+use k8s_openapi::api::core::v1::Pod;
 
 /// Store settings the operator writes for its job controllers.
 pub mod settings {
@@ -51,6 +53,7 @@ struct JobController {
     backoff_base: Duration,
     executors: Vec<ExecutorKind>,
     workload: Option<(i32, LocalWorkload)>,
+    kube: Option<kube::Client>,
 }
 
 /// Entry point of `managed-jobs job-controller`. Returns when the job is Done.
@@ -97,6 +100,7 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
         backoff_base,
         executors,
         workload: None,
+        kube: None,
     };
     tracing::info!(job_id, pid = std::process::id(), "job controller started");
     jc.drive().await
@@ -211,9 +215,7 @@ impl JobController {
             return Ok(());
         }
         if job.executor == ExecutorKind::Pod {
-            let msg = "the pod executor is not available in this build".to_string();
-            self.fail(&job, JobPhase::FailedPrecheck, "ExecutorUnavailable", msg)?;
-            return Ok(());
+            return self.pod_step(job, attempt).await;
         }
         match self.local.find(job.id, attempt) {
             Found::Exited(outcome) => return self.finish_attempt(job, attempt, outcome),
@@ -302,6 +304,9 @@ impl JobController {
                 },
             )?;
             return Ok(());
+        }
+        if job.executor == ExecutorKind::Pod {
+            return self.pod_step(job, attempt).await;
         }
         if self.workload.as_ref().map(|(a, _)| *a) != Some(attempt) {
             self.workload = None;
@@ -426,6 +431,154 @@ impl JobController {
         Ok(())
     }
 
+    async fn client(&mut self) -> anyhow::Result<kube::Client> {
+        if self.kube.is_none() {
+            self.kube = Some(kube::Client::try_default().await?);
+        }
+        Ok(self.kube.clone().expect("set above"))
+    }
+
+    /// Creates the attempt's Pod; AlreadyExists adopts it. Returns Err(message) when the API
+    /// refuses it for good (quota, admission, invalid template).
+    async fn create_pod(
+        &mut self,
+        job: &JobRow,
+        attempt: i32,
+    ) -> anyhow::Result<Result<(), String>> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+        let pod = pod::build_pod(job, attempt);
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match api.create(&kube::api::PostParams::default(), &pod).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Ok(())),
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
+                    return Ok(Err(e.message));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "creating the Pod failed; retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    /// One step of a pod job: create the attempt's Pod if needed, then act on what the
+    /// operator's Pod watch last saw of it.
+    async fn pod_step(&mut self, job: JobRow, attempt: i32) -> anyhow::Result<()> {
+        let launching = job.schedule_state == ScheduleState::Launching;
+        let observed = self.store.pod_observation(job.id, attempt)?;
+        let Some(o) = observed else {
+            if launching && job.launched_attempt < attempt {
+                let intent = Change {
+                    launched_attempt: Some(attempt),
+                    reason: "Launch",
+                    ..Default::default()
+                };
+                if !self.set(&job, Expect::exactly(job.phase, job.schedule_state), intent)? {
+                    return Ok(());
+                }
+            }
+            // Idempotent: after a crash this adopts the Pod if it was created.
+            if let Err(message) = self.create_pod(&job, attempt).await? {
+                self.fail(
+                    &job,
+                    JobPhase::FailedPrecheck,
+                    "PodRejected",
+                    format!("the API refused the Pod: {message}"),
+                )?;
+                return Ok(());
+            }
+            self.sleep_until_woken(Duration::from_secs(10)).await;
+            return Ok(());
+        };
+        if let Some(outcome) = pod::outcome(&o) {
+            return self.finish_attempt(job, attempt, outcome);
+        }
+        let name = format!("pod/{}", o.pod_name);
+        match o.state.as_str() {
+            "running" if launching || job.phase != JobPhase::Running => {
+                self.set(
+                    &job,
+                    Expect::exactly(job.phase, job.schedule_state),
+                    Change {
+                        phase: Some(JobPhase::Running),
+                        schedule: Some(ScheduleState::Alive),
+                        attempt: Some(attempt),
+                        workload: Some(Some(name)),
+                        started_now: true,
+                        message: Some(format!("running attempt {attempt} in {}", o.pod_name)),
+                        reason: "Running",
+                        ..Default::default()
+                    },
+                )?;
+                return Ok(());
+            }
+            "unschedulable" => {
+                // Waiting on the cluster must not hold a launch slot: keep the run slot only.
+                let message = format!("waiting for a node for Pod {}: {}", o.pod_name, o.message);
+                if launching || job.message != message {
+                    self.set(
+                        &job,
+                        Expect::exactly(job.phase, job.schedule_state),
+                        Change {
+                            schedule: Some(ScheduleState::Alive),
+                            workload: Some(Some(name)),
+                            message: Some(message),
+                            reason: "Unschedulable",
+                            ..Default::default()
+                        },
+                    )?;
+                    return Ok(());
+                }
+            }
+            _ => {}
+        }
+        let deadline = job.spec.active_deadline_seconds.and_then(|s| {
+            let start = job.started_at_ms?;
+            Some(Duration::from_millis(
+                (start + s * 1000 - now_ms()).max(0) as u64
+            ))
+        });
+        tokio::select! {
+            _ = self.wake.recv() => {}
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+            _ = tokio::time::sleep(deadline.unwrap_or(Duration::MAX)), if deadline.is_some() => {
+                self.stop_pods(&job).await?;
+                let secs = job.spec.active_deadline_seconds.unwrap_or_default();
+                self.fail(&job, JobPhase::Failed, "DeadlineExceeded",
+                    format!("stopped: the job ran past activeDeadlineSeconds ({secs} s)"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every attempt's Pod (each with its own grace period); true once all are gone.
+    async fn stop_pods(&mut self, job: &JobRow) -> anyhow::Result<bool> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+        let mut all_gone = true;
+        for attempt in 1..=job.attempt.max(job.launched_attempt) {
+            let name = pod::pod_name(&job.name, job.id, attempt);
+            let observed = self.store.pod_observation(job.id, attempt)?;
+            if observed.as_ref().is_some_and(|o| o.deleted) {
+                continue;
+            }
+            match api.delete(&name, &kube::api::DeleteParams::default()).await {
+                Ok(_) => all_gone = false,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %name, error = %e, "deleting the Pod failed");
+                    all_gone = false;
+                }
+            }
+        }
+        if !all_gone {
+            self.sleep_until_woken(Duration::from_secs(5)).await;
+        }
+        Ok(all_gone)
+    }
+
     /// Cancel requested: Cancelling, stop the workload and wait until it is gone, Cancelled.
     async fn cancel(&mut self, job: JobRow) -> anyhow::Result<()> {
         if job.phase != JobPhase::Cancelling {
@@ -440,6 +593,9 @@ impl JobController {
                 },
             )?;
             return Ok(());
+        }
+        if job.executor == ExecutorKind::Pod && !self.stop_pods(&job).await? {
+            return Ok(()); // not gone yet: woken when the watch sees them go
         }
         match self.workload.take() {
             Some((_, mut w)) => w.stop(self.grace).await,

@@ -19,8 +19,15 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use crate::api::{FINALIZER, JobPhase, ManagedJob, ScheduleState, validate_spec};
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::{
+    ExecutorKind, FINALIZER, JobPhase, LABEL_JOB_ID, ManagedJob, ScheduleState, validate_spec,
+};
 use crate::engine::{BACKSTOP, Config, Engine};
+use crate::executor::pod;
 use crate::store::{Cas, Change, Expect, JobRow, StoreError, now_ms};
 
 /// API budget of the operator's own requests.
@@ -72,6 +79,13 @@ pub async fn run(client: Client, cfg: Config, budget: ApiBudget) -> anyhow::Resu
         limiter: RateLimiter::direct(quota),
     });
     tokio::spawn(status_loop(op.clone()));
+    if op.engine.config().executors.contains(&ExecutorKind::Pod) {
+        let pods: Api<Pod> = match &namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        tokio::spawn(pod_watch(op.clone(), pods));
+    }
     let jobs: Api<ManagedJob> = match &namespace {
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
@@ -131,6 +145,34 @@ async fn status_loop(op: Arc<Operator>) {
             if failures > 0 {
                 break; // retried at the next wake-up or backstop
             }
+        }
+    }
+}
+
+/// The one shared watch on Pods carrying our job-id label: every change becomes a
+/// [`crate::store::PodObservation`] in the store and wakes the job's controller.
+async fn pod_watch(op: Arc<Operator>, pods: Api<Pod>) {
+    use kube::runtime::WatchStreamExt as _;
+    use watcher::Event;
+    let cfg = watcher::Config::default().labels(LABEL_JOB_ID);
+    let mut stream = watcher(pods, cfg).default_backoff().boxed();
+    let mut listed: HashSet<(i64, i32)> = HashSet::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(p)) => {
+                if let Some(key) = op.observe_pod(&p, false) {
+                    listed.insert(key);
+                }
+            }
+            Ok(Event::InitDone) => op.mark_vanished_pods(&listed),
+            Ok(Event::Apply(p)) => {
+                op.observe_pod(&p, false);
+            }
+            Ok(Event::Delete(p)) => {
+                op.observe_pod(&p, true);
+            }
+            Err(e) => tracing::warn!(error = %e, "Pod watch error; retrying"),
         }
     }
 }
@@ -206,7 +248,7 @@ impl Operator {
                 }
             }
         }
-        if mj.spec.cancel && !row.cancel_requested {
+        if mj.spec.cancel && (up.inserted || !row.cancel_requested) {
             row = self.engine.cancel(row, false)?;
         }
         self.engine.wake_all();
@@ -251,6 +293,62 @@ impl Operator {
         // kube's finalizer helper releases the finalizer on Ok: hold it with an error until the
         // job is Done (the status write of the final phase triggers the next reconcile).
         Err(Error::CleanupPending(id))
+    }
+
+    /// Records what a labelled Pod shows, if it belongs to one of our jobs (its owner is the
+    /// job's object), and wakes that job's controller when something changed.
+    fn observe_pod(&self, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
+        let (id, attempt) = pod::pod_key(pod)?;
+        let row = self.engine.store().find(id).ok()??;
+        let owned = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == row.uid);
+        if !owned {
+            return None;
+        }
+        let observation = pod::observe(pod, id, attempt, deleted);
+        let changed = self.engine.store().record_pod(&observation);
+        match changed {
+            Ok(true) => {
+                tracing::debug!(job_id = id, attempt, state = %observation.state, "pod observed");
+                self.engine.wake_controller(&row);
+                self.engine.wake_all();
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(job_id = id, error = %e, "recording a Pod observation failed")
+            }
+        }
+        Some((id, attempt))
+    }
+
+    /// After a (re)list: Pods we had seen that are no longer there were deleted while we were
+    /// not watching.
+    fn mark_vanished_pods(&self, listed: &HashSet<(i64, i32)>) {
+        let live = self.engine.store().live_jobs().unwrap_or_default();
+        for row in live.iter().filter(|r| r.executor == ExecutorKind::Pod) {
+            let key = (row.id, row.attempt);
+            if listed.contains(&key) {
+                continue;
+            }
+            let seen = self.engine.store().pod_observation(row.id, row.attempt);
+            if let Ok(Some(mut o)) = seen
+                && !o.deleted
+            {
+                o.deleted = true;
+                if !matches!(o.state.as_str(), "succeeded" | "failed" | "setup-failed") {
+                    o.state = "lost".into();
+                    o.reason = "PodDeleted".into();
+                    o.message = "the Pod was deleted while the operator was not watching".into();
+                }
+                let _ = self.engine.store().record_pod(&o);
+                self.engine.wake_controller(row);
+            }
+        }
+        self.engine.wake_all();
     }
 
     /// Writes one row's status; true when the row needs no retry.

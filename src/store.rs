@@ -99,6 +99,18 @@ fn migrations() -> Migrations<'static> {
         );
         CREATE INDEX transitions_by_job ON transitions (job_id, id);
         CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE pod_observations (
+            job_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            pod_name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            message TEXT NOT NULL DEFAULT '',
+            deleted INTEGER NOT NULL DEFAULT 0,
+            observed_at_ms INTEGER NOT NULL,
+            PRIMARY KEY (job_id, attempt)
+        );
         "#,
     )])
 }
@@ -362,6 +374,28 @@ pub struct Transition {
     pub message: String,
 }
 
+/// What the operator's shared Pod watch last saw of one attempt's Pod (the pod executor's
+/// input; job controllers read it instead of watching or polling the API).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodObservation {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt the Pod belongs to.
+    pub attempt: i32,
+    /// The Pod's name.
+    pub pod_name: String,
+    /// `pending`, `unschedulable`, `running`, `succeeded`, `failed`, `setup-failed` or `lost`.
+    pub state: String,
+    /// Exit code of the failing container, when there is one.
+    pub exit_code: Option<i32>,
+    /// CamelCase reason (e.g. `OOMKilled`, `EvictionByEvictionAPI`).
+    pub reason: String,
+    /// Human-readable detail (e.g. the scheduler's "0/4 nodes are available: ...").
+    pub message: String,
+    /// The Pod is gone from the API.
+    pub deleted: bool,
+}
+
 /// Counts the scheduler needs (DESIGN.md section 4's invariants).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotUsage {
@@ -473,6 +507,8 @@ impl Store {
         spec: &ManagedJobSpec,
         created_at_ms: i64,
     ) -> Result<Upserted> {
+        // A job created already cancelled is stored with its cancel request, so no pass can
+        // admit it before the request is acted on.
         let tx = self.conn.transaction()?;
         let existing: Option<(i64, i64, i32)> = tx
             .query_row(
@@ -498,8 +534,9 @@ impl Store {
                 tx.execute(
                     "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
                         phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
-                        created_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10)",
+                        created_at_ms, cancel_requested)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10,
+                        ?11)",
                     params![
                         uid,
                         namespace,
@@ -510,7 +547,8 @@ impl Store {
                         spec.priority,
                         "queued: waiting for a launch slot",
                         now,
-                        created_at_ms
+                        created_at_ms,
+                        spec.cancel
                     ],
                 )?;
                 let id = tx.last_insert_rowid();
@@ -697,6 +735,7 @@ impl Store {
     pub fn delete(&mut self, id: i64) -> Result<()> {
         let tx = self.conn.transaction()?;
         tx.execute("DELETE FROM transitions WHERE job_id = ?1", [id])?;
+        tx.execute("DELETE FROM pod_observations WHERE job_id = ?1", [id])?;
         tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
         tx.commit()?;
         Ok(())
@@ -730,10 +769,12 @@ impl Store {
     }
 
     /// Up to `limit` jobs in `state` (Waiting or AliveWaiting) in admission order: higher
-    /// priority first, then earlier creation, then lower id (FIFO within a priority).
+    /// priority first, then earlier creation, then lower id (FIFO within a priority). Jobs whose
+    /// cancel is requested are never admitted: a cancel costs no slot and starts no process.
     pub fn queue_head(&self, state: ScheduleState, limit: usize) -> Result<Vec<JobRow>> {
         self.select(
-            "schedule_state = ?1 ORDER BY priority DESC, created_at_ms, id LIMIT ?2",
+            "schedule_state = ?1 AND cancel_requested = 0
+             ORDER BY priority DESC, created_at_ms, id LIMIT ?2",
             params![state.as_str(), limit as i64],
         )
     }
@@ -791,6 +832,58 @@ impl Store {
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Records what the Pod watch saw; returns true when it differs from what was stored.
+    pub fn record_pod(&mut self, o: &PodObservation) -> Result<bool> {
+        let changed = self.conn.execute(
+            "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
+                message, deleted, observed_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (job_id, attempt) DO UPDATE SET pod_name = excluded.pod_name,
+                state = excluded.state, exit_code = excluded.exit_code, reason = excluded.reason,
+                message = excluded.message, deleted = excluded.deleted,
+                observed_at_ms = excluded.observed_at_ms
+             WHERE state != excluded.state OR exit_code IS NOT excluded.exit_code
+                OR reason != excluded.reason OR message != excluded.message
+                OR deleted != excluded.deleted",
+            params![
+                o.job_id,
+                o.attempt,
+                o.pod_name,
+                o.state,
+                o.exit_code,
+                o.reason,
+                o.message,
+                o.deleted,
+                now_ms()
+            ],
+        )?;
+        Ok(changed > 0)
+    }
+
+    /// The latest observation of an attempt's Pod.
+    pub fn pod_observation(&self, job_id: i64, attempt: i32) -> Result<Option<PodObservation>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted
+                 FROM pod_observations WHERE job_id = ?1 AND attempt = ?2",
+                params![job_id, attempt],
+                |r| {
+                    Ok(PodObservation {
+                        job_id: r.get(0)?,
+                        attempt: r.get(1)?,
+                        pod_name: r.get(2)?,
+                        state: r.get(3)?,
+                        exit_code: r.get(4)?,
+                        reason: r.get(5)?,
+                        message: r.get(6)?,
+                        deleted: r.get(7)?,
+                    })
+                },
+            )
+            .optional()?)
     }
 
     /// Reads a setting written by the operator.

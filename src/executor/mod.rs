@@ -2,6 +2,7 @@
 //! here; `pod` (a Pod per attempt) is driven by the operator's shared Pod watch.
 
 pub mod local;
+pub mod pod;
 
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

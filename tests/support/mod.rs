@@ -283,6 +283,20 @@ impl OperatorProcess {
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "operator log of the failed test:\n{}",
+                self.log()
+                    .lines()
+                    .rev()
+                    .take(60)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
         // Everything this operator started carries its state dir on its command line.
         let dir = self.state_dir.path().to_string_lossy().into_owned();
         for pid in std::fs::read_dir("/proc")
