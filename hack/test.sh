@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 start=$(date +%s)
-hack/controlplane.sh build kubernetes etcd kwok
+hack/controlplane.sh build kubernetes etcd kwok helm
 was_running=0
 if hack/controlplane.sh status >/dev/null 2>&1; then was_running=1; fi
 MJ_KUBECONFIG="$(hack/controlplane.sh up)"

@@ -98,6 +98,21 @@ pub struct RunArgs {
     /// Job controller exits before the job is done that end it as FailedController.
     #[arg(long, env = "MJ_MAX_CONTROLLER_CRASHES", default_value_t = 3)]
     pub max_controller_crashes: i64,
+    /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address (`none` to disable).
+    #[arg(long, env = "MJ_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: String,
+    /// Hold a Lease before acting, so a second replica only stands by.
+    #[arg(long, env = "MJ_LEADER_ELECTION")]
+    pub leader_election: bool,
+    /// Namespace of the Lease (default: `$POD_NAMESPACE`, else `default`).
+    #[arg(long, env = "MJ_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Lease duration in seconds: a dead leader is replaced within it.
+    #[arg(long, env = "MJ_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
+    #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub events: bool,
 }
 
 /// Flags of `managed-jobs queue`.
@@ -153,6 +168,39 @@ impl RunArgs {
                     .with_context(|| format!("unknown executor {e:?}: expected local or pod"))
             })
             .collect()
+    }
+
+    /// The metrics address, or None for `none`.
+    pub fn metrics_addr(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        if self.metrics_addr == "none" {
+            return Ok(None);
+        }
+        Ok(Some(self.metrics_addr.parse().with_context(|| {
+            format!("--metrics-addr {:?} is not host:port", self.metrics_addr)
+        })?))
+    }
+
+    /// Leader election settings, when switched on.
+    pub fn leader_election(&self) -> Option<crate::operator::LeaderElection> {
+        self.leader_election
+            .then(|| crate::operator::LeaderElection {
+                namespace: self
+                    .leader_election_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".into()),
+                lease_name: "managed-jobs".into(),
+                identity: std::env::var("POD_NAME").unwrap_or_else(|_| {
+                    format!(
+                        "{}-{}",
+                        std::fs::read_to_string("/proc/sys/kernel/hostname")
+                            .unwrap_or_default()
+                            .trim(),
+                        std::process::id()
+                    )
+                }),
+                duration_seconds: self.lease_duration_seconds.max(2),
+            })
     }
 
     /// Cap overrides from the flags.

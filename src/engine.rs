@@ -19,6 +19,7 @@ use crate::api::{ExecutorKind, JobPhase, ScheduleState};
 use crate::capacity::Capacity;
 use crate::executor::local::LocalExecutor;
 use crate::job_controller::settings;
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
 use crate::scheduler;
 use crate::store::{Cas, Change, Expect, JobRow, Store, StoreError};
@@ -58,6 +59,8 @@ pub struct Engine {
     schedule: Notify,
     /// Notified whenever a job's status may have changed (the operator's status writer waits on it).
     pub status_changed: Notify,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
     _lock: Flock<std::fs::File>,
 }
 
@@ -108,13 +111,17 @@ impl Engine {
             cfg.capacity
         );
         let socket = bind_socket(&cfg)?;
+        let caps_gauge = (caps.launch as i64, caps.run as i64);
         let engine = Arc::new(Engine {
             cfg,
             store: Mutex::new(store),
             schedule: Notify::new(),
             status_changed: Notify::new(),
+            metrics: Arc::new(Metrics::new()),
             _lock: lock,
         });
+        engine.metrics.launch_cap.set(caps_gauge.0);
+        engine.metrics.run_cap.set(caps_gauge.1);
         tokio::spawn(listen(engine.clone(), socket));
         engine.startup_sweep()?;
         tokio::spawn(scheduler_loop(engine.clone()));
@@ -236,23 +243,43 @@ impl Engine {
             .id()
             .ok_or_else(|| anyhow::anyhow!("child has no pid"))? as i32;
         let start = process::start_time(pid).unwrap_or(0);
-        let first = row.phase == JobPhase::Pending;
-        let change = Change {
-            controller: Some(Some((pid, start))),
-            controller_started: true,
-            phase: first.then_some(JobPhase::Submitted),
-            message: first.then(|| format!("job controller process started (pid {pid})")),
-            reason: "ControllerStarted",
-            ..Default::default()
-        };
         let live = [
             ScheduleState::Launching,
             ScheduleState::Alive,
             ScheduleState::AliveWaiting,
         ];
-        self.store()
-            .transition(row.id, &Expect::schedule(&live), &change)?;
+        // The new process may already have moved the job on (Starting, Running): Submitted is
+        // only written over Pending, never over a later phase.
+        let submitted = Change {
+            controller: Some(Some((pid, start))),
+            controller_started: true,
+            phase: Some(JobPhase::Submitted),
+            message: Some(format!("job controller process started (pid {pid})")),
+            reason: "ControllerStarted",
+            ..Default::default()
+        };
+        let expect_pending = Expect {
+            phases: vec![JobPhase::Pending],
+            schedule: live.to_vec(),
+        };
+        let result = self
+            .store()
+            .transition(row.id, &expect_pending, &submitted)?;
+        if !matches!(result, Cas::Applied(_)) {
+            let recorded = Change {
+                controller: Some(Some((pid, start))),
+                controller_started: true,
+                reason: "ControllerStarted",
+                ..Default::default()
+            };
+            self.store()
+                .transition(row.id, &Expect::schedule(&live), &recorded)?;
+        }
         tracing::info!(job_id = row.id, pid, "job controller process started");
+        if row.phase == JobPhase::Pending {
+            let waited = (crate::store::now_ms() - row.submitted_at_ms).max(0) as f64 / 1000.0;
+            self.metrics.submit_to_launch_seconds.observe(waited);
+        }
         self.status_changed.notify_one();
         Ok((pid, start, child))
     }
@@ -266,8 +293,20 @@ impl Engine {
             _ => return,
         };
         if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
+            self.metrics
+                .controller_exits_total
+                .get_or_create(&ReasonLabel {
+                    reason: "done".into(),
+                })
+                .inc();
             return;
         }
+        self.metrics
+            .controller_exits_total
+            .get_or_create(&ReasonLabel {
+                reason: "crashed".into(),
+            })
+            .inc();
         let crashes = row.controller_crashes + 1;
         let live = [
             ScheduleState::Launching,
@@ -387,10 +426,14 @@ async fn scheduler_loop(op: Arc<Engine>) {
             _ = op.schedule.notified() => {}
             _ = tokio::time::sleep(BACKSTOP) => {}
         }
+        let started = std::time::Instant::now();
         let result = {
             let mut store = op.store();
             scheduler::pass(&mut store, op.cfg.capacity.caps)
         };
+        op.metrics
+            .scheduling_pass_seconds
+            .observe(started.elapsed().as_secs_f64());
         match result {
             Ok(r) => {
                 let acted = !r.started.is_empty() || !r.relaunched.is_empty();

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod engine;
 pub mod executor;
 pub mod job_controller;
+pub mod metrics;
 pub mod operator;
 pub mod process;
 pub mod scheduler;

@@ -36,11 +36,16 @@ fn main() -> anyhow::Result<()> {
                 .build()?
                 .block_on(async move {
                     let client = kube::Client::try_default().await?;
-                    let budget = operator::ApiBudget {
-                        qps: args.api_qps,
-                        burst: args.api_burst,
+                    let options = operator::Options {
+                        budget: operator::ApiBudget {
+                            qps: args.api_qps,
+                            burst: args.api_burst,
+                        },
+                        metrics_addr: args.metrics_addr()?,
+                        leader_election: args.leader_election(),
+                        events: args.events,
                     };
-                    operator::run(client, cfg, budget).await
+                    operator::run(client, cfg, options).await
                 })
         }
     }

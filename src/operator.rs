@@ -15,9 +15,10 @@ use futures::StreamExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use std::collections::HashSet;
 
@@ -37,6 +38,32 @@ pub struct ApiBudget {
     pub qps: u32,
     /// Burst above the sustained rate.
     pub burst: u32,
+}
+
+/// Leader election on a Lease (kube-lease-manager): only the holder runs the engine.
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// This instance's identity (the Pod name in a cluster).
+    pub identity: String,
+    /// Lease duration, seconds: a dead leader is replaced within this.
+    pub duration_seconds: u64,
+}
+
+/// Kubernetes-side options of the operator.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Rate limit of the operator's writes.
+    pub budget: ApiBudget,
+    /// Serve `/metrics`, `/healthz`, `/readyz` here.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Wait for (and keep) a Lease before acting.
+    pub leader_election: Option<LeaderElection>,
+    /// Publish Kubernetes Events (events.k8s.io) on the transitions a user cares about.
+    pub events: bool,
 }
 
 /// Errors of a reconcile.
@@ -64,19 +91,55 @@ pub struct Operator {
     client: Client,
     engine: Arc<Engine>,
     limiter: DefaultDirectRateLimiter,
+    recorder: Option<Recorder>,
+    /// Per live job, the last history entry whose Events were published.
+    published: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
 }
 
 /// Runs the operator until SIGTERM/SIGINT. Job controller processes keep running after it
 /// stops; the next start adopts them.
-pub async fn run(client: Client, cfg: Config, budget: ApiBudget) -> anyhow::Result<()> {
+pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Result<()> {
     let namespace = cfg.namespace.clone();
+    // One HTTP server from the start: a standby (waiting for the Lease) answers /healthz, and
+    // /readyz only once it leads and watches.
+    let started: Arc<std::sync::OnceLock<Arc<Engine>>> = Arc::default();
+    if let Some(addr) = options.metrics_addr {
+        let (for_render, for_ready) = (started.clone(), started.clone());
+        let render: crate::metrics::Render = Arc::new(move || {
+            for_render
+                .get()
+                .map(|e| e.metrics.render(&e.store()))
+                .unwrap_or_default()
+        });
+        let ready: crate::metrics::Ready =
+            Arc::new(move || for_ready.get().is_some_and(|e| e.metrics.is_ready()));
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(addr, ready, render).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+    if let Some(le) = &options.leader_election {
+        acquire_lease(client.clone(), le).await?;
+    }
     let engine = Engine::start(cfg)?;
+    let _ = started.set(engine.clone());
+    let budget = options.budget;
     let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))
         .allow_burst(NonZeroU32::new(budget.burst.max(1)).expect("max(1) > 0"));
+    let recorder = options.events.then(|| {
+        let reporter = Reporter {
+            controller: "managed-jobs".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Recorder::new(client.clone(), reporter)
+    });
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
         limiter: RateLimiter::direct(quota),
+        recorder,
+        published: Default::default(),
     });
     tokio::spawn(status_loop(op.clone()));
     if op.engine.config().executors.contains(&ExecutorKind::Pod) {
@@ -91,6 +154,7 @@ pub async fn run(client: Client, cfg: Config, budget: ApiBudget) -> anyhow::Resu
         None => Api::all(client),
     };
     tracing::info!("operator started; watching ManagedJobs");
+    op.engine.metrics.set_ready();
     Controller::new(jobs, watcher::Config::default().any_semantic())
         .shutdown_on_signal()
         .run(reconcile, error_policy, op)
@@ -192,7 +256,7 @@ async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Err
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-fn error_policy(mj: Arc<ManagedJob>, error: &Error, _op: Arc<Operator>) -> Action {
+fn error_policy(mj: Arc<ManagedJob>, error: &Error, op: Arc<Operator>) -> Action {
     use kube::runtime::finalizer::Error as F;
     if let Error::Finalizer(e) = error
         && let F::CleanupFailed(Error::CleanupPending(_)) = e.as_ref()
@@ -200,6 +264,7 @@ fn error_policy(mj: Arc<ManagedJob>, error: &Error, _op: Arc<Operator>) -> Actio
         // Not a failure: the status write of the final phase re-triggers us; this is a backstop.
         return Action::requeue(Duration::from_secs(1));
     }
+    op.engine.metrics.reconcile_errors_total.inc();
     tracing::warn!(job = %mj.name_any(), error = %error, "reconcile failed; retrying in 5 s");
     Action::requeue(Duration::from_secs(5))
 }
@@ -226,6 +291,7 @@ impl Operator {
             generation,
             &mj.spec,
             created_at_ms,
+            mj.status.as_ref(),
         )?;
         let mut row = up.row;
         if up.inserted {
@@ -263,6 +329,7 @@ impl Operator {
             }
             tracing::info!(job_id = row.id, job = %row.key(), "deleting: ttlSecondsAfterFinished passed");
             let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &ns);
+            self.engine.metrics.api_request("delete");
             api.delete(&name, &DeleteParams::default()).await?;
         }
         Ok(Action::await_change())
@@ -351,6 +418,79 @@ impl Operator {
         self.engine.wake_all();
     }
 
+    /// Publishes the Events for what changed since the last status write of this job:
+    /// Scheduled, Launched, Restarting, Recovering, Succeeded, Failed, Cancelled.
+    async fn publish_events(&self, mj: &ManagedJob, row: &JobRow) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        // From the history, so a transition that status coalescing skipped still gets its Event.
+        let after = {
+            let map = self.published.lock().unwrap_or_else(|e| e.into_inner());
+            map.get(&row.id).copied().unwrap_or(0)
+        };
+        let history = self
+            .engine
+            .store()
+            .history_after(row.id, after)
+            .unwrap_or_default();
+        let Some(last) = history.last().map(|t| t.id) else {
+            return;
+        };
+        {
+            let mut map = self.published.lock().unwrap_or_else(|e| e.into_inner());
+            if row.schedule_state == ScheduleState::Done {
+                map.remove(&row.id);
+            } else {
+                map.insert(row.id, last);
+            }
+        }
+        let mut events: Vec<(EventType, &str, String)> = Vec::new();
+        for t in &history {
+            let phase = JobPhase::parse(&t.to_phase);
+            let entered = t.from_phase.as_deref() != Some(t.to_phase.as_str());
+            match (t.reason.as_str(), phase) {
+                ("Scheduled", _) if t.from_schedule.as_deref() == Some("Waiting") => {
+                    events.push((EventType::Normal, "Scheduled", t.message.clone()))
+                }
+                ("Restarting", _) => {
+                    events.push((EventType::Warning, "Restarting", t.message.clone()))
+                }
+                ("Recovering", _) => {
+                    events.push((EventType::Warning, "Recovering", t.message.clone()))
+                }
+                (_, Some(JobPhase::Running)) if entered => {
+                    events.push((EventType::Normal, "Launched", t.message.clone()))
+                }
+                (_, Some(JobPhase::Succeeded)) if entered => {
+                    events.push((EventType::Normal, "Succeeded", t.message.clone()))
+                }
+                (_, Some(JobPhase::Cancelled)) if entered => {
+                    events.push((EventType::Normal, "Cancelled", t.message.clone()))
+                }
+                (_, Some(p)) if entered && p.is_failure() => {
+                    events.push((EventType::Warning, "Failed", t.message.clone()))
+                }
+                _ => {}
+            }
+        }
+        let reference = mj.object_ref(&());
+        for (type_, reason, note) in events {
+            let event = Event {
+                type_,
+                reason: reason.into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: reason.into(),
+                secondary: None,
+            };
+            self.limiter.until_ready().await;
+            self.engine.metrics.api_request("create_event");
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::debug!(job_id = row.id, error = %e, "publishing an event failed");
+            }
+        }
+    }
+
     /// Writes one row's status; true when the row needs no retry.
     async fn write_status(&self, row: &JobRow) -> bool {
         self.limiter.until_ready().await;
@@ -359,8 +499,12 @@ impl Operator {
         let result = api
             .patch_status(&row.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await;
+        self.engine.metrics.api_request("patch");
         let done = match result {
-            Ok(_) => true,
+            Ok(mj) => {
+                self.publish_events(&mj, row).await;
+                true
+            }
             // Gone, or replaced by a new object of the same name: nothing to write to.
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => true,
             Err(e) => {
@@ -373,4 +517,32 @@ impl Operator {
         }
         done
     }
+}
+
+/// Waits until this instance holds the Lease, then watches it: losing it ends the process (a
+/// restarted instance stands by again), so two operators never act at once.
+async fn acquire_lease(client: Client, le: &LeaderElection) -> anyhow::Result<()> {
+    use kube_lease_manager::LeaseManagerBuilder;
+    let manager = LeaseManagerBuilder::new(client, &le.lease_name)
+        .with_namespace(&le.namespace)
+        .with_identity(&le.identity)
+        .with_duration(le.duration_seconds)
+        .with_grace(le.duration_seconds.div_ceil(3).max(1))
+        .build()
+        .await?;
+    let (mut leading, _task) = manager.watch().await;
+    tracing::info!(lease = %le.lease_name, namespace = %le.namespace, identity = %le.identity, "waiting to lead");
+    while !*leading.borrow_and_update() {
+        leading.changed().await?;
+    }
+    tracing::info!(identity = %le.identity, "leading");
+    tokio::spawn(async move {
+        loop {
+            if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                tracing::error!("lost the lease; exiting so that only one operator acts");
+                std::process::exit(1);
+            }
+        }
+    });
+    Ok(())
 }

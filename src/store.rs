@@ -358,6 +358,8 @@ pub struct Upserted {
 /// One entry of a job's history.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transition {
+    /// Position in the history (increasing).
+    pub id: i64,
     /// When (ms since epoch).
     pub at_ms: i64,
     /// Phase before (None at insert).
@@ -491,13 +493,18 @@ impl Store {
         generation: i64,
         spec: &ManagedJobSpec,
     ) -> Result<Upserted> {
-        self.upsert_created(uid, namespace, name, generation, spec, now_ms())
+        self.upsert_created(uid, namespace, name, generation, spec, now_ms(), None)
     }
 
     /// Mirrors a ManagedJob: inserts it as Pending/Waiting at first sight (the job is submitted
     /// at once), otherwise updates its generation and priority. `created_at_ms` is the object's
     /// `metadata.creationTimestamp`: FIFO within a priority follows it (then the job id), so the
     /// order in which the operator happens to see objects does not reorder the queue.
+    ///
+    /// `known` is the status the object already carries. When it shows a terminal phase (the
+    /// store lost the job, e.g. a new state dir), the job is stored Done with that phase and is
+    /// never run again: terminal jobs keep their final status (DESIGN.md section 7).
+    #[allow(clippy::too_many_arguments)]
     pub fn upsert_created(
         &mut self,
         uid: &str,
@@ -506,6 +513,7 @@ impl Store {
         generation: i64,
         spec: &ManagedJobSpec,
         created_at_ms: i64,
+        known: Option<&crate::api::ManagedJobStatus>,
     ) -> Result<Upserted> {
         // A job created already cancelled is stored with its cancel request, so no pass can
         // admit it before the request is acted on.
@@ -585,6 +593,36 @@ impl Store {
                     "UPDATE jobs SET queue_position = ?2 WHERE id = ?1",
                     params![id, position],
                 )?;
+                if let Some(k) = known
+                    && let Some(phase) = k.phase.filter(|p| p.is_terminal())
+                {
+                    tx.execute(
+                        "UPDATE jobs SET phase = ?2, schedule_state = 'Done', exit_code = ?3,
+                            failure_reason = ?4, attempt = ?5, recovery_count = ?6,
+                            restart_count = ?7, finished_at_ms = ?8, queue_position = NULL,
+                            message = ?9, workload = ?10
+                         WHERE id = ?1",
+                        params![
+                            id,
+                            phase.as_str(),
+                            k.exit_code,
+                            k.failure_reason,
+                            k.attempt,
+                            k.recovery_count,
+                            k.restart_count,
+                            now,
+                            k.message.clone().unwrap_or_default(),
+                            k.workload
+                        ],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO transitions (job_id, at_ms, from_phase, to_phase,
+                            from_schedule, to_schedule, reason, message)
+                         VALUES (?1, ?2, 'Pending', ?3, 'Waiting', 'Done', 'KeptFinalStatus',
+                            'the object already carried a final status')",
+                        params![id, now, phase.as_str()],
+                    )?;
+                }
                 (id, true)
             }
         };
@@ -768,6 +806,28 @@ impl Store {
         Ok(usage)
     }
 
+    /// Number of jobs per (phase, schedule state) pair, for metrics.
+    pub fn counts_by_state(&self) -> Result<Vec<(JobPhase, ScheduleState, i64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT phase, schedule_state, count(*) FROM jobs GROUP BY phase, schedule_state",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (p, s, n) = row?;
+            if let (Some(p), Some(s)) = (JobPhase::parse(&p), ScheduleState::parse(&s)) {
+                out.push((p, s, n));
+            }
+        }
+        Ok(out)
+    }
+
     /// Up to `limit` jobs in `state` (Waiting or AliveWaiting) in admission order: higher
     /// priority first, then earlier creation, then lower id (FIFO within a priority). Jobs whose
     /// cancel is requested are never admitted: a cancel costs no slot and starts no process.
@@ -816,19 +876,25 @@ impl Store {
 
     /// A job's history, oldest first.
     pub fn history(&self, id: i64) -> Result<Vec<Transition>> {
+        self.history_after(id, 0)
+    }
+
+    /// A job's history after the transition with id `after`, oldest first.
+    pub fn history_after(&self, id: i64, after: i64) -> Result<Vec<Transition>> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT at_ms, from_phase, to_phase, from_schedule, to_schedule, reason, message
-             FROM transitions WHERE job_id = ?1 ORDER BY id",
+            "SELECT id, at_ms, from_phase, to_phase, from_schedule, to_schedule, reason, message
+             FROM transitions WHERE job_id = ?1 AND id > ?2 ORDER BY id",
         )?;
-        let rows = stmt.query_map([id], |r| {
+        let rows = stmt.query_map(params![id, after], |r| {
             Ok(Transition {
-                at_ms: r.get(0)?,
-                from_phase: r.get(1)?,
-                to_phase: r.get(2)?,
-                from_schedule: r.get(3)?,
-                to_schedule: r.get(4)?,
-                reason: r.get(5)?,
-                message: r.get(6)?,
+                id: r.get(0)?,
+                at_ms: r.get(1)?,
+                from_phase: r.get(2)?,
+                to_phase: r.get(3)?,
+                from_schedule: r.get(4)?,
+                to_schedule: r.get(5)?,
+                reason: r.get(6)?,
+                message: r.get(7)?,
             })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)

@@ -554,3 +554,220 @@ async fn valid_cases_behave_as_their_comments_say() {
         .unwrap();
     assert_eq!(log, "hello, wörld; rm -rf / #\nliteral $HOME `id`\n");
 }
+
+#[tokio::test]
+async fn metrics_health_and_events_are_published() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "obs").await;
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _op = support::OperatorProcess::start(cp, &ns.name, &["--metrics-addr", &addr]);
+    support::create_yaml(&client, &ns.name, &job("observed", "  run: true\n")).await;
+    let body = "  run: exit 2\n  recovery:\n    maxRestartsOnErrors: 1\n";
+    support::create_yaml(&client, &ns.name, &job("observed-fail", body)).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "observed",
+        T,
+        "Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "observed-fail",
+        T,
+        "Failed",
+        phase_is(JobPhase::Failed),
+    )
+    .await;
+
+    let (code, _) = tokio::task::spawn_blocking(move || support::http_get(port, "/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let (code, _) = tokio::task::spawn_blocking(move || support::http_get(port, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let (code, text) = tokio::task::spawn_blocking(move || support::http_get(port, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    for needle in [
+        "managedjobs_jobs{phase=\"Succeeded\"} 1",
+        "managedjobs_jobs{phase=\"Failed\"} 1",
+        "managedjobs_jobs_by_schedule_state{state=\"Done\"} 2",
+        "managedjobs_run_slots_in_use 0",
+        "managedjobs_launch_cap ",
+        "managedjobs_run_cap ",
+        "managedjobs_scheduling_pass_seconds_count",
+        "managedjobs_submit_to_launch_seconds_count 2",
+        "managedjobs_job_controller_exits_total{reason=\"done\"} 2",
+        "managedjobs_api_requests_total{verb=\"patch\"}",
+        "managedjobs_reconcile_errors_total",
+    ] {
+        assert!(text.contains(needle), "/metrics lacks {needle:?}:\n{text}");
+    }
+    assert!(
+        !text.contains("observed"),
+        "a metric carries a per-job label"
+    );
+
+    // Events on the objects (events.k8s.io), as `kubectl describe` shows them.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name);
+    let start = std::time::Instant::now();
+    loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        let reasons = |name: &str| -> Vec<String> {
+            list.items
+                .iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .filter_map(|e| e.reason.clone())
+                .collect()
+        };
+        let ok = reasons("observed");
+        let failed = reasons("observed-fail");
+        let want_ok = ["Scheduled", "Launched", "Succeeded"];
+        let want_failed = ["Scheduled", "Restarting", "Failed"];
+        if want_ok.iter().all(|r| ok.contains(&r.to_string()))
+            && want_failed.iter().all(|r| failed.contains(&r.to_string()))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < T,
+            "events missing: observed {ok:?}, observed-fail {failed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_within_the_lease_and_runs_nothing_twice() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "lease").await;
+    let (p1, p2) = (support::free_port(), support::free_port());
+    let le = |port: u16| {
+        vec![
+            "--leader-election".to_string(),
+            "--leader-election-namespace".to_string(),
+            ns.name.clone(),
+            "--lease-duration-seconds".to_string(),
+            "4".to_string(),
+            "--metrics-addr".to_string(),
+            format!("127.0.0.1:{port}"),
+        ]
+    };
+    let args1 = le(p1);
+    let args1: Vec<&str> = args1.iter().map(|s| s.as_str()).collect();
+    let mut leader = support::OperatorProcess::start(cp, &ns.name, &args1);
+    let (code, _) = tokio::task::spawn_blocking(move || {
+        let start = std::time::Instant::now();
+        loop {
+            let r = support::http_get(p1, "/readyz");
+            if r.0 == 200 || start.elapsed() > Duration::from_secs(30) {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "the first operator never led");
+    let args2 = le(p2);
+    let args2: Vec<&str> = args2.iter().map(|s| s.as_str()).collect();
+    let standby = support::OperatorProcess::start_sharing(cp, &ns.name, &args2, &leader);
+    let runs = tempfile::tempdir().unwrap();
+    let runs_file = runs.path().join("runs.txt");
+    let body = format!(
+        "  run: echo $MANAGEDJOB_NAME >> {}; sleep 3\n",
+        runs_file.display()
+    );
+    support::create_yaml(&client, &ns.name, &job("before", &body)).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "before",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let (code, _) = tokio::task::spawn_blocking(move || support::http_get(p2, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(
+        code, 503,
+        "the standby must not be ready while the leader holds the lease"
+    );
+    leader.kill();
+    let killed = std::time::Instant::now();
+    support::create_yaml(&client, &ns.name, &job("after", &body)).await;
+    support::wait_status(&client, &ns.name, "after", T, "Running", |s| {
+        matches!(s.phase, Some(JobPhase::Running | JobPhase::Succeeded))
+    })
+    .await;
+    let handover = killed.elapsed();
+    assert!(
+        handover < Duration::from_secs(15),
+        "handover took {handover:?} (lease 4 s)"
+    );
+    for name in ["before", "after"] {
+        support::wait_status(
+            &client,
+            &ns.name,
+            name,
+            T,
+            "Succeeded",
+            phase_is(JobPhase::Succeeded),
+        )
+        .await;
+    }
+    let text = std::fs::read_to_string(&runs_file).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(lines, vec!["after", "before"], "each job ran exactly once");
+    drop(standby);
+}
+
+#[tokio::test]
+async fn a_lost_store_keeps_final_statuses_and_reruns_nothing() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "lost").await;
+    let runs = tempfile::tempdir().unwrap();
+    let runs_file = runs.path().join("runs.txt");
+    let body = format!("  run: echo once >> {}; exit 4\n", runs_file.display());
+    {
+        let _first = support::OperatorProcess::start(cp, &ns.name, &[]);
+        support::create_yaml(&client, &ns.name, &job("finished", &body)).await;
+        support::wait_status(
+            &client,
+            &ns.name,
+            "finished",
+            T,
+            "Failed",
+            phase_is(JobPhase::Failed),
+        )
+        .await;
+    }
+    // A new operator with an empty state dir: the job keeps its final status.
+    let _second = support::OperatorProcess::start(cp, &ns.name, &[]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mj = support::wait_status(
+        &client,
+        &ns.name,
+        "finished",
+        T,
+        "Failed",
+        phase_is(JobPhase::Failed),
+    )
+    .await;
+    assert_eq!(mj.status.unwrap().exit_code, Some(4));
+    assert_eq!(std::fs::read_to_string(&runs_file).unwrap(), "once\n");
+}

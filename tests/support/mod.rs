@@ -202,6 +202,7 @@ pub struct OperatorProcess {
     kubeconfig: PathBuf,
     namespace: String,
     extra: Vec<String>,
+    shared_dir: Option<PathBuf>,
 }
 
 /// The `managed-jobs` binary under test.
@@ -218,9 +219,36 @@ impl OperatorProcess {
             kubeconfig: cp.kubeconfig.clone(),
             namespace: namespace.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: None,
         };
         op.spawn();
         op
+    }
+
+    /// Starts a second operator on `other`'s state dir (as a standby replica would mount it).
+    pub fn start_sharing(
+        cp: &ControlPlane,
+        namespace: &str,
+        extra: &[&str],
+        other: &OperatorProcess,
+    ) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: Some(other.state_path()),
+        };
+        op.spawn();
+        op
+    }
+
+    /// The state dir this operator runs on.
+    pub fn state_path(&self) -> PathBuf {
+        self.shared_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.path().to_path_buf())
     }
 
     fn spawn(&mut self) {
@@ -232,11 +260,16 @@ impl OperatorProcess {
         let child = Command::new(binary())
             .arg("run")
             .arg("--state-dir")
-            .arg(self.state_dir.path())
+            .arg(self.state_path())
             .arg("--namespace")
             .arg(&self.namespace)
             .args(["--executors", "local,pod", "--cancel-grace-seconds", "2"])
             .args(["--restart-backoff-seconds", "0.2"])
+            .args(if self.extra.iter().any(|a| a == "--metrics-addr") {
+                vec![]
+            } else {
+                vec!["--metrics-addr", "none"]
+            })
             .args(&self.extra)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
@@ -268,7 +301,7 @@ impl OperatorProcess {
 
     /// Pids of the job controller processes of this state dir, by job id.
     pub fn job_controllers(&self) -> Vec<(i64, i32)> {
-        let dir = self.state_dir.path().to_string_lossy().into_owned();
+        let dir = self.state_path().to_string_lossy().into_owned();
         let mut out = Vec::new();
         for pid in managed_jobs::process::find_by_arguments(&["job-controller", &dir]) {
             let args = managed_jobs::process::cmdline(pid).unwrap_or_default();
@@ -298,7 +331,7 @@ impl Drop for OperatorProcess {
             );
         }
         // Everything this operator started carries its state dir on its command line.
-        let dir = self.state_dir.path().to_string_lossy().into_owned();
+        let dir = self.state_path().to_string_lossy().into_owned();
         for pid in std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
@@ -382,4 +415,44 @@ macro_rules! control_plane_or_skip {
             None => return,
         }
     };
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:port; returns (status code, body). Retries while nothing listens yet.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let start = Instant::now();
+    let mut stream = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "nothing listens on {port}: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }

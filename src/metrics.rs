@@ -1,0 +1,240 @@
+//! Prometheus metrics and the operator's HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! Metric names live here and only here. No metric carries a per-job label value: cardinality is
+//! bounded by the number of phases, schedule states, verbs and exit reasons.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::api::{JobPhase, ScheduleState};
+use crate::store::Store;
+
+/// Label set with one `phase` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// A [`JobPhase`] name.
+    pub phase: String,
+}
+
+/// Label set with one `state` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// A [`ScheduleState`] name.
+    pub state: String,
+}
+
+/// Label set with one `verb` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabel {
+    /// `patch`, `create`, `delete`, ...
+    pub verb: String,
+}
+
+/// Label set with one `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `done` (the job finished) or `crashed` (exited before the job was done).
+    pub reason: String,
+}
+
+/// Every metric the operator exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Jobs in the store by phase (refreshed at each scrape).
+    pub jobs_by_phase: Family<PhaseLabel, Gauge>,
+    /// Jobs in the store by schedule state (refreshed at each scrape).
+    pub jobs_by_schedule_state: Family<StateLabel, Gauge>,
+    /// Launch slots in use (jobs in Launching).
+    pub launch_slots_in_use: Gauge,
+    /// Run slots in use (jobs in Launching, Alive, AliveWaiting).
+    pub run_slots_in_use: Gauge,
+    /// The launch cap in force.
+    pub launch_cap: Gauge,
+    /// The run cap in force.
+    pub run_cap: Gauge,
+    /// Duration of one scheduling pass, seconds.
+    pub scheduling_pass_seconds: Histogram,
+    /// From submission to the start of the job controller process, seconds.
+    pub submit_to_launch_seconds: Histogram,
+    /// Reconciles that returned an error.
+    pub reconcile_errors_total: Counter,
+    /// Job controller process exits by reason.
+    pub controller_exits_total: Family<ReasonLabel, Counter>,
+    /// Kubernetes API requests the operator made, by verb.
+    pub api_requests_total: Family<VerbLabel, Counter>,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric under the `managedjobs` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("managedjobs");
+        let m = Metrics {
+            jobs_by_phase: Family::default(),
+            jobs_by_schedule_state: Family::default(),
+            launch_slots_in_use: Gauge::default(),
+            run_slots_in_use: Gauge::default(),
+            launch_cap: Gauge::default(),
+            run_cap: Gauge::default(),
+            scheduling_pass_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            submit_to_launch_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            reconcile_errors_total: Counter::default(),
+            controller_exits_total: Family::default(),
+            api_requests_total: Family::default(),
+            ready: AtomicBool::new(false),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "jobs",
+            "Jobs in the store by phase",
+            m.jobs_by_phase.clone(),
+        );
+        registry.register(
+            "jobs_by_schedule_state",
+            "Jobs in the store by schedule state",
+            m.jobs_by_schedule_state.clone(),
+        );
+        registry.register(
+            "launch_slots_in_use",
+            "Jobs in Launching",
+            m.launch_slots_in_use.clone(),
+        );
+        registry.register(
+            "run_slots_in_use",
+            "Jobs in Launching, Alive or AliveWaiting",
+            m.run_slots_in_use.clone(),
+        );
+        registry.register("launch_cap", "Launch cap in force", m.launch_cap.clone());
+        registry.register("run_cap", "Run cap in force", m.run_cap.clone());
+        registry.register(
+            "scheduling_pass_seconds",
+            "Duration of one scheduling pass",
+            m.scheduling_pass_seconds.clone(),
+        );
+        registry.register(
+            "submit_to_launch_seconds",
+            "Time from submission to the start of the job controller process",
+            m.submit_to_launch_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that returned an error",
+            m.reconcile_errors_total.clone(),
+        );
+        registry.register(
+            "job_controller_exits",
+            "Job controller process exits by reason",
+            m.controller_exits_total.clone(),
+        );
+        registry.register(
+            "api_requests",
+            "Kubernetes API requests made by the operator, by verb",
+            m.api_requests_total.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one API request.
+    pub fn api_request(&self, verb: &str) {
+        self.api_requests_total
+            .get_or_create(&VerbLabel { verb: verb.into() })
+            .inc();
+    }
+
+    /// Marks the operator ready (`/readyz` answers 200).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// True once [`Metrics::set_ready`] was called.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Refreshes the store-derived gauges and renders the text exposition format.
+    pub fn render(&self, store: &Store) -> String {
+        if let Ok(counts) = store.counts_by_state() {
+            for p in JobPhase::ALL {
+                let n = counts.iter().filter(|c| c.0 == p).map(|c| c.2).sum::<i64>();
+                self.jobs_by_phase
+                    .get_or_create(&PhaseLabel {
+                        phase: p.as_str().into(),
+                    })
+                    .set(n);
+            }
+            for s in ScheduleState::ALL {
+                let n = counts.iter().filter(|c| c.1 == s).map(|c| c.2).sum::<i64>();
+                self.jobs_by_schedule_state
+                    .get_or_create(&StateLabel {
+                        state: s.as_str().into(),
+                    })
+                    .set(n);
+            }
+        }
+        if let Ok(usage) = store.slot_usage() {
+            self.launch_slots_in_use.set(usage.launching as i64);
+            self.run_slots_in_use.set(usage.alive as i64);
+        }
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Renders the `/metrics` body.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+/// Answers whether `/readyz` is 200.
+pub type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process ends.
+pub async fn serve(addr: SocketAddr, ready: Ready, render: Render) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready() {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let render = render.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        render(),
+                    )
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    axum::serve(listener, app).await
+}
