@@ -1,0 +1,527 @@
+//! Scale benchmark: `cargo run --release --bin bench -- --scenario local --jobs 1000`.
+//!
+//! Starts (or reuses) the dev control plane, runs the release operator binary against it, creates
+//! N ManagedJobs as fast as the API accepts them, watches them to the end, and prints a table and
+//! JSON (BENCHMARKS.md explains every figure):
+//! - end-to-end jobs/s (first create to last terminal status seen through a watch), time to admit
+//!   all (last Submitted status);
+//! - peak alive / launching seen from the API versus the caps;
+//! - status latency: store transition time to the watch seeing it (p50/p99);
+//! - API requests per job by verb, from the API server's own `apiserver_request_total`;
+//! - operator RSS and CPU seconds; job controller memory (RSS, USS, PSS from smaps_rollup,
+//!   median and p99, sampled while jobs run);
+//! - a scheduling pass over 10,000 waiting jobs (a separate store; median of 200 passes).
+//!
+//! Scenarios: `local` (trivial `true` workloads), `pod` (Pods on kwok nodes, 10 s runtime),
+//! `priorities` (mixed priorities under a launch cap of 1: admission order is checked),
+//! `schedpass` (only the scheduling-pass measurement).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use managed_jobs::api::{JobPhase, ManagedJob, ScheduleState};
+use managed_jobs::capacity::Caps;
+use managed_jobs::store::{Change, Expect, Store};
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// local, pod, priorities or schedpass.
+    #[arg(long, default_value = "local")]
+    scenario: String,
+    /// Number of ManagedJobs.
+    #[arg(long, default_value_t = 1000)]
+    jobs: usize,
+    /// Launch cap given to the operator (default: derived).
+    #[arg(long)]
+    launch_cap: Option<usize>,
+    /// Run cap given to the operator (default: derived).
+    #[arg(long)]
+    run_cap: Option<usize>,
+    /// API QPS of the operator.
+    #[arg(long, default_value_t = 1000)]
+    api_qps: u32,
+    /// API burst of the operator.
+    #[arg(long, default_value_t = 2000)]
+    api_burst: u32,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v
+}
+
+/// (RSS, USS, PSS) in KiB from /proc/PID/smaps_rollup.
+fn memory_kib(pid: i32) -> Option<(u64, u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Some((
+        field("Rss:"),
+        field("Private_Clean:") + field("Private_Dirty:"),
+        field("Pss:"),
+    ))
+}
+
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// `apiserver_request_total` summed by (verb, resource) for our resources.
+async fn apiserver_requests(
+    client: &kube::Client,
+) -> anyhow::Result<HashMap<(String, String), f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut out = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let (labels, value) = line.rsplit_once(' ').unwrap_or((line, "0"));
+        let get = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        let resource = get("resource");
+        let sub = get("subresource");
+        if !["managedjobs", "pods", "events"].contains(&resource.as_str()) {
+            continue;
+        }
+        let resource = if sub.is_empty() {
+            resource
+        } else {
+            format!("{resource}/{sub}")
+        };
+        *out.entry((get("verb"), resource)).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(out)
+}
+
+fn job_yaml(scenario: &str, i: usize) -> serde_json::Value {
+    let name = format!("bench-{i:05}");
+    let mut spec = match scenario {
+        "pod" => json!({
+            "template": {
+                "metadata": { "annotations": { "managedjobs.dev/complete-after": "10s" } },
+                "spec": { "containers": [{ "name": "main", "image": "busybox",
+                    "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } } }] }
+            }
+        }),
+        _ => json!({ "run": "true" }),
+    };
+    if scenario == "priorities" {
+        spec["priority"] = json!([0, 10, -10, 100][i % 4]);
+        spec["run"] = json!("sleep 0.05");
+    }
+    json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
+        "metadata": { "name": name }, "spec": spec,
+    })
+}
+
+/// Median and p99 time of a scheduling pass over `waiting` queued jobs with free slots for
+/// `free` admissions (the admitted jobs are put back each round).
+fn scheduling_pass(waiting: usize) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::tempdir()?;
+    let mut store = Store::open(&dir.path().join("bench.db"), 8 * 1024)?;
+    let spec = managed_jobs::api::ManagedJobSpec {
+        run: Some("true".into()),
+        ..Default::default()
+    };
+    for i in 0..waiting {
+        let mut s = spec.clone();
+        s.priority = (i % 7) as i32 - 3;
+        store.upsert(&format!("u{i}"), "bench", &format!("j{i}"), 1, &s)?;
+    }
+    // Plus 10,000 finished jobs: a pass must not get slower with history.
+    for i in 0..10_000 {
+        let id = store
+            .upsert(&format!("done{i}"), "bench", &format!("d{i}"), 1, &spec)?
+            .row
+            .id;
+        let done = Change {
+            phase: Some(JobPhase::Succeeded),
+            schedule: Some(ScheduleState::Done),
+            reason: "Bench",
+            ..Default::default()
+        };
+        store.transition(id, &Expect::default(), &done)?;
+    }
+    let caps = Caps {
+        launch: 8,
+        run: 1000,
+    };
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        let result = managed_jobs::scheduler::pass(&mut store, caps)?;
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+        for row in result.started {
+            let back = Change {
+                schedule: Some(ScheduleState::Waiting),
+                reason: "Bench",
+                ..Default::default()
+            };
+            store.transition(row.id, &Expect::default(), &back)?;
+        }
+    }
+    let t = sorted(times);
+    Ok((percentile(&t, 0.5), percentile(&t, 0.99)))
+}
+
+#[derive(Default)]
+struct Seen {
+    created_at: Option<Instant>,
+    submitted_at: Option<Instant>,
+    terminal_at: Option<Instant>,
+    finished_status_ms: Option<i64>,
+    seen_ms: Option<i64>,
+    started_ms: Option<i64>,
+    phase: Option<JobPhase>,
+    schedule: Option<ScheduleState>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.scenario == "schedpass" {
+        let (p50, p99) = scheduling_pass(10_000)?;
+        println!(
+            "scheduling pass over 10,000 waiting (+10,000 finished) jobs: p50 {p50:.3} ms, p99 {p99:.3} ms"
+        );
+        return Ok(());
+    }
+    if !["local", "pod", "priorities"].contains(&args.scenario.as_str()) {
+        bail!("unknown scenario {}", args.scenario);
+    }
+    let script = root().join("hack/controlplane.sh");
+    let out = Command::new(&script)
+        .arg("up")
+        .stderr(Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "hack/controlplane.sh up failed");
+    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_string();
+    let kubectl = |a: &[&str]| {
+        Command::new(&script)
+            .arg("kubectl")
+            .args(a)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+    };
+    kubectl(&["apply", "-f", root().join("crds").to_str().unwrap()])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/managedjobs.managedjobs.dev",
+    ])?;
+    // SAFETY: single-threaded at this point; set before any client reads it.
+    unsafe { std::env::set_var("KUBECONFIG", &kubeconfig) };
+    let client = kube::Client::try_default().await?;
+    let ns = format!("bench-{}", std::process::id());
+    kubectl(&["create", "namespace", &ns])?;
+
+    let binary = std::env::current_exe()?.with_file_name("managed-jobs");
+    anyhow::ensure!(
+        binary.exists(),
+        "build the operator first: cargo build --release"
+    );
+    let state = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut cmd = Command::new(&binary);
+    cmd.arg("run")
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--namespace", &ns, "--executors", "local,pod"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args([
+            "--api-qps",
+            &args.api_qps.to_string(),
+            "--api-burst",
+            &args.api_burst.to_string(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(state.path().join("operator.log"))?);
+    let launch_cap = if args.scenario == "priorities" {
+        Some(1)
+    } else {
+        args.launch_cap
+    };
+    let run_cap = if args.scenario == "priorities" {
+        Some(1)
+    } else {
+        args.run_cap
+    };
+    if let Some(c) = launch_cap {
+        cmd.args(["--launch-cap", &c.to_string()]);
+    }
+    if let Some(c) = run_cap {
+        cmd.args(["--run-cap", &c.to_string()]);
+    }
+    let mut operator = cmd.spawn().context("starting the operator")?;
+    let op_pid = operator.id() as i32;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let caps_line = std::fs::read_to_string(state.path().join("operator.log")).unwrap_or_default();
+
+    let before = apiserver_requests(&client).await?;
+    let seen: Arc<Mutex<BTreeMap<String, Seen>>> = Arc::default();
+    let peaks: Arc<Mutex<(usize, usize)>> = Arc::default();
+    let total = args.jobs;
+
+    // One watch from before the first create sees every status the API serves.
+    let watcher_task = {
+        let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
+        let (seen, peaks) = (seen.clone(), peaks.clone());
+        tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            let mut done = 0usize;
+            while let Ok(Some(mj)) = stream.try_next().await {
+                let now = Instant::now();
+                let name = mj.metadata.name.clone().unwrap_or_default();
+                let status = mj.status.unwrap_or_default();
+                let mut map = seen.lock().unwrap();
+                let entry = map.entry(name).or_default();
+                if entry.submitted_at.is_none()
+                    && status.phase.is_some_and(|p| p != JobPhase::Pending)
+                {
+                    entry.submitted_at = Some(now);
+                }
+                if entry.terminal_at.is_none() && status.phase.is_some_and(|p| p.is_terminal()) {
+                    entry.terminal_at = Some(now);
+                    entry.finished_status_ms = status.finished_at.map(|t| t.0.as_millisecond());
+                    entry.seen_ms = Some(managed_jobs::store::now_ms());
+                    done += 1;
+                }
+                entry.phase = status.phase;
+                entry.schedule = status.schedule_state;
+                entry.started_ms = status.started_at.map(|t| t.0.as_millisecond());
+                let alive = map
+                    .values()
+                    .filter(|s| s.schedule.is_some_and(|s| s.holds_run_slot()))
+                    .count();
+                let launching = map
+                    .values()
+                    .filter(|s| s.schedule == Some(ScheduleState::Launching))
+                    .count();
+                drop(map);
+                let mut p = peaks.lock().unwrap();
+                p.0 = p.0.max(alive);
+                p.1 = p.1.max(launching);
+                drop(p);
+                if done >= total {
+                    break;
+                }
+            }
+        })
+    };
+
+    // Sample job controller memory while jobs run.
+    let sampler = {
+        let dir = state.path().to_string_lossy().into_owned();
+        tokio::spawn(async move {
+            let mut samples: Vec<(u64, u64, u64)> = Vec::new();
+            loop {
+                for pid in managed_jobs::process::find_by_arguments(&["job-controller", &dir]) {
+                    if let Some(m) = memory_kib(pid) {
+                        samples.push(m);
+                    }
+                }
+                if samples.len() > 20_000 {
+                    return samples;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let cpu_before = cpu_seconds(op_pid);
+    let start = Instant::now();
+    let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..args.jobs)
+        .map(|i| {
+            let api = api.clone();
+            let seen = seen.clone();
+            let scenario = args.scenario.clone();
+            async move {
+                let mj: ManagedJob = serde_json::from_value(job_yaml(&scenario, i)).unwrap();
+                let name = mj.metadata.name.clone().unwrap();
+                loop {
+                    match api.create(&PostParams::default(), &mj).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            eprintln!("create {name}: {e}; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                seen.lock().unwrap().entry(name).or_default().created_at = Some(Instant::now());
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    let created = start.elapsed();
+    let deadline = Duration::from_secs(1800);
+    if tokio::time::timeout(deadline, watcher_task).await.is_err() {
+        bail!("not every job finished within {deadline:?}");
+    }
+    let elapsed = start.elapsed();
+    let cpu = cpu_seconds(op_pid) - cpu_before;
+    let op_mem = memory_kib(op_pid).unwrap_or_default();
+    sampler.abort();
+    let samples = sampler.await.unwrap_or_default();
+    let after = apiserver_requests(&client).await?;
+    let _ = operator.kill();
+    let _ = operator.wait();
+
+    let map = seen.lock().unwrap();
+    let failed = map
+        .values()
+        .filter(|s| s.phase != Some(JobPhase::Succeeded))
+        .count();
+    let admitted = map
+        .values()
+        .filter_map(|s| s.submitted_at)
+        .max()
+        .map(|t| t - start);
+    let latencies = sorted(
+        map.values()
+            .filter_map(|s| Some((s.seen_ms? - s.finished_status_ms?) as f64))
+            .collect(),
+    );
+    let (peak_alive, peak_launching) = *peaks.lock().unwrap();
+    let mut per_job: BTreeMap<String, f64> = BTreeMap::new();
+    for ((verb, resource), v) in &after {
+        let d = v - before
+            .get(&(verb.clone(), resource.clone()))
+            .copied()
+            .unwrap_or(0.0);
+        if d > 0.0 {
+            per_job.insert(format!("{verb} {resource}"), d / args.jobs as f64);
+        }
+    }
+    let uss = sorted(samples.iter().map(|s| s.1 as f64 / 1024.0).collect());
+    let pss = sorted(samples.iter().map(|s| s.2 as f64 / 1024.0).collect());
+    let rss = sorted(samples.iter().map(|s| s.0 as f64 / 1024.0).collect());
+    let order_ok = if args.scenario == "priorities" {
+        let mut starts: Vec<(i64, usize)> = map
+            .iter()
+            .filter_map(|(name, s)| Some((s.started_ms?, name[6..].parse::<usize>().ok()?)))
+            .collect();
+        starts.sort();
+        let prio = |i: usize| [0, 10, -10, 100][i % 4];
+        // After the first (which started before the rest were queued), admission is by priority,
+        // then creation: check non-increasing priority over the start order, allowing ties.
+        let later: Vec<i32> = starts.iter().skip(8).map(|(_, i)| prio(*i)).collect();
+        Some(later.windows(2).filter(|w| w[0] < w[1]).count())
+    } else {
+        None
+    };
+    let (sp50, sp99) = scheduling_pass(10_000)?;
+    let report = json!({
+        "scenario": args.scenario,
+        "jobs": args.jobs,
+        "commit": git_commit(),
+        "caps_log": caps_line.lines().find(|l| l.contains("caps in force")).unwrap_or(""),
+        "create_seconds": created.as_secs_f64(),
+        "end_to_end_seconds": elapsed.as_secs_f64(),
+        "jobs_per_second": args.jobs as f64 / elapsed.as_secs_f64(),
+        "time_to_admit_all_seconds": admitted.map(|d| d.as_secs_f64()),
+        "not_succeeded": failed,
+        "peak_alive_seen": peak_alive,
+        "peak_launching_seen": peak_launching,
+        "status_latency_ms_p50": percentile(&latencies, 0.5),
+        "status_latency_ms_p99": percentile(&latencies, 0.99),
+        "api_requests_per_job": per_job,
+        "operator_rss_mib": op_mem.0 as f64 / 1024.0,
+        "operator_cpu_seconds": cpu,
+        "job_controller_samples": samples.len(),
+        "job_controller_rss_mib_p50": percentile(&rss, 0.5),
+        "job_controller_uss_mib_p50": percentile(&uss, 0.5),
+        "job_controller_uss_mib_p99": percentile(&uss, 0.99),
+        "job_controller_pss_mib_p50": percentile(&pss, 0.5),
+        "job_controller_pss_mib_p99": percentile(&pss, 0.99),
+        "scheduling_pass_ms_p50_10000_waiting": sp50,
+        "scheduling_pass_ms_p99_10000_waiting": sp99,
+        "priority_order_inversions": order_ok,
+    });
+    print_table(&report);
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    Ok(())
+}
+
+fn git_commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn print_table(r: &serde_json::Value) {
+    println!("\n{:<44} value", "figure");
+    for (k, v) in r.as_object().unwrap() {
+        if k == "api_requests_per_job" {
+            for (verb, n) in v.as_object().unwrap() {
+                println!(
+                    "{:<44} {:.2}",
+                    format!("api requests per job: {verb}"),
+                    n.as_f64().unwrap_or(0.0)
+                );
+            }
+            continue;
+        }
+        let text = match v {
+            serde_json::Value::Number(n) if n.is_f64() => format!("{:.3}", n.as_f64().unwrap()),
+            other => other.to_string(),
+        };
+        println!("{k:<44} {text}");
+    }
+}
