@@ -18,4 +18,14 @@ if [[ $was_running == 0 ]]; then
   trap 'hack/controlplane.sh down >/dev/null 2>&1 || true' EXIT
 fi
 echo "[test] control plane ready after $(( $(date +%s) - start )) s; kubeconfig $MJ_KUBECONFIG" >&2
-cargo test --locked "$@"
+log="$(mktemp)"
+set +e
+cargo test --locked --all-targets "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+passed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+rm -f "$log"
+echo
+echo "${passed} passed, ${failed} failed"
+exit "$status"

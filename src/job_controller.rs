@@ -181,21 +181,14 @@ impl JobController {
     /// Holding a launch slot: start (or adopt) the current attempt's workload.
     async fn launch(&mut self, job: JobRow) -> anyhow::Result<()> {
         let attempt = job.attempt.max(1);
-        if matches!(job.phase, JobPhase::Pending | JobPhase::Submitted) {
-            let change = Change {
-                phase: Some(JobPhase::Starting),
-                attempt: Some(attempt),
-                message: Some(format!("launching attempt {attempt}")),
-                reason: "Starting",
-                ..Default::default()
-            };
-            self.set(
-                &job,
-                Expect::exactly(job.phase, ScheduleState::Launching),
-                change,
-            )?;
-            return Ok(());
-        }
+        let first = matches!(job.phase, JobPhase::Pending | JobPhase::Submitted);
+        let starting = Change {
+            phase: Some(JobPhase::Starting),
+            attempt: Some(attempt),
+            message: Some(format!("launching attempt {attempt}")),
+            reason: "Starting",
+            ..Default::default()
+        };
         if let Err(why) = validate_spec(&job.spec) {
             self.fail(&job, JobPhase::FailedPrecheck, "InvalidSpec", why)?;
             return Ok(());
@@ -215,8 +208,18 @@ impl JobController {
             return Ok(());
         }
         if job.executor == ExecutorKind::Pod {
+            if first {
+                self.set(
+                    &job,
+                    Expect::exactly(job.phase, ScheduleState::Launching),
+                    starting,
+                )?;
+                return Ok(());
+            }
             return self.pod_step(job, attempt).await;
         }
+        // A first launch records Starting and the launch intent in one transaction.
+        let phase_after = if first { JobPhase::Starting } else { job.phase };
         match self.local.find(job.id, attempt) {
             Found::Exited(outcome) => return self.finish_attempt(job, attempt, outcome),
             Found::Running(w) => {
@@ -232,10 +235,17 @@ impl JobController {
             Found::Missing => {
                 // Record the intent before the create, so a crash in between is never a
                 // second launch of the same attempt.
-                let intent = Change {
-                    launched_attempt: Some(attempt),
-                    reason: "Launch",
-                    ..Default::default()
+                let intent = if first {
+                    Change {
+                        launched_attempt: Some(attempt),
+                        ..starting
+                    }
+                } else {
+                    Change {
+                        launched_attempt: Some(attempt),
+                        reason: "Launch",
+                        ..Default::default()
+                    }
                 };
                 if !self.set(
                     &job,
@@ -265,7 +275,7 @@ impl JobController {
         };
         self.set(
             &job,
-            Expect::exactly(job.phase, ScheduleState::Launching),
+            Expect::exactly(phase_after, ScheduleState::Launching),
             Change {
                 phase: Some(JobPhase::Running),
                 schedule: Some(ScheduleState::Alive),

@@ -92,6 +92,7 @@ pub struct Operator {
     engine: Arc<Engine>,
     limiter: DefaultDirectRateLimiter,
     recorder: Option<Recorder>,
+    events_tx: tokio::sync::mpsc::UnboundedSender<(ManagedJob, JobRow)>,
     /// Per live job, the last history entry whose Events were published.
     published: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
 }
@@ -134,13 +135,23 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         };
         Recorder::new(client.clone(), reporter)
     });
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
         limiter: RateLimiter::direct(quota),
         recorder,
+        events_tx,
         published: Default::default(),
     });
+    {
+        let op = op.clone();
+        tokio::spawn(async move {
+            while let Some((mj, row)) = events_rx.recv().await {
+                op.publish_events(&mj, &row).await;
+            }
+        });
+    }
     tokio::spawn(status_loop(op.clone()));
     if op.engine.config().executors.contains(&ExecutorKind::Pod) {
         let pods: Api<Pod> = match &namespace {
@@ -502,7 +513,10 @@ impl Operator {
         self.engine.metrics.api_request("patch");
         let done = match result {
             Ok(mj) => {
-                self.publish_events(&mj, row).await;
+                // Events go out on their own task: they never delay the next status write.
+                if self.recorder.is_some() {
+                    let _ = self.events_tx.send((mj, row.clone()));
+                }
                 true
             }
             // Gone, or replaced by a new object of the same name: nothing to write to.
