@@ -31,6 +31,10 @@ use crate::engine::{BACKSTOP, Config, Engine};
 use crate::executor::pod;
 use crate::store::{Cas, Change, Expect, JobRow, StoreError, now_ms};
 
+/// Status writes in flight at once (the API server serves them in parallel; the QPS budget
+/// still bounds the rate).
+pub const STATUS_WRITERS: usize = 64;
+
 /// API budget of the operator's own requests.
 #[derive(Clone, Copy, Debug)]
 pub struct ApiBudget {
@@ -212,7 +216,7 @@ async fn status_loop(op: Arc<Operator>) {
                         let op = op.clone();
                         async move { op.write_status(&row).await }
                     })
-                    .buffer_unordered(16)
+                    .buffer_unordered(STATUS_WRITERS)
                     .filter(|ok| futures::future::ready(!ok))
                     .count()
                     .await;

@@ -517,7 +517,9 @@ impl Store {
     ) -> Result<Upserted> {
         // A job created already cancelled is stored with its cancel request, so no pass can
         // admit it before the request is acted on.
-        let tx = self.conn.transaction()?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let existing: Option<(i64, i64, i32)> = tx
             .query_row(
                 "SELECT id, generation, priority FROM jobs WHERE uid = ?1",
@@ -771,7 +773,9 @@ impl Store {
 
     /// Removes a job and its history (after its object is gone).
     pub fn delete(&mut self, id: i64) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute("DELETE FROM transitions WHERE job_id = ?1", [id])?;
         tx.execute("DELETE FROM pod_observations WHERE job_id = ?1", [id])?;
         tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;

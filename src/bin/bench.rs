@@ -52,6 +52,9 @@ struct Args {
     /// API burst of the operator.
     #[arg(long, default_value_t = 2000)]
     api_burst: u32,
+    /// Extra flag for the operator (repeatable), e.g. `--operator-arg=--events=false`.
+    #[arg(long, allow_hyphen_values = true)]
+    operator_arg: Vec<String>,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -279,6 +282,7 @@ async fn main() -> anyhow::Result<()> {
             "--api-burst",
             &args.api_burst.to_string(),
         ])
+        .args(&args.operator_arg)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(state.path().join("operator.log"))?);
@@ -436,9 +440,16 @@ async fn main() -> anyhow::Result<()> {
         .filter_map(|s| s.submitted_at)
         .max()
         .map(|t| t - start);
+    // status.finishedAt has one-second resolution: take the transition time from the store.
+    let store = Store::open(&state.path().join(managed_jobs::STORE_FILE), 1024)?;
+    let finished: HashMap<String, i64> = store
+        .all()?
+        .into_iter()
+        .filter_map(|r| Some((r.name, r.finished_at_ms?)))
+        .collect();
     let latencies = sorted(
-        map.values()
-            .filter_map(|s| Some((s.seen_ms? - s.finished_status_ms?) as f64))
+        map.iter()
+            .filter_map(|(name, s)| Some((s.seen_ms? - finished.get(name)?) as f64))
             .collect(),
     );
     let (peak_alive, peak_launching) = *peaks.lock().unwrap();
@@ -474,6 +485,7 @@ async fn main() -> anyhow::Result<()> {
         "scenario": args.scenario,
         "jobs": args.jobs,
         "commit": git_commit(),
+        "operator_args": args.operator_arg,
         "caps_log": caps_line.lines().find(|l| l.contains("caps in force")).unwrap_or(""),
         "create_seconds": created.as_secs_f64(),
         "end_to_end_seconds": elapsed.as_secs_f64(),
