@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use std::collections::HashSet;
@@ -170,7 +170,19 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     };
     tracing::info!("operator started; watching ManagedJobs");
     op.engine.metrics.set_ready();
-    Controller::new(jobs, watcher::Config::default().any_semantic())
+    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
+    // fields, the client-side-apply annotation), which is most of a small object's size.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = watcher(jobs, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|mj: &mut ManagedJob| {
+            mj.managed_fields_mut().clear();
+            mj.annotations_mut()
+                .remove("kubectl.kubernetes.io/last-applied-configuration");
+        })
+        .reflect(writer)
+        .touched_objects();
+    Controller::for_stream(stream, reader)
         .shutdown_on_signal()
         .run(reconcile, error_policy, op)
         .for_each(|res| async move {
@@ -205,12 +217,18 @@ async fn status_loop(op: Arc<Operator>) {
                 break;
             }
             // Write the rows that gave up a slot before those that took one, so that a reader
-            // of the API never sees more jobs alive than the caps allow.
-            let (freeing, taking): (Vec<JobRow>, Vec<JobRow>) = rows
-                .into_iter()
-                .partition(|r| !r.schedule_state.holds_run_slot());
+            // of the API never sees more jobs alive, or launching, than the caps allow.
+            let rank = |r: &JobRow| match r.schedule_state {
+                ScheduleState::Launching => 2,
+                ScheduleState::Alive | ScheduleState::AliveWaiting => 1,
+                _ => 0,
+            };
+            let mut groups: [Vec<JobRow>; 3] = Default::default();
+            for row in rows {
+                groups[rank(&row)].push(row);
+            }
             let mut failures = 0;
-            for group in [freeing, taking] {
+            for group in groups {
                 failures += futures::stream::iter(group)
                     .map(|row| {
                         let op = op.clone();
@@ -231,7 +249,6 @@ async fn status_loop(op: Arc<Operator>) {
 /// The one shared watch on Pods carrying our job-id label: every change becomes a
 /// [`crate::store::PodObservation`] in the store and wakes the job's controller.
 async fn pod_watch(op: Arc<Operator>, pods: Api<Pod>) {
-    use kube::runtime::WatchStreamExt as _;
     use watcher::Event;
     let cfg = watcher::Config::default().labels(LABEL_JOB_ID);
     let mut stream = watcher(pods, cfg).default_backoff().boxed();

@@ -190,6 +190,8 @@ pub struct JobRow {
     pub status_version: i64,
     /// The `status_version` last written to the API.
     pub synced_version: i64,
+    /// The object's `metadata.creationTimestamp` (ms since epoch): FIFO order within a priority.
+    pub created_at_ms: i64,
 }
 
 const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, executor, spec, priority, phase, \
@@ -197,7 +199,7 @@ const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, executor, spec,
     controller_start_time, controller_starts, controller_crashes, attempt, launched_attempt, \
     recovery_count, restart_count, exit_code, failure_reason, workload, backoff_until_ms, \
     submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms, status_version, \
-    synced_version";
+    synced_version, created_at_ms";
 
 fn corrupt(job_id: i64, what: impl Into<String>) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
@@ -249,6 +251,7 @@ impl JobRow {
             phase_changed_at_ms: row.get(29)?,
             status_version: row.get(30)?,
             synced_version: row.get(31)?,
+            created_at_ms: row.get(32)?,
         })
     }
 
@@ -851,12 +854,14 @@ impl Store {
         )
     }
 
-    /// Jobs whose status changed since it was last written to the API: those holding no run
-    /// slot first (so the API never shows more jobs alive than the caps), then oldest first.
+    /// Jobs whose status changed since it was last written to the API, in the order that keeps
+    /// the API's view within the caps: jobs holding no slot, then jobs holding only a run slot,
+    /// then jobs holding a launch slot; oldest first within each.
     pub fn unsynced(&self, limit: usize) -> Result<Vec<JobRow>> {
         self.select(
             "status_version > synced_version
-             ORDER BY schedule_state IN ('Launching', 'Alive', 'AliveWaiting'), id LIMIT ?1",
+             ORDER BY CASE schedule_state WHEN 'Launching' THEN 2
+                 WHEN 'Alive' THEN 1 WHEN 'AliveWaiting' THEN 1 ELSE 0 END, id LIMIT ?1",
             [limit as i64],
         )
     }

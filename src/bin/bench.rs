@@ -427,8 +427,6 @@ async fn main() -> anyhow::Result<()> {
     sampler.abort();
     let samples = samples.lock().unwrap().clone();
     let after = apiserver_requests(&client).await?;
-    let _ = operator.kill();
-    let _ = operator.wait();
 
     let map = seen.lock().unwrap();
     let failed = map
@@ -466,17 +464,35 @@ async fn main() -> anyhow::Result<()> {
     let uss = sorted(samples.iter().map(|s| s.1 as f64 / 1024.0).collect());
     let pss = sorted(samples.iter().map(|s| s.2 as f64 / 1024.0).collect());
     let rss = sorted(samples.iter().map(|s| s.0 as f64 / 1024.0).collect());
-    let order_ok = if args.scenario == "priorities" {
-        let mut starts: Vec<(i64, usize)> = map
+    // Priority order: an inversion is a job admitted while another job that should go first
+    // (higher priority, or equal priority and earlier in FIFO order) was already known and queued.
+    let inversions = if args.scenario == "priorities" {
+        let rows = store.all()?;
+        let scheduled: HashMap<i64, i64> = rows
             .iter()
-            .filter_map(|(name, s)| Some((s.started_ms?, name[6..].parse::<usize>().ok()?)))
+            .filter_map(|r| {
+                let at = store
+                    .history(r.id)
+                    .ok()?
+                    .into_iter()
+                    .find(|t| t.reason == "Scheduled")?
+                    .at_ms;
+                Some((r.id, at))
+            })
             .collect();
-        starts.sort();
-        let prio = |i: usize| [0, 10, -10, 100][i % 4];
-        // After the first (which started before the rest were queued), admission is by priority,
-        // then creation: check non-increasing priority over the start order, allowing ties.
-        let later: Vec<i32> = starts.iter().skip(8).map(|(_, i)| prio(*i)).collect();
-        Some(later.windows(2).filter(|w| w[0] < w[1]).count())
+        let key = |r: &managed_jobs::store::JobRow| (-r.priority, r.created_at_ms, r.id);
+        let mut count = 0;
+        for a in &rows {
+            for b in &rows {
+                let (Some(sa), Some(sb)) = (scheduled.get(&a.id), scheduled.get(&b.id)) else {
+                    continue;
+                };
+                if sa < sb && b.submitted_at_ms < *sa && key(b) < key(a) {
+                    count += 1;
+                }
+            }
+        }
+        Some(count)
     } else {
         None
     };
@@ -507,14 +523,17 @@ async fn main() -> anyhow::Result<()> {
         "job_controller_pss_mib_p99": percentile(&pss, 0.99),
         "scheduling_pass_ms_p50_10000_waiting": sp50,
         "scheduling_pass_ms_p99_10000_waiting": sp99,
-        "priority_order_inversions": order_ok,
+        "priority_order_inversions": inversions,
     });
     print_table(&report);
     println!("{}", serde_json::to_string_pretty(&report)?);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
-    kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    // Delete while the operator runs, so it releases the finalizers; then stop it.
+    kubectl(&["delete", "namespace", &ns, "--timeout=300s"])?;
+    let _ = operator.kill();
+    let _ = operator.wait();
     Ok(())
 }
 

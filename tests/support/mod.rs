@@ -58,9 +58,9 @@ pub fn control_plane() -> Option<&'static ControlPlane> {
     static CP: OnceLock<Option<ControlPlane>> = OnceLock::new();
     CP.get_or_init(|| {
         if let Some(k) = std::env::var_os("MJ_KUBECONFIG") {
-            return Some(ControlPlane {
-                kubeconfig: PathBuf::from(k),
-            });
+            let kubeconfig = PathBuf::from(k);
+            install_crds(&kubeconfig);
+            return Some(ControlPlane { kubeconfig });
         }
         let ci = std::env::var("CI").is_ok_and(|v| v == "true");
         if !binaries_built() {
