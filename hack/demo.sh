@@ -36,8 +36,8 @@ kill -0 "$OP" 2>/dev/null || { cat "$STATE/operator.log"; exit 1; }
 # A previous demo's jobs: the running operator releases their finalizers.
 k -n "$NS" delete managedjobs --all --wait=true --timeout=60s >/dev/null 2>&1 || true
 
-echo "==> applying examples/hello.yaml, failing.yaml, long.yaml and batch.yaml (20 jobs)" >&2
-for f in hello failing long batch; do k -n "$NS" apply -f "examples/$f.yaml" >/dev/null; done
+echo "==> applying examples/hello.yaml, failing.yaml, long.yaml, batch.yaml (20 jobs), pod-hello.yaml and pod-failing.yaml" >&2
+for f in hello failing long batch pod-hello pod-failing; do k -n "$NS" apply -f "examples/$f.yaml" >/dev/null; done
 
 terminal='Succeeded|Failed|FailedSetup|FailedPrecheck|FailedNoResource|FailedController|Cancelled'
 cancelled=0
