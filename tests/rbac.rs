@@ -1,0 +1,186 @@
+//! The chart's RBAC is enough, and no more: the operator binary, running with a token of the
+//! chart's ServiceAccount (real RBAC enforced by the dev control plane), completes a pod job and a
+//! cancellation; verbs it does not need are denied.
+
+mod support;
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use managed_jobs::api::{JobPhase, ManagedJob};
+
+const T: Duration = Duration::from_secs(60);
+
+fn helm() -> Option<std::path::PathBuf> {
+    let out = Command::new(support::root().join("hack/controlplane.sh"))
+        .args(["bin-dir", "helm"])
+        .output()
+        .ok()?;
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("helm");
+    if !path.exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but helm is not built: hack/controlplane.sh build helm"
+        );
+        eprintln!("\n*** SKIPPED: the RBAC test needs helm: hack/controlplane.sh build helm ***\n");
+        return None;
+    }
+    Some(path)
+}
+
+fn kubectl_stdin(cp: &support::ControlPlane, args: &[&str], input: &str) -> (bool, String) {
+    let mut child = Command::new(support::root().join("hack/controlplane.sh"))
+        .arg("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
+    let cp = control_plane_or_skip!();
+    let Some(helm) = helm() else { return };
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "rbac").await;
+
+    // The chart's ServiceAccount and RBAC, as `helm install` would create them.
+    let out = Command::new(&helm)
+        .args(["template", "t"])
+        .arg(support::root().join("charts/managed-jobs"))
+        .args(["-n", &ns.name, "--set", "crds.enabled=false"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let rbac: Vec<&str> = rendered
+        .split("\n---")
+        .filter(|doc| {
+            kinds
+                .iter()
+                .any(|k| doc.contains(&format!("\nkind: {k}\n")))
+        })
+        .collect();
+    assert!(rbac.len() >= 3, "the chart rendered no RBAC:\n{rendered}");
+    let (ok, text) = kubectl_stdin(
+        cp,
+        &["apply", "-n", &ns.name, "-f", "-"],
+        &rbac.join("\n---\n"),
+    );
+    assert!(ok, "applying the chart's RBAC: {text}");
+    let sa = "t-managed-jobs";
+
+    // Verbs the operator does not use are denied.
+    let who = format!("system:serviceaccount:{}:{sa}", ns.name);
+    for (verb, resource, expected) in [
+        ("patch", "managedjobs.managedjobs.dev", "yes"),
+        ("create", "pods", "yes"),
+        ("update", "pods", "no"),
+        ("get", "secrets", "no"),
+        ("delete", "nodes", "no"),
+        ("create", "managedjobs.managedjobs.dev", "no"),
+    ] {
+        let (_, answer) = support::kubectl(
+            cp,
+            &[
+                "auth", "can-i", verb, resource, "-n", &ns.name, "--as", &who,
+            ],
+        );
+        let answer = answer.lines().next().unwrap_or("").trim();
+        assert_eq!(answer, expected, "can {sa} {verb} {resource}?");
+    }
+
+    // A kubeconfig with a token of that ServiceAccount.
+    let (ok, token) = support::kubectl(cp, &["create", "token", sa, "-n", &ns.name]);
+    assert!(ok, "{token}");
+    let admin: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&cp.kubeconfig).unwrap()).unwrap();
+    let mut config = admin.clone();
+    config["users"] =
+        serde_json::json!([{ "name": "operator", "user": { "token": token.trim() } }]);
+    config["contexts"][0]["context"]["user"] = serde_json::json!("operator");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, serde_norway::to_string(&config).unwrap()).unwrap();
+    let as_sa = support::ControlPlane { kubeconfig: path };
+
+    let _op = support::OperatorProcess::start(&as_sa, &ns.name, &["--executors", "pod"]);
+    let job = |name: &str, annotations: &str| {
+        format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  template:\n    metadata:\n      annotations: {{{annotations}}}\n    spec:\n      containers:\n        - name: main\n          image: busybox\n"
+        )
+    };
+    support::create_yaml(
+        &client,
+        &ns.name,
+        &job("done", r#""managedjobs.dev/complete-after": "1s""#),
+    )
+    .await;
+    support::create_yaml(&client, &ns.name, &job("stopped", "")).await;
+    support::wait_status(&client, &ns.name, "done", T, "Succeeded", |s| {
+        s.phase == Some(JobPhase::Succeeded)
+    })
+    .await;
+    support::wait_status(&client, &ns.name, "stopped", T, "Running", |s| {
+        s.phase == Some(JobPhase::Running)
+    })
+    .await;
+    Api::<ManagedJob>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "stopped",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+        )
+        .await
+        .unwrap();
+    support::wait_status(&client, &ns.name, "stopped", T, "Cancelled", |s| {
+        s.phase == Some(JobPhase::Cancelled)
+    })
+    .await;
+    // Cluster-scoped objects the chart created for this namespace's release.
+    let cluster_scoped = format!("{}-t-managed-jobs", ns.name);
+    support::kubectl(
+        cp,
+        &[
+            "delete",
+            "clusterrole",
+            &cluster_scoped,
+            "--ignore-not-found",
+        ],
+    );
+    support::kubectl(
+        cp,
+        &[
+            "delete",
+            "clusterrolebinding",
+            &cluster_scoped,
+            "--ignore-not-found",
+        ],
+    );
+}
