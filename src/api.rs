@@ -289,12 +289,16 @@ impl ScheduleState {
         ScheduleState::Done,
     ];
 
+    /// The states that hold a run slot and have a job controller process.
+    pub const LIVE: [ScheduleState; 3] = [
+        ScheduleState::Launching,
+        ScheduleState::Alive,
+        ScheduleState::AliveWaiting,
+    ];
+
     /// True for the states that hold a run slot and have a job controller process.
     pub fn holds_run_slot(self) -> bool {
-        matches!(
-            self,
-            ScheduleState::Launching | ScheduleState::Alive | ScheduleState::AliveWaiting
-        )
+        ScheduleState::LIVE.contains(&self)
     }
 
     /// The name as stored and shown.

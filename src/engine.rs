@@ -243,11 +243,6 @@ impl Engine {
             .id()
             .ok_or_else(|| anyhow::anyhow!("child has no pid"))? as i32;
         let start = process::start_time(pid).unwrap_or(0);
-        let live = [
-            ScheduleState::Launching,
-            ScheduleState::Alive,
-            ScheduleState::AliveWaiting,
-        ];
         // The new process may already have moved the job on (Starting, Running): Submitted is
         // only written over Pending, never over a later phase.
         let submitted = Change {
@@ -260,7 +255,7 @@ impl Engine {
         };
         let expect_pending = Expect {
             phases: vec![JobPhase::Pending],
-            schedule: live.to_vec(),
+            schedule: ScheduleState::LIVE.to_vec(),
         };
         let result = self
             .store()
@@ -273,7 +268,7 @@ impl Engine {
                 ..Default::default()
             };
             self.store()
-                .transition(row.id, &Expect::schedule(&live), &recorded)?;
+                .transition(row.id, &Expect::schedule(&ScheduleState::LIVE), &recorded)?;
         }
         tracing::info!(job_id = row.id, pid, "job controller process started");
         if row.phase == JobPhase::Pending {
@@ -308,11 +303,6 @@ impl Engine {
             })
             .inc();
         let crashes = row.controller_crashes + 1;
-        let live = [
-            ScheduleState::Launching,
-            ScheduleState::Alive,
-            ScheduleState::AliveWaiting,
-        ];
         if crashes >= self.cfg.max_controller_crashes {
             tracing::error!(
                 job_id = id,
@@ -332,9 +322,9 @@ impl Engine {
                 reason: "Failed",
                 ..Default::default()
             };
-            let result = self
-                .store()
-                .transition(id, &Expect::schedule(&live), &change);
+            let result =
+                self.store()
+                    .transition(id, &Expect::schedule(&ScheduleState::LIVE), &change);
             if let Ok(Cas::Applied(_)) = result
                 && row.executor == ExecutorKind::Local
                 && row.attempt > 0
@@ -361,7 +351,7 @@ impl Engine {
         // Bind first: the store's guard must be released before spawning (which locks it again).
         let result = self
             .store()
-            .transition(id, &Expect::schedule(&live), &change);
+            .transition(id, &Expect::schedule(&ScheduleState::LIVE), &change);
         if let Ok(Cas::Applied(row)) = result {
             self.spawn_controller(&row);
         }
