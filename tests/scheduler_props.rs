@@ -260,9 +260,6 @@ struct Model {
     started: HashSet<i64>,
     /// Per priority, the highest id of a never-reprioritized job started so far.
     last_start: HashMap<i32, i64>,
-    /// Check each Waiting job's `queue_position` after every step (see
-    /// [`waiting_jobs_report_their_live_queue_position`]).
-    check_queue_positions: bool,
     /// Passes run, admissions seen.
     stats: Stats,
 }
@@ -313,7 +310,6 @@ impl Model {
             reprioritized: HashSet::new(),
             started: HashSet::new(),
             last_start: HashMap::new(),
-            check_queue_positions: false,
             stats: Stats::default(),
         }
     }
@@ -1191,25 +1187,6 @@ impl Model {
             }
             if s != ScheduleState::Waiting {
                 prop_assert_eq!(r.queue_position, None, "job {} not queued", r.id);
-            }
-        }
-        if self.check_queue_positions {
-            for w in rows
-                .iter()
-                .filter(|r| r.schedule_state == ScheduleState::Waiting)
-            {
-                let ahead = rows
-                    .iter()
-                    .filter(|r| r.schedule_state == ScheduleState::Waiting && ranks_before(r, w))
-                    .count();
-                prop_assert_eq!(
-                    w.queue_position,
-                    Some(ahead as i64 + 1),
-                    "Waiting job {} (priority {}): queue_position vs its rank among {} Waiting jobs",
-                    w.id,
-                    w.priority,
-                    usage.waiting
-                );
             }
         }
         // 3. Nothing leaves Done.

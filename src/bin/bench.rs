@@ -212,12 +212,8 @@ fn scheduling_pass(waiting: usize) -> anyhow::Result<(f64, f64)> {
 
 #[derive(Default)]
 struct Seen {
-    created_at: Option<Instant>,
     submitted_at: Option<Instant>,
-    terminal_at: Option<Instant>,
-    finished_status_ms: Option<i64>,
     seen_ms: Option<i64>,
-    started_ms: Option<i64>,
     phase: Option<JobPhase>,
     schedule: Option<ScheduleState>,
 }
@@ -332,15 +328,12 @@ async fn main() -> anyhow::Result<()> {
                 {
                     entry.submitted_at = Some(now);
                 }
-                if entry.terminal_at.is_none() && status.phase.is_some_and(|p| p.is_terminal()) {
-                    entry.terminal_at = Some(now);
-                    entry.finished_status_ms = status.finished_at.map(|t| t.0.as_millisecond());
+                if entry.seen_ms.is_none() && status.phase.is_some_and(|p| p.is_terminal()) {
                     entry.seen_ms = Some(managed_jobs::store::now_ms());
                     done += 1;
                 }
                 entry.phase = status.phase;
                 entry.schedule = status.schedule_state;
-                entry.started_ms = status.started_at.map(|t| t.0.as_millisecond());
                 let alive = map
                     .values()
                     .filter(|s| s.schedule.is_some_and(|s| s.holds_run_slot()))
@@ -384,7 +377,6 @@ async fn main() -> anyhow::Result<()> {
     futures::stream::iter(0..args.jobs)
         .map(|i| {
             let api = api.clone();
-            let seen = seen.clone();
             let scenario = args.scenario.clone();
             async move {
                 let mj: ManagedJob = serde_json::from_value(job_yaml(&scenario, i)).unwrap();
@@ -398,7 +390,6 @@ async fn main() -> anyhow::Result<()> {
                         }
                     }
                 }
-                seen.lock().unwrap().entry(name).or_default().created_at = Some(Instant::now());
             }
         })
         .buffer_unordered(32)
