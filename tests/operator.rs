@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use managed_jobs::api::{JobPhase, ManagedJob, ScheduleState};
 
@@ -212,14 +212,7 @@ async fn cancel_while_pending_never_starts_a_process() {
     })
     .await;
     assert_eq!(mj.status.unwrap().queue_position, Some(1));
-    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
-    api.patch(
-        "queued",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
-    )
-    .await
-    .unwrap();
+    support::cancel(&client, &ns.name, "queued").await;
     let mj = support::wait_status(
         &client,
         &ns.name,
@@ -244,13 +237,7 @@ async fn cancel_while_pending_never_starts_a_process() {
             .exists()
     );
     // The cancelled object keeps its final status; a blocker cancel frees the slot.
-    api.patch(
-        "blocker",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
-    )
-    .await
-    .unwrap();
+    support::cancel(&client, &ns.name, "blocker").await;
     support::wait_status(
         &client,
         &ns.name,
@@ -292,14 +279,7 @@ async fn cancel_while_running_stops_the_workload_process_group() {
         .parse()
         .unwrap();
     assert!(managed_jobs::process::group_exists(pgid));
-    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
-    api.patch(
-        "long",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
-    )
-    .await
-    .unwrap();
+    support::cancel(&client, &ns.name, "long").await;
     let mj = support::wait_status(
         &client,
         &ns.name,

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobStatus};
+use managed_jobs::api::{JobPhase, ManagedJobStatus};
 use managed_jobs::store::Store;
 
 const T: Duration = Duration::from_secs(60);
@@ -72,17 +72,6 @@ async fn running_pod_name(client: &Client, ns: &str, job: &str) -> String {
         .unwrap()
         .trim_start_matches("pod/")
         .to_string()
-}
-
-async fn cancel(client: &Client, ns: &str, job: &str) {
-    Api::<ManagedJob>::namespaced(client.clone(), ns)
-        .patch(
-            job,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
-        )
-        .await
-        .unwrap();
 }
 
 /// Every Pod name that ever existed for `job`, seen through a watch from now on.
@@ -312,7 +301,7 @@ async fn node_loss_is_recovered_on_another_node() {
         let s = mj.status.unwrap();
         assert_eq!(s.recovery_count, 1, "{s:#?}");
         assert_ne!(s.workload.as_deref(), Some(format!("pod/{first}").as_str()));
-        cancel(&client, &ns.name, "nodeloss").await;
+        support::cancel(&client, &ns.name, "nodeloss").await;
         support::wait_status(
             &client,
             &ns.name,
@@ -388,7 +377,7 @@ spec:
     )
     .await;
     // Cancel while Starting: no Pod left.
-    cancel(&client, &ns.name, "too-big").await;
+    support::cancel(&client, &ns.name, "too-big").await;
     support::wait_status(
         &client,
         &ns.name,
@@ -412,7 +401,7 @@ async fn cancel_while_running_and_recovering_leaves_no_pod() {
     let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
     support::create_yaml(&client, &ns.name, &pod_job("runner", "", "", "")).await;
     running_pod_name(&client, &ns.name, "runner").await;
-    cancel(&client, &ns.name, "runner").await;
+    support::cancel(&client, &ns.name, "runner").await;
     support::wait_status(
         &client,
         &ns.name,
@@ -432,7 +421,7 @@ async fn cancel_while_running_and_recovering_leaves_no_pod() {
         s.recovery_count == 1
     })
     .await;
-    cancel(&client, &ns.name, "recoverer").await;
+    support::cancel(&client, &ns.name, "recoverer").await;
     support::wait_status(
         &client,
         &ns.name,

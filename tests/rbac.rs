@@ -8,8 +8,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
-use managed_jobs::api::{JobPhase, ManagedJob};
+use managed_jobs::api::JobPhase;
 
 const T: Duration = Duration::from_secs(60);
 
@@ -151,14 +150,7 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         s.phase == Some(JobPhase::Running)
     })
     .await;
-    Api::<ManagedJob>::namespaced(client.clone(), &ns.name)
-        .patch(
-            "stopped",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
-        )
-        .await
-        .unwrap();
+    support::cancel(&client, &ns.name, "stopped").await;
     support::wait_status(&client, &ns.name, "stopped", T, "Cancelled", |s| {
         s.phase == Some(JobPhase::Cancelled)
     })

@@ -388,6 +388,18 @@ pub async fn wait_status(
     }
 }
 
+/// Cancels a job without deleting it (`spec.cancel: true`).
+pub async fn cancel(client: &Client, ns: &str, name: &str) {
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+        )
+        .await
+        .expect("cancel");
+}
+
 /// Waits until the object is gone.
 pub async fn wait_gone(client: &Client, ns: &str, name: &str, timeout: Duration) {
     let api = Api::<ManagedJob>::namespaced(client.clone(), ns);
