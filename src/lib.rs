@@ -9,6 +9,7 @@ pub mod api;
 pub mod capacity;
 pub mod cli;
 pub mod engine;
+pub mod events;
 pub mod executor;
 pub mod job_controller;
 pub mod metrics;

@@ -15,19 +15,19 @@ use futures::StreamExt;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use std::collections::HashSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
 use crate::api::{
     ExecutorKind, FINALIZER, JobPhase, LABEL_JOB_ID, ManagedJob, ScheduleState, validate_spec,
 };
 use crate::engine::{BACKSTOP, Config, Engine};
+use crate::events::EventPublisher;
 use crate::executor::pod;
 use crate::store::{Cas, Change, Expect, JobRow, StoreError, now_ms};
 
@@ -95,8 +95,10 @@ pub struct Operator {
     client: Client,
     engine: Arc<Engine>,
     limiter: DefaultDirectRateLimiter,
-    recorder: Option<Recorder>,
-    events_tx: tokio::sync::mpsc::UnboundedSender<(ManagedJob, JobRow)>,
+    events: Option<EventPublisher>,
+    /// Jobs whose status was written and whose new history may need Events: the job id, whether
+    /// it is Done (its bookkeeping can go), and a reference to the object.
+    events_tx: tokio::sync::mpsc::UnboundedSender<(i64, bool, ObjectReference)>,
     /// Per live job, the last history entry whose Events were published.
     published: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
 }
@@ -132,27 +134,27 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let budget = options.budget;
     let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))
         .allow_burst(NonZeroU32::new(budget.burst.max(1)).expect("max(1) > 0"));
-    let recorder = options.events.then(|| {
-        let reporter = Reporter {
-            controller: "managed-jobs".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        Recorder::new(client.clone(), reporter)
+    let events = options.events.then(|| {
+        EventPublisher::new(
+            client.clone(),
+            "managed-jobs",
+            std::env::var("POD_NAME").ok(),
+        )
     });
     let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
         limiter: RateLimiter::direct(quota),
-        recorder,
+        events,
         events_tx,
         published: Default::default(),
     });
     {
         let op = op.clone();
         tokio::spawn(async move {
-            while let Some((mj, row)) = events_rx.recv().await {
-                op.publish_events(&mj, &row).await;
+            while let Some((job_id, done, reference)) = events_rx.recv().await {
+                op.publish_events(job_id, done, &reference).await;
             }
         });
     }
@@ -450,75 +452,36 @@ impl Operator {
         self.engine.wake_all();
     }
 
-    /// Publishes the Events for what changed since the last status write of this job:
-    /// Scheduled, Launched, Restarting, Recovering, Succeeded, Failed, Cancelled.
-    async fn publish_events(&self, mj: &ManagedJob, row: &JobRow) {
-        let Some(recorder) = &self.recorder else {
+    /// Publishes the Events (see [`crate::events`]) for the job's transitions since the last
+    /// publish; `done` forgets the job afterwards.
+    async fn publish_events(&self, job_id: i64, done: bool, reference: &ObjectReference) {
+        let Some(publisher) = &self.events else {
             return;
         };
         // From the history, so a transition that status coalescing skipped still gets its Event.
-        let after = {
-            let map = self.published.lock().unwrap_or_else(|e| e.into_inner());
-            map.get(&row.id).copied().unwrap_or(0)
-        };
         let history = self
             .engine
             .store()
-            .history_after(row.id, after)
+            .history_after(job_id, 0)
             .unwrap_or_default();
         let Some(last) = history.last().map(|t| t.id) else {
             return;
         };
-        {
+        let after = {
             let mut map = self.published.lock().unwrap_or_else(|e| e.into_inner());
-            if row.schedule_state == ScheduleState::Done {
-                map.remove(&row.id);
+            let after = map.get(&job_id).copied().unwrap_or(0);
+            if done {
+                map.remove(&job_id);
             } else {
-                map.insert(row.id, last);
+                map.insert(job_id, last);
             }
-        }
-        let mut events: Vec<(EventType, &str, String)> = Vec::new();
-        for t in &history {
-            let phase = JobPhase::parse(&t.to_phase);
-            let entered = t.from_phase.as_deref() != Some(t.to_phase.as_str());
-            match (t.reason.as_str(), phase) {
-                ("Scheduled", _) if t.from_schedule.as_deref() == Some("Waiting") => {
-                    events.push((EventType::Normal, "Scheduled", t.message.clone()))
-                }
-                ("Restarting", _) => {
-                    events.push((EventType::Warning, "Restarting", t.message.clone()))
-                }
-                ("Recovering", _) => {
-                    events.push((EventType::Warning, "Recovering", t.message.clone()))
-                }
-                (_, Some(JobPhase::Running)) if entered => {
-                    events.push((EventType::Normal, "Launched", t.message.clone()))
-                }
-                (_, Some(JobPhase::Succeeded)) if entered => {
-                    events.push((EventType::Normal, "Succeeded", t.message.clone()))
-                }
-                (_, Some(JobPhase::Cancelled)) if entered => {
-                    events.push((EventType::Normal, "Cancelled", t.message.clone()))
-                }
-                (_, Some(p)) if entered && p.is_failure() => {
-                    events.push((EventType::Warning, "Failed", t.message.clone()))
-                }
-                _ => {}
-            }
-        }
-        let reference = mj.object_ref(&());
-        for (type_, reason, note) in events {
-            let event = Event {
-                type_,
-                reason: reason.into(),
-                note: Some(note.chars().take(1000).collect()),
-                action: reason.into(),
-                secondary: None,
-            };
+            after
+        };
+        for event in crate::events::events_for(&history, after) {
             self.limiter.until_ready().await;
             self.engine.metrics.api_request("create_event");
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::debug!(job_id = row.id, error = %e, "publishing an event failed");
+            if let Err(e) = publisher.publish(reference, &event).await {
+                tracing::debug!(job_id, error = %e, "publishing an event failed");
             }
         }
     }
@@ -535,8 +498,9 @@ impl Operator {
         let done = match result {
             Ok(mj) => {
                 // Events go out on their own task: they never delay the next status write.
-                if self.recorder.is_some() {
-                    let _ = self.events_tx.send((mj, row.clone()));
+                if self.events.is_some() {
+                    let done = row.schedule_state == ScheduleState::Done;
+                    let _ = self.events_tx.send((row.id, done, mj.object_ref(&())));
                 }
                 true
             }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks of the managed-jobs chart, for CI and by hand:
-#   1. the chart's CRD copy matches crds/ (tests/crd-in-sync.sh), and the rendered CRD template is
-#      that file plus only the chart's metadata labels/annotations;
+#   1. the chart's copies of crds/ match (tests/crd-in-sync.sh), and the rendered CRD and finalizer
+#      policy templates are those files plus only the chart's metadata labels/annotations;
 #   2. `helm lint --strict` with the default values and with each ci/*-values.yaml;
 #   3. `helm template | kubectl apply --dry-run=server` with the default values and each
 #      ci/*-values.yaml, against the cluster in $KUBECONFIG (the API server validates every object,
@@ -54,22 +54,41 @@ ensure_ns() {
 step "CRD copy in sync with crds/"
 if "$CHART/tests/crd-in-sync.sh"; then pass "crd-in-sync"; else fail "crd-in-sync"; fi
 
-step "rendered CRD = crds/ file + chart metadata"
-# Drop the document separator, the `# Source:` line, and the labels/annotations block the template
-# inserts between `metadata:` and `  name:`; what is left must be the file, byte for byte.
-if rendered="$("$HELM" template "$RELEASE" "$CHART" -n "$NAMESPACE" --show-only templates/crd.yaml)" &&
-  diff -u "$ROOT/crds/managedjobs.dev_managedjobs.yaml" <(
-    printf '%s\n' "$rendered" | awk '
-      NR == 1 && $0 == "---" { next }
-      /^# Source: / { next }
-      /^metadata:$/ { print; inmeta = 1; next }
-      inmeta && /^  name: / { inmeta = 0 }
-      inmeta { next }
-      { print }'
-  ); then
-  pass "rendered CRD"
+# Where the cluster serves MutatingAdmissionPolicy (Kubernetes 1.36+), render the finalizer policy
+# as `helm install` would there; `helm template` alone does not know the API exists.
+api_versions=()
+if "$KUBECTL" api-resources --api-group=admissionregistration.k8s.io -o name 2>/dev/null |
+  grep -q '^mutatingadmissionpolicies'; then
+  api_versions=(--api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy)
+fi
+
+# Drop the document separators, the `# Source:` lines, and the labels/annotations block the
+# template inserts between `metadata:` and `  name:`; what is left must be the file, byte for byte
+# (document separators aside).
+strip_chart_metadata() {
+  awk '
+    /^---$/ { next }
+    /^# Source: / { next }
+    /^metadata:$/ { print; inmeta = 1; next }
+    inmeta && /^  name: / { inmeta = 0 }
+    inmeta { next }
+    { print }'
+}
+check_rendered() { # template file
+  local template="$1" file="$2" rendered
+  step "rendered $template = crds/$file + chart metadata"
+  if rendered="$("$HELM" template "$RELEASE" "$CHART" -n "$NAMESPACE" "${api_versions[@]}" --show-only "$template")" &&
+    diff -u <(grep -v '^---$' "$ROOT/crds/$file") <(printf '%s\n' "$rendered" | strip_chart_metadata); then
+    pass "rendered $template"
+  else
+    fail "rendered $template differs from crds/$file"
+  fi
+}
+check_rendered templates/crd.yaml managedjobs.dev_managedjobs.yaml
+if ((${#api_versions[@]} > 0)); then
+  check_rendered templates/finalizer-policy.yaml managedjobs.dev_finalizer-policy.yaml
 else
-  fail "rendered CRD differs from crds/managedjobs.dev_managedjobs.yaml"
+  echo "NOTE: the cluster does not serve MutatingAdmissionPolicy: the finalizer policy is not rendered"
 fi
 
 values_files=("")
@@ -93,7 +112,7 @@ ensure_ns "$NAMESPACE"
 for f in "${values_files[@]}"; do
   label="${f:+${f#"$ROOT"/}}"; label="${label:-default values}"
   step "helm template | kubectl apply --dry-run=server ($label)"
-  args=(template "$RELEASE" "$CHART" -n "$NAMESPACE")
+  args=(template "$RELEASE" "$CHART" -n "$NAMESPACE" "${api_versions[@]}")
   [[ -n "$f" ]] && args+=(-f "$f")
   if ! manifest="$("$HELM" "${args[@]}")"; then fail "template ($label)"; continue; fi
   if grep -q '^kind: ServiceMonitor$' <<<"$manifest" && [[ "$have_servicemonitor" != true ]]; then

@@ -1,0 +1,325 @@
+//! Kubernetes Events (`events.k8s.io/v1`) on each ManagedJob for the transitions a user cares
+//! about (DESIGN.md section 11), derived from the store's history of transitions.
+//!
+//! A job that runs straight through gets two Events, `Launched` and `Succeeded`, like a
+//! Kubernetes Job's `SuccessfulCreate` and `Completed`. Admission is not an Event of its own: the
+//! `Launched` note says how long the job waited in the queue. Restarts, recoveries, failures and
+//! cancellation each get one. Every API write counts against the budget of 4 per straight-through
+//! job beyond its create (DESIGN.md section 11), so Events are kept to these.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+use crate::api::JobPhase;
+use crate::store::Transition;
+
+/// Longest `note` the API server accepts on an events.k8s.io/v1 Event (1 KiB).
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// `Normal` or `Warning`, as events.k8s.io/v1 defines `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something the user may need to act on.
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// One Event to publish about a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobEvent {
+    /// `Normal` or `Warning`.
+    pub type_: EventType,
+    /// CamelCase reason (also used as the action): `Launched`, `Restarting`, `Recovering`,
+    /// `Succeeded`, `Failed` or `Cancelled`.
+    pub reason: &'static str,
+    /// Human-readable note, at most [`MAX_NOTE_BYTES`].
+    pub note: String,
+}
+
+/// The Events for the transitions of `history` (one job's, ordered by id) whose id is above
+/// `after`. Entries at or below `after` were published before; they are only read to know how
+/// long the job waited before an admission.
+pub fn events_for(history: &[Transition], after: i64) -> Vec<JobEvent> {
+    let mut events = Vec::new();
+    // When the job last entered a queue (Waiting, or AliveWaiting for a recovery), and how long
+    // it waited there before its last admission.
+    let mut queued_at: Option<i64> = None;
+    let mut waited_ms: Option<i64> = None;
+    for t in history {
+        let phase = JobPhase::parse(&t.to_phase);
+        let entered = t.from_phase.as_deref() != Some(t.to_phase.as_str());
+        let queue_state = matches!(t.to_schedule.as_str(), "Waiting" | "AliveWaiting");
+        if queue_state && t.from_schedule.as_deref() != Some(t.to_schedule.as_str()) {
+            queued_at = Some(t.at_ms);
+        }
+        if t.reason == "Scheduled" {
+            waited_ms = queued_at.map(|q| (t.at_ms - q).max(0));
+        }
+        if t.id <= after {
+            continue;
+        }
+        let event = |type_, reason, note: Cow<'_, str>| JobEvent {
+            type_,
+            reason,
+            note: truncate(&note, MAX_NOTE_BYTES),
+        };
+        match (t.reason.as_str(), phase) {
+            ("Restarting", _) => events.push(event(
+                EventType::Warning,
+                "Restarting",
+                t.message.as_str().into(),
+            )),
+            ("Recovering", _) => events.push(event(
+                EventType::Warning,
+                "Recovering",
+                t.message.as_str().into(),
+            )),
+            (_, Some(JobPhase::Running)) if entered => {
+                let note = match waited_ms.take() {
+                    Some(ms) => format!("{} (waited {} in the queue)", t.message, seconds(ms)),
+                    None => t.message.clone(),
+                };
+                events.push(event(EventType::Normal, "Launched", note.into()))
+            }
+            (_, Some(JobPhase::Succeeded)) if entered => events.push(event(
+                EventType::Normal,
+                "Succeeded",
+                t.message.as_str().into(),
+            )),
+            (_, Some(JobPhase::Cancelled)) if entered => events.push(event(
+                EventType::Normal,
+                "Cancelled",
+                t.message.as_str().into(),
+            )),
+            (_, Some(p)) if entered && p.is_failure() => events.push(event(
+                EventType::Warning,
+                "Failed",
+                t.message.as_str().into(),
+            )),
+            _ => {}
+        }
+    }
+    events
+}
+
+/// `1.2s`, `45ms`, `3m20s`.
+fn seconds(ms: i64) -> String {
+    match ms {
+        ..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        _ => format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000),
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// Creates Events with one POST each.
+///
+/// kube's `Recorder` is not used: it keeps every Event it published for six minutes (to turn a
+/// repeated Event into an `EventSeries` update) and scans that whole cache on every publish. Our
+/// Events never repeat (each records one transition of one job), so with 10,000 jobs the cache
+/// would hold ~20,000 objects for nothing and cost a quadratic scan.
+#[derive(Clone)]
+pub struct EventPublisher {
+    client: Client,
+    controller: String,
+    instance: String,
+}
+
+impl EventPublisher {
+    /// `controller` becomes `reportingController`; `instance` (e.g. the Pod name)
+    /// `reportingInstance`, defaulting to the controller name.
+    pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
+        EventPublisher {
+            client,
+            controller: controller.to_string(),
+            instance: instance.unwrap_or_else(|| controller.to_string()),
+        }
+    }
+
+    /// Creates one Event regarding `regarding`, in its namespace, named
+    /// `<name>.<nanoseconds since the epoch, hex>` as client-go's recorder names them.
+    ///
+    /// # Errors
+    /// The API server's refusal (e.g. 403 without `create` on `events.k8s.io` events).
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        event: &JobEvent,
+    ) -> Result<(), kube::Error> {
+        let now = jiff::Timestamp::now();
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let name = regarding.name.as_deref().unwrap_or(&self.controller);
+        let k8s_event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some(namespace.to_string()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(event.reason.to_string()),
+            reason: Some(event.reason.to_string()),
+            note: Some(event.note.clone()),
+            type_: Some(event.type_.as_str().to_string()),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), namespace)
+            .create(&PostParams::default(), &k8s_event)
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(id: i64, at_ms: i64, from: (&str, &str), to: (&str, &str), reason: &str) -> Transition {
+        Transition {
+            id,
+            at_ms,
+            from_phase: (!from.0.is_empty()).then(|| from.0.to_string()),
+            to_phase: to.0.to_string(),
+            from_schedule: (!from.1.is_empty()).then(|| from.1.to_string()),
+            to_schedule: to.1.to_string(),
+            reason: reason.to_string(),
+            message: format!("{reason} message"),
+        }
+    }
+
+    fn straight_through() -> Vec<Transition> {
+        vec![
+            t(1, 1_000, ("", ""), ("Pending", "Waiting"), "Submitted"),
+            t(
+                2,
+                3_500,
+                ("Pending", "Waiting"),
+                ("Pending", "Launching"),
+                "Scheduled",
+            ),
+            t(
+                3,
+                3_600,
+                ("Pending", "Launching"),
+                ("Starting", "Launching"),
+                "Starting",
+            ),
+            t(
+                4,
+                3_700,
+                ("Starting", "Launching"),
+                ("Running", "Alive"),
+                "Running",
+            ),
+            t(
+                5,
+                9_000,
+                ("Running", "Alive"),
+                ("Succeeded", "Done"),
+                "Succeeded",
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_straight_through_job_gets_launched_and_succeeded_only() {
+        let events = events_for(&straight_through(), 0);
+        let reasons: Vec<_> = events.iter().map(|e| e.reason).collect();
+        assert_eq!(reasons, ["Launched", "Succeeded"]);
+        assert_eq!(events[0].note, "Running message (waited 2.5s in the queue)");
+        assert_eq!(events[0].type_, EventType::Normal);
+    }
+
+    #[test]
+    fn published_entries_are_skipped_but_the_wait_is_still_known() {
+        let events = events_for(&straight_through(), 3);
+        assert_eq!(events.len(), 2);
+        assert!(events[0].note.ends_with("(waited 2.5s in the queue)"));
+        assert_eq!(events_for(&straight_through(), 4).len(), 1);
+        assert!(events_for(&straight_through(), 5).is_empty());
+    }
+
+    #[test]
+    fn a_recovery_reports_its_own_wait() {
+        let mut h = straight_through();
+        h.truncate(4);
+        h.extend([
+            t(
+                5,
+                10_000,
+                ("Running", "Alive"),
+                ("Recovering", "AliveWaiting"),
+                "Recovering",
+            ),
+            t(
+                6,
+                10_040,
+                ("Recovering", "AliveWaiting"),
+                ("Recovering", "Launching"),
+                "Scheduled",
+            ),
+            t(
+                7,
+                10_100,
+                ("Recovering", "Launching"),
+                ("Running", "Alive"),
+                "Running",
+            ),
+            t(
+                8,
+                70_100,
+                ("Running", "Alive"),
+                ("Failed", "Done"),
+                "Failed",
+            ),
+        ]);
+        let events = events_for(&h, 4);
+        let got: Vec<_> = events.iter().map(|e| (e.type_, e.reason)).collect();
+        assert_eq!(
+            got,
+            [
+                (EventType::Warning, "Recovering"),
+                (EventType::Normal, "Launched"),
+                (EventType::Warning, "Failed"),
+            ]
+        );
+        assert!(events[1].note.ends_with("(waited 40ms in the queue)"));
+    }
+
+    #[test]
+    fn notes_are_cut_to_the_api_limit_at_a_character_boundary() {
+        let mut h = straight_through();
+        h[4].message = "é".repeat(MAX_NOTE_BYTES);
+        let note = &events_for(&h, 4)[0].note;
+        assert!(note.len() <= MAX_NOTE_BYTES && note.len() >= MAX_NOTE_BYTES - 1);
+        assert_eq!(seconds(200_000), "3m20s");
+    }
+}
