@@ -220,7 +220,14 @@ impl JobController {
         }
         // A first launch records Starting and the launch intent in one transaction.
         let phase_after = if first { JobPhase::Starting } else { job.phase };
-        match self.local.find(job.id, attempt) {
+        // The launch intent is recorded before the spawn: an attempt without it never started, so
+        // only a resumed launch needs to look for its process (a scan of /proc) or exit file.
+        let found = if job.launched_attempt >= attempt {
+            self.local.find(job.id, attempt)
+        } else {
+            Found::Missing
+        };
+        match found {
             Found::Exited(outcome) => return self.finish_attempt(job, attempt, outcome),
             Found::Running(w) => {
                 tracing::info!(attempt, pid = w.pid, "adopted the running workload");

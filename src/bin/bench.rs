@@ -94,13 +94,19 @@ fn memory_kib(pid: i32) -> Option<(u64, u64, u64)> {
     ))
 }
 
-fn cpu_seconds(pid: i32) -> f64 {
+/// (own, reaped children's) CPU seconds of a process: utime + stime, and cutime + cstime, which
+/// for the operator is every job controller it reaped and the workloads they reaped.
+fn cpu_seconds(pid: i32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
+    let ticks = |i: usize| -> f64 { f.get(i).and_then(|v| v.parse().ok()).unwrap_or(0.0) };
+    // SAFETY: sysconf has no preconditions; -1 (unknown) falls back to Linux's USER_HZ.
+    let hz = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
+        n if n > 0 => n as f64,
+        _ => 100.0,
+    };
+    ((ticks(11) + ticks(12)) / hz, (ticks(13) + ticks(14)) / hz)
 }
 
 /// `apiserver_request_total` summed by (verb, resource) for our resources.
@@ -401,7 +407,8 @@ async fn main() -> anyhow::Result<()> {
         bail!("not every job finished within {deadline:?}");
     }
     let elapsed = start.elapsed();
-    let cpu = cpu_seconds(op_pid) - cpu_before;
+    let cpu_after = cpu_seconds(op_pid);
+    let (cpu, children_cpu) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
     let op_mem = memory_kib(op_pid).unwrap_or_default();
     // Job controllers of trivial jobs live for milliseconds: sample a few that stay alive (the
     // workload sleeps) to measure a settled job controller.
@@ -506,6 +513,7 @@ async fn main() -> anyhow::Result<()> {
         "api_requests_per_job": per_job,
         "operator_rss_mib": op_mem.0 as f64 / 1024.0,
         "operator_cpu_seconds": cpu,
+        "job_controller_cpu_ms_per_job": children_cpu * 1000.0 / args.jobs as f64,
         "job_controller_samples": samples.len(),
         "job_controller_rss_mib_p50": percentile(&rss, 0.5),
         "job_controller_uss_mib_p50": percentile(&uss, 0.5),

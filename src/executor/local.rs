@@ -27,13 +27,13 @@ if [ -n "$1" ]; then
   sh -c "$1"
   code=$?
   if [ "$code" -ne 0 ]; then
-    printf 'setup %s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+    printf 'setup %s\n' "$code" > "$exit_file"
     exit "$code"
   fi
 fi
 sh -c "$2"
 code=$?
-printf 'run %s\n' "$code" > "$exit_file.tmp" && mv "$exit_file.tmp" "$exit_file"
+printf 'run %s\n' "$code" > "$exit_file"
 exit "$code"
 "#;
 
@@ -211,6 +211,11 @@ impl LocalWorkload {
 
 fn read_exit_file(path: &Path) -> Option<Outcome> {
     let text = std::fs::read_to_string(path).ok()?;
+    // The wrapper writes the line with one write(2) (no temporary file and `mv`: that was a third
+    // exec per attempt); a line without its newline is not finished, or was cut by a kill.
+    if !text.ends_with('\n') {
+        return None;
+    }
     let mut parts = text.split_whitespace();
     let stage = parts.next()?;
     let code: i32 = parts.next()?.parse().ok()?;
