@@ -49,6 +49,8 @@ pub struct JobEvent {
     pub reason: &'static str,
     /// Human-readable note, at most [`MAX_NOTE_BYTES`].
     pub note: String,
+    /// When the transition happened (ms since the epoch): the Event's `eventTime`.
+    pub at_ms: i64,
 }
 
 /// The Events for the transitions of `history` (one job's, ordered by id) whose id is above
@@ -77,6 +79,7 @@ pub fn events_for(history: &[Transition], after: i64) -> Vec<JobEvent> {
             type_,
             reason,
             note: truncate(&note, MAX_NOTE_BYTES),
+            at_ms: t.at_ms,
         };
         match (t.reason.as_str(), phase) {
             ("Restarting", _) => events.push(event(
@@ -163,7 +166,8 @@ impl EventPublisher {
     }
 
     /// Creates one Event regarding `regarding`, in its namespace, named
-    /// `<name>.<nanoseconds since the epoch, hex>` as client-go's recorder names them.
+    /// `<name>.<nanoseconds since the epoch, hex>` as client-go's recorder names them, with the
+    /// transition's time as `eventTime`.
     ///
     /// # Errors
     /// The API server's refusal (e.g. 403 without `create` on `events.k8s.io` events).
@@ -181,7 +185,9 @@ impl EventPublisher {
                 namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
-            event_time: Some(MicroTime(now)),
+            event_time: Some(MicroTime(
+                jiff::Timestamp::from_millisecond(event.at_ms).unwrap_or(now),
+            )),
             action: Some(event.reason.to_string()),
             reason: Some(event.reason.to_string()),
             note: Some(event.note.clone()),

@@ -70,6 +70,12 @@ pub struct Metrics {
     pub controller_exits_total: Family<ReasonLabel, Counter>,
     /// Kubernetes API requests the operator made, by verb.
     pub api_requests_total: Family<VerbLabel, Counter>,
+    /// Finished jobs whose last Events were not published because their queue was full (Events
+    /// are best effort, as in client-go's recorder, which drops beyond 1,000 queued).
+    pub events_dropped_total: Counter,
+    /// From a job's terminal transition in the store to the API server accepting the status
+    /// write that carries it, seconds.
+    pub terminal_status_lag_seconds: Histogram,
     ready: AtomicBool,
 }
 
@@ -95,6 +101,8 @@ impl Metrics {
             reconcile_errors_total: Counter::default(),
             controller_exits_total: Family::default(),
             api_requests_total: Family::default(),
+            events_dropped_total: Counter::default(),
+            terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
@@ -144,6 +152,16 @@ impl Metrics {
             "api_requests",
             "Kubernetes API requests made by the operator, by verb",
             m.api_requests_total.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events not published because their queue was full",
+            m.events_dropped_total.clone(),
+        );
+        registry.register(
+            "terminal_status_lag_seconds",
+            "Time from a job's terminal transition in the store to the API accepting its status",
+            m.terminal_status_lag_seconds.clone(),
         );
         Metrics { registry, ..m }
     }

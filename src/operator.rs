@@ -35,6 +35,27 @@ use crate::store::{Cas, Change, Expect, JobRow, StoreError, now_ms};
 /// still bounds the rate).
 pub const STATUS_WRITERS: usize = 64;
 
+/// How long a new job waits for its first status write (Pending, with its queue position): one
+/// that is admitted and finishes sooner gets a single write, its final status.
+pub const FIRST_STATUS_DELAY: Duration = Duration::from_millis(500);
+
+/// How long the status writer waits after being told of a change before reading the store, so
+/// that changes in quick succession (a trivial job's Starting, Running, Succeeded) become one
+/// write.
+pub const STATUS_COALESCE: Duration = Duration::from_millis(20);
+
+/// Tasks publishing Events, each with its own queue; a job always goes to the same one.
+pub const EVENT_WORKERS: usize = 8;
+
+/// Jobs waiting for their Events per worker; beyond this, Events are dropped and counted
+/// (`managedjobs_events_dropped_total`), as client-go's recorder drops beyond 1,000. Events are
+/// best effort; the status and the store's history keep every transition.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// One job whose new history may need Events: its id, whether it is Done (its bookkeeping can
+/// go), and a reference to the object.
+type EventWork = (i64, bool, ObjectReference);
+
 /// API budget of the operator's own requests.
 #[derive(Clone, Copy, Debug)]
 pub struct ApiBudget {
@@ -96,9 +117,9 @@ pub struct Operator {
     engine: Arc<Engine>,
     limiter: DefaultDirectRateLimiter,
     events: Option<EventPublisher>,
-    /// Jobs whose status was written and whose new history may need Events: the job id, whether
-    /// it is Done (its bookkeeping can go), and a reference to the object.
-    events_tx: tokio::sync::mpsc::UnboundedSender<(i64, bool, ObjectReference)>,
+    /// Jobs whose status was written and whose new history may need Events, sharded by job id
+    /// over [`EVENT_WORKERS`] bounded queues (one job's Events stay in order).
+    events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
     /// Per live job, the last history entry whose Events were published.
     published: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
 }
@@ -141,7 +162,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             std::env::var("POD_NAME").ok(),
         )
     });
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (events_tx, events_rx): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
+        .map(|_| tokio::sync::mpsc::channel::<EventWork>(EVENT_QUEUE))
+        .unzip();
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
@@ -150,10 +173,10 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         events_tx,
         published: Default::default(),
     });
-    {
+    for mut rx in events_rx {
         let op = op.clone();
         tokio::spawn(async move {
-            while let Some((job_id, done, reference)) = events_rx.recv().await {
+            while let Some((job_id, done, reference)) = rx.recv().await {
                 op.publish_events(job_id, done, &reference).await;
             }
         });
@@ -199,53 +222,133 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     Ok(())
 }
 
+/// The slot a job's status shows it holding: 0 none, 1 a run slot, 2 a run and a launch slot.
+pub fn slot_rank(row: &JobRow) -> usize {
+    match row.schedule_state {
+        ScheduleState::Launching => 2,
+        ScheduleState::Alive | ScheduleState::AliveWaiting => 1,
+        _ => 0,
+    }
+}
+
+/// Writes changed statuses to the API, continuously, with up to [`STATUS_WRITERS`] writes in
+/// flight and never two for one job at once, finished jobs first ([`Store::unsynced`]'s
+/// order).
+///
+/// A reader of the API must never see more jobs holding slots than the caps allow, so a status
+/// that shows a job holding a slot waits while the release that may have made room for it is
+/// unwritten ([`writable`]). Releases go at once, so nothing waits for long; the property test
+/// in tests/scheduler_props.rs checks the API's view against the caps with writes landing in
+/// any order. Changes within [`STATUS_COALESCE`] of each other are written together.
+///
+/// [`Store::unsynced`]: crate::store::Store::unsynced
 async fn status_loop(op: Arc<Operator>) {
+    use futures::stream::FuturesUnordered;
+    use tokio::time::Instant;
+    let mut in_flight = FuturesUnordered::new();
+    // Job id -> (rank, unsynced_since_seq) of the writes in flight.
+    let mut flying: std::collections::HashMap<i64, (usize, i64)> = Default::default();
+    // When to read the store next; after a failed write, not before a pause.
+    let mut refill_at = Some(Instant::now());
+    let mut paused_until = Instant::now();
     loop {
-        tokio::select! {
-            _ = op.engine.status_changed.notified() => {}
-            _ = tokio::time::sleep(BACKSTOP) => {}
-        }
-        // Coalesce a burst of changes into one write per job.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        loop {
-            let rows = match op.engine.store().unsynced(256) {
-                Ok(rows) => rows,
-                Err(e) => {
-                    tracing::error!(error = %e, "reading unsynced rows failed");
-                    break;
+        let now = Instant::now();
+        if refill_at.is_some_and(|t| t <= now) && paused_until <= now {
+            refill_at = None;
+            if flying.len() < STATUS_WRITERS {
+                match op.engine.store().unsynced(STATUS_WRITERS + flying.len()) {
+                    Ok(rows) => {
+                        let now_ms = now_ms();
+                        let room = STATUS_WRITERS - flying.len();
+                        let (rows, later) = writable(rows, &flying, room, now_ms);
+                        if let Some(at) = later {
+                            let at = now + Duration::from_millis((at - now_ms).max(0) as u64);
+                            refill_at = Some(refill_at.map_or(at, |t| t.min(at)));
+                        }
+                        for row in rows {
+                            flying.insert(row.id, (slot_rank(&row), row.unsynced_since_seq));
+                            let op = op.clone();
+                            in_flight.push(async move { (row.id, op.write_status(&row).await) });
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "reading unsynced rows failed");
+                        paused_until = now + Duration::from_secs(1);
+                        refill_at = Some(paused_until);
+                    }
                 }
-            };
-            if rows.is_empty() {
-                break;
             }
-            // Write the rows that gave up a slot before those that took one, so that a reader
-            // of the API never sees more jobs alive, or launching, than the caps allow.
-            let rank = |r: &JobRow| match r.schedule_state {
-                ScheduleState::Launching => 2,
-                ScheduleState::Alive | ScheduleState::AliveWaiting => 1,
-                _ => 0,
-            };
-            let mut groups: [Vec<JobRow>; 3] = Default::default();
-            for row in rows {
-                groups[rank(&row)].push(row);
+        }
+        let wake_at = refill_at.map(|t| t.max(paused_until));
+        tokio::select! {
+            Some((id, ok)) = in_flight.next(), if !in_flight.is_empty() => {
+                flying.remove(&id);
+                if !ok {
+                    // Retried after a pause, not in a tight loop against a failing API.
+                    paused_until = Instant::now() + Duration::from_secs(1);
+                }
+                refill_at = Some(Instant::now());
             }
-            let mut failures = 0;
-            for group in groups {
-                failures += futures::stream::iter(group)
-                    .map(|row| {
-                        let op = op.clone();
-                        async move { op.write_status(&row).await }
-                    })
-                    .buffer_unordered(STATUS_WRITERS)
-                    .filter(|ok| futures::future::ready(!ok))
-                    .count()
-                    .await;
+            _ = op.engine.status_changed.notified() => {
+                let at = Instant::now() + STATUS_COALESCE;
+                refill_at = Some(refill_at.map_or(at, |t| t.min(at)));
             }
-            if failures > 0 {
-                break; // retried at the next wake-up or backstop
-            }
+            _ = tokio::time::sleep_until(wake_at.unwrap_or(now)), if wake_at.is_some() => {}
+            _ = tokio::time::sleep(BACKSTOP) => refill_at = Some(Instant::now()),
         }
     }
+}
+
+/// Of `rows` (unsynced, in [`crate::store::Store::unsynced`]'s order), at most `room` that
+/// may be written now (`now_ms`), given the writes in `flying` (job id -> [`slot_rank`] and
+/// `unsynced_since_seq` of the row being written), and the time (ms since the epoch) to look
+/// again for those held back by time:
+/// - none of a job already in flight (two writes of one object could land out of order);
+/// - none that shows a job holding a slot while a job of lower rank, whose status the API has
+///   seen or is being sent, has an older unwritten change (possibly the release that made room
+///   for it);
+/// - a new job's first status (Pending, its queue position) only after [`FIRST_STATUS_DELAY`]:
+///   a job admitted and finished by then gets one write, not two.
+pub fn writable(
+    rows: Vec<JobRow>,
+    flying: &std::collections::HashMap<i64, (usize, i64)>,
+    room: usize,
+    now_ms: i64,
+) -> (Vec<JobRow>, Option<i64>) {
+    // The oldest unwritten change per rank, in flight or pending (a job in flight that changed
+    // again counts under both ranks: the API has seen neither yet). A job never written, and
+    // with no write in flight, shows no slot in the API, so writing it releases none.
+    let mut oldest = [i64::MAX; 3];
+    for &(rank, since) in flying.values() {
+        oldest[rank] = oldest[rank].min(since);
+    }
+    for row in rows
+        .iter()
+        .filter(|r| r.synced_version > 0 || flying.contains_key(&r.id))
+    {
+        let rank = slot_rank(row);
+        oldest[rank] = oldest[rank].min(row.unsynced_since_seq);
+    }
+    let first_delay = FIRST_STATUS_DELAY.as_millis() as i64;
+    let mut later: Option<i64> = None;
+    let rows = rows
+        .into_iter()
+        .filter(|row| {
+            if row.synced_version == 0 && row.schedule_state == ScheduleState::Waiting {
+                let at = row.submitted_at_ms + first_delay;
+                if at > now_ms {
+                    later = Some(later.map_or(at, |l| l.min(at)));
+                    return false;
+                }
+            }
+            !flying.contains_key(&row.id)
+                && !oldest[..slot_rank(row)]
+                    .iter()
+                    .any(|&o| o < row.changed_seq)
+        })
+        .take(room)
+        .collect();
+    (rows, later)
 }
 
 /// The one shared watch on Pods carrying our job-id label: every change becomes a
@@ -498,9 +601,21 @@ impl Operator {
         let done = match result {
             Ok(mj) => {
                 // Events go out on their own task: they never delay the next status write.
+                let done = row.schedule_state == ScheduleState::Done;
+                if done && let Some(finished) = row.finished_at_ms {
+                    let lag = (now_ms() - finished).max(0) as f64 / 1000.0;
+                    self.engine.metrics.terminal_status_lag_seconds.observe(lag);
+                }
                 if self.events.is_some() {
-                    let done = row.schedule_state == ScheduleState::Done;
-                    let _ = self.events_tx.send((row.id, done, mj.object_ref(&())));
+                    let worker = row.id.rem_euclid(EVENT_WORKERS as i64) as usize;
+                    let work = (row.id, done, mj.object_ref(&()));
+                    // A full queue defers a live job's Events to its next status write (they
+                    // come from the history); only a finished job's are lost.
+                    if self.events_tx[worker].try_send(work).is_err() && done {
+                        self.engine.metrics.events_dropped_total.inc();
+                        let mut map = self.published.lock().unwrap_or_else(|e| e.into_inner());
+                        map.remove(&row.id);
+                    }
                 }
                 true
             }

@@ -43,8 +43,9 @@ pub enum StoreError {
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(
-        r#"
+    Migrations::new(vec![
+        M::up(
+            r#"
         CREATE TABLE jobs (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             uid TEXT NOT NULL UNIQUE,
@@ -112,7 +113,17 @@ fn migrations() -> Migrations<'static> {
             PRIMARY KEY (job_id, attempt)
         );
         "#,
-    )])
+        ),
+        // The status writer's ordering (operator::status_loop): the transition (its id in
+        // `transitions`) of a job's last schedule or phase change, and of the first one not yet
+        // written to the API.
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN changed_seq INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN unsynced_since_seq INTEGER NOT NULL DEFAULT 0;
+        "#,
+        ),
+    ])
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -192,6 +203,12 @@ pub struct JobRow {
     pub synced_version: i64,
     /// The object's `metadata.creationTimestamp` (ms since epoch): FIFO order within a priority.
     pub created_at_ms: i64,
+    /// Id of the job's last transition (a store-wide sequence; 0 before any).
+    pub changed_seq: i64,
+    /// Id of the job's first transition since its status was last fully written to the API,
+    /// or older: the status writer never lets a job's taking of a slot reach the API before an
+    /// earlier release of one (see `operator::status_loop`).
+    pub unsynced_since_seq: i64,
 }
 
 const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, executor, spec, priority, phase, \
@@ -199,7 +216,7 @@ const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, executor, spec,
     controller_start_time, controller_starts, controller_crashes, attempt, launched_attempt, \
     recovery_count, restart_count, exit_code, failure_reason, workload, backoff_until_ms, \
     submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms, status_version, \
-    synced_version, created_at_ms";
+    synced_version, created_at_ms, changed_seq, unsynced_since_seq";
 
 fn corrupt(job_id: i64, what: impl Into<String>) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
@@ -252,6 +269,8 @@ impl JobRow {
             status_version: row.get(30)?,
             synced_version: row.get(31)?,
             created_at_ms: row.get(32)?,
+            changed_seq: row.get(33)?,
+            unsynced_since_seq: row.get(34)?,
         })
     }
 
@@ -594,9 +613,12 @@ impl Store {
                     params![spec.priority, id, created_at_ms],
                     |r| r.get(0),
                 )?;
+                // Its Submitted transition starts the job's unwritten changes.
+                let seq = tx.last_insert_rowid();
                 tx.execute(
-                    "UPDATE jobs SET queue_position = ?2 WHERE id = ?1",
-                    params![id, position],
+                    "UPDATE jobs SET queue_position = ?2, changed_seq = ?3,
+                        unsynced_since_seq = ?3 WHERE id = ?1",
+                    params![id, position, seq],
                 )?;
                 if let Some(k) = known
                     && let Some(phase) = k.phase.filter(|p| p.is_terminal())
@@ -758,6 +780,19 @@ impl Store {
                     after.message
                 ],
             )?;
+            let seq = tx.last_insert_rowid();
+            // Had the API seen every earlier change? Then this one starts the unsynced run.
+            let was_synced = before.status_version <= before.synced_version;
+            tx.execute(
+                "UPDATE jobs SET changed_seq = ?2,
+                    unsynced_since_seq = CASE WHEN ?3 THEN ?2 ELSE unsynced_since_seq END
+                 WHERE id = ?1",
+                params![id, seq, was_synced],
+            )?;
+            after.changed_seq = seq;
+            if was_synced {
+                after.unsynced_since_seq = seq;
+            }
         }
         tx.commit()?;
         Ok(Cas::Applied(Box::new(after)))
@@ -855,13 +890,14 @@ impl Store {
     }
 
     /// Jobs whose status changed since it was last written to the API, in the order that keeps
-    /// the API's view within the caps: jobs holding no slot, then jobs holding only a run slot,
-    /// then jobs holding a launch slot; oldest first within each.
+    /// the API's view within the caps: finished jobs first (their final status is what users and
+    /// GitOps tools wait for), then other jobs holding no slot, then jobs holding only a run
+    /// slot, then jobs holding a launch slot; oldest first within each.
     pub fn unsynced(&self, limit: usize) -> Result<Vec<JobRow>> {
         self.select(
             "status_version > synced_version
-             ORDER BY CASE schedule_state WHEN 'Launching' THEN 2
-                 WHEN 'Alive' THEN 1 WHEN 'AliveWaiting' THEN 1 ELSE 0 END, id LIMIT ?1",
+             ORDER BY CASE schedule_state WHEN 'Done' THEN 0 WHEN 'Launching' THEN 3
+                 WHEN 'Alive' THEN 2 WHEN 'AliveWaiting' THEN 2 ELSE 1 END, id LIMIT ?1",
             [limit as i64],
         )
     }

@@ -47,7 +47,10 @@
 //!    reached;
 //! 7. liveness: draining (every controller finishes its job, passes keep running) ends with
 //!    every job Done in a terminal phase, and each job's recorded history is a connected chain
-//!    of legal schedule-state edges ending in its current state.
+//!    of legal schedule-state edges ending in its current state;
+//! 8. the API's view within the caps: the operator's status writer (`StatusWrite`: the writes
+//!    [`operator::writable`] allows start; `StatusAck`: one in flight lands, in any order) never
+//!    lets the API show more jobs Launching, or holding run slots, than the caps.
 //!
 //! Ranks compare (priority, id): the store orders each queue by priority, then creation time,
 //! then id, and [`Store::upsert`] stamps a job's creation with the current time, so for jobs
@@ -66,6 +69,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState};
 use managed_jobs::capacity::Caps;
+use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
 use managed_jobs::store::{Cas, Change, Expect, JobRow, SlotUsage, Store};
 use proptest::prelude::*;
@@ -194,6 +198,11 @@ enum Op {
     /// the scheduler loop, woken by the freed slot, runs its pass between the cancel's two
     /// writes (`request_cancel`, then the CAS). Only in [`races_strategy`].
     CancelRacingPass(usize, usize),
+    /// The operator's status writer reads the unsynced rows and starts writes for those
+    /// [`operator::writable`] allows, at most this many.
+    StatusWrite(usize),
+    /// The k-th status write in flight reaches the API (in any order).
+    StatusAck(usize),
     /// The operator dies after a pass admitted jobs, before it spawned their controllers.
     OperatorCrash,
     /// The operator (re)starts: recount, start-up sweep.
@@ -221,6 +230,8 @@ fn op_strategy() -> BoxedStrategy<Op> {
             .prop_map(|(i, s)| Op::LateWrite(i, s)),
         1 => Just(Op::OperatorCrash),
         3 => Just(Op::OperatorRestart),
+        5 => (1usize..4).prop_map(Op::StatusWrite),
+        6 => k().prop_map(Op::StatusAck),
     ]
     .boxed()
 }
@@ -262,6 +273,12 @@ struct Model {
     last_start: HashMap<i32, i64>,
     /// Passes run, admissions seen.
     stats: Stats,
+    /// What the API shows of each job's schedule state (the status writes that landed).
+    api: HashMap<i64, ScheduleState>,
+    /// Status writes in flight: the row as written, and for [`operator::writable`] its rank and
+    /// `unsynced_since_seq` by job id.
+    in_flight: Vec<JobRow>,
+    flying: HashMap<i64, (usize, i64)>,
 }
 
 /// What a run exercised (see [`the_model_reaches_the_interesting_cases`]).
@@ -311,6 +328,9 @@ impl Model {
             started: HashSet::new(),
             last_start: HashMap::new(),
             stats: Stats::default(),
+            api: HashMap::new(),
+            in_flight: Vec::new(),
+            flying: HashMap::new(),
         }
     }
 
@@ -499,6 +519,50 @@ impl Model {
         prop_assert!(self.store.find(id).expect("find").is_none());
         self.done.remove(&id);
         self.generation.remove(&id);
+        self.api.remove(&id);
+        Ok(())
+    }
+
+    /// `status_loop`'s refill: the writes [`operator::writable`] allows start.
+    fn status_write(&mut self, room: usize) -> TestResult {
+        let rows = self.store.unsynced(64).expect("unsynced");
+        let (rows, _) = operator::writable(rows, &self.flying, room, i64::MAX);
+        prop_assert!(rows.len() <= room);
+        for row in rows {
+            prop_assert!(!self.flying.contains_key(&row.id), "two writes of one job");
+            self.flying
+                .insert(row.id, (operator::slot_rank(&row), row.unsynced_since_seq));
+            self.in_flight.push(row);
+        }
+        Ok(())
+    }
+
+    /// A status write lands: the API shows that row's state (unless the object is gone).
+    fn status_ack(&mut self, k: usize) -> TestResult {
+        if self.in_flight.is_empty() {
+            return Ok(());
+        }
+        let row = self.in_flight.remove(k % self.in_flight.len());
+        self.flying.remove(&row.id);
+        if self.store.find(row.id).expect("find").is_some() {
+            self.api.insert(row.id, row.schedule_state);
+            self.store
+                .mark_synced(row.id, row.status_version)
+                .expect("mark synced");
+        }
+        // 8. The API never shows more jobs holding slots than the caps allow.
+        let launching = self
+            .api
+            .values()
+            .filter(|s| **s == ScheduleState::Launching)
+            .count();
+        let live = self.api.values().filter(|s| is_live(**s)).count();
+        prop_assert!(
+            launching <= self.caps.launch && live <= self.caps.run,
+            "the API shows {launching} launching / {live} live over caps {:?}: {:?}",
+            self.caps,
+            self.api
+        );
         Ok(())
     }
 
@@ -988,7 +1052,19 @@ impl Model {
                     self.cancel_racing_pass(w.id, j)?;
                 }
             }
-            Op::OperatorCrash => self.operator_crash()?,
+            Op::StatusWrite(room) => {
+                if self.operator_up {
+                    self.status_write(room)?;
+                }
+            }
+            Op::StatusAck(k) => self.status_ack(k)?,
+            Op::OperatorCrash => {
+                // Writes already sent land; the restarted writer starts with none in flight.
+                while !self.in_flight.is_empty() {
+                    self.status_ack(0)?;
+                }
+                self.operator_crash()?
+            }
             Op::OperatorRestart => self.operator_restart()?,
         }
         Ok(())
@@ -1551,4 +1627,28 @@ fn preempted_job_relaunches_ahead_of_new_jobs_with_run_cap_full() {
     assert_eq!(r.relaunched.len(), 1);
     assert_eq!(r.relaunched[0].id, b);
     assert_eq!(store.get(a).unwrap().schedule_state, ScheduleState::Waiting);
+}
+
+/// Invariant 8 on the case that once broke it in the benchmark (19 jobs Launching in the API
+/// under a launch cap of 8): a job's first status write (Launching) is still in flight when it
+/// moves on to Alive and a pass gives its launch slot to the next job. That job's Launching
+/// must wait for the first job's Alive, even though the first job was never synced.
+#[test]
+fn a_slot_taken_from_a_job_whose_first_write_is_in_flight_waits_for_its_release() {
+    let caps = Caps { launch: 1, run: 3 };
+    let ops = [
+        Op::Submit { priority: 0 }, // job 1 admitted: Launching
+        Op::Submit { priority: 0 }, // job 2 Waiting
+        Op::StatusWrite(1),         // job 2's Waiting (rank 0 goes first)
+        Op::StatusAck(0),
+        Op::StatusWrite(1), // job 1's Launching, in flight
+        Op::LaunchDone(0),  // job 1 Alive; the pass admits job 2: Launching
+        Op::StatusWrite(3), // job 2's Launching must not go yet
+        Op::StatusAck(0),
+        Op::StatusAck(0),
+        Op::StatusWrite(3),
+        Op::StatusAck(0),
+        Op::StatusAck(0),
+    ];
+    run_sequence(caps, &ops).unwrap();
 }

@@ -109,6 +109,40 @@ fn cpu_seconds(pid: i32) -> (f64, f64) {
     ((ticks(11) + ticks(12)) / hz, (ticks(13) + ticks(14)) / hz)
 }
 
+/// The operator's `managedjobs_terminal_status_lag_seconds` histogram: (p50, p99) upper bounds in
+/// ms, read from its cumulative buckets (a quantile is at most the first bucket bound reaching it).
+fn operator_lag_quantiles(port: u16) -> Option<(f64, f64)> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("managedjobs_terminal_status_lag_seconds_bucket{le=\"")?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    let quantile = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, c)| *c >= q * total)
+            .map(|(le, _)| le * 1000.0)
+            .unwrap_or(f64::NAN)
+    };
+    (total > 0.0).then(|| (quantile(0.5), quantile(0.99)))
+}
+
 /// `apiserver_request_total` summed by (verb, resource) for our resources.
 async fn apiserver_requests(
     client: &kube::Client,
@@ -408,6 +442,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let elapsed = start.elapsed();
     let cpu_after = cpu_seconds(op_pid);
+    let operator_lag = operator_lag_quantiles(port);
     let (cpu, children_cpu) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
     let op_mem = memory_kib(op_pid).unwrap_or_default();
     // Job controllers of trivial jobs live for milliseconds: sample a few that stay alive (the
@@ -510,6 +545,8 @@ async fn main() -> anyhow::Result<()> {
         "peak_launching_seen": peak_launching,
         "status_latency_ms_p50": percentile(&latencies, 0.5),
         "status_latency_ms_p99": percentile(&latencies, 0.99),
+        "operator_terminal_status_lag_ms_p50_at_most": operator_lag.map(|l| l.0),
+        "operator_terminal_status_lag_ms_p99_at_most": operator_lag.map(|l| l.1),
         "api_requests_per_job": per_job,
         "operator_rss_mib": op_mem.0 as f64 / 1024.0,
         "operator_cpu_seconds": cpu,
