@@ -3,10 +3,10 @@
 //! - the reconcile loop (kube's `Controller` + `finalizer`): mirror each ManagedJob into the
 //!   store (submitting it), cancel on `spec.cancel`, cancel and clean up on delete, delete after
 //!   `ttlSecondsAfterFinished`;
-//! - the status writer (`status_loop`, ordering by [`writable`]): for rows whose `status_version` moved, one merge patch
-//!   of the status subresource each, coalesced (a burst of changes is one write), ordered so
-//!   the API never shows more jobs holding slots than the caps, and within the API budget
-//!   (`--api-qps`/`--api-burst`, a token bucket);
+//! - the status writer (`status_loop`, ordering by [`writable`]): for rows whose
+//!   `status_version` moved, one merge patch of the status subresource each, coalesced (a burst
+//!   of changes is one write), ordered so the API never shows more jobs holding slots than the
+//!   caps, and within the API budget (`--api-qps`/`--api-burst`, a token bucket);
 //! - Events ([`crate::events`]) from the store's history, after each status write, best effort.
 
 use std::num::NonZeroU32;
