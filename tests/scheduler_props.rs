@@ -1652,3 +1652,44 @@ fn a_slot_taken_from_a_job_whose_first_write_is_in_flight_waits_for_its_release(
     ];
     run_sequence(caps, &ops).unwrap();
 }
+
+/// A new job's first status (Pending, its queue position) is held back for
+/// [`operator::FIRST_STATUS_DELAY`] after its submission, and the writer is told when to look
+/// again; a job that left the queue by then is written at once.
+#[test]
+fn a_new_jobs_first_status_waits_for_the_first_status_delay() {
+    let mut store = Store::in_memory().unwrap();
+    let queued = store
+        .upsert("uid-1", "ns", "queued", 1, &spec(0))
+        .unwrap()
+        .row;
+    let admitted = store
+        .upsert("uid-2", "ns", "admitted", 1, &spec(0))
+        .unwrap()
+        .row;
+    let applied = store
+        .transition(
+            admitted.id,
+            &Expect::exactly(JobPhase::Pending, ScheduleState::Waiting),
+            &Change {
+                schedule: Some(ScheduleState::Launching),
+                reason: "Scheduled",
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(matches!(applied, Cas::Applied(_)));
+    let delay = operator::FIRST_STATUS_DELAY.as_millis() as i64;
+    let flying = HashMap::new();
+
+    let soon = queued.submitted_at_ms + delay / 5;
+    let (rows, later) = operator::writable(store.unsynced(64).unwrap(), &flying, 64, soon);
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [admitted.id], "only the admitted job goes now");
+    assert_eq!(later, Some(queued.submitted_at_ms + delay));
+
+    let after = queued.submitted_at_ms + delay;
+    let (rows, later) = operator::writable(store.unsynced(64).unwrap(), &flying, 64, after);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(later, None);
+}
