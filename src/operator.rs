@@ -228,7 +228,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
 pub fn slot_rank(row: &JobRow) -> usize {
     match row.schedule_state {
         ScheduleState::Launching => 2,
-        ScheduleState::Alive | ScheduleState::AliveWaiting => 1,
+        s if s.holds_run_slot() => 1,
         _ => 0,
     }
 }
