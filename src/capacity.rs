@@ -25,8 +25,21 @@ pub const DEFAULT_JOB_MEMORY_MIB: u64 = 16;
 /// Default memory kept for the operator itself and the host, in MiB.
 pub const DEFAULT_RESERVED_MEMORY_MIB: u64 = 512;
 
+/// Slots in use and queue lengths, counted from the store (DESIGN.md section 4's invariants).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotUsage {
+    /// Jobs in Launching (launch slots in use).
+    pub launching: usize,
+    /// Jobs in Launching, Alive or AliveWaiting (run slots in use).
+    pub alive: usize,
+    /// Jobs in Waiting.
+    pub waiting: usize,
+    /// Jobs in AliveWaiting.
+    pub alive_waiting: usize,
+}
+
 /// The caps in force.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Caps {
     /// Max jobs in Launching at once.
     pub launch: usize,

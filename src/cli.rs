@@ -9,8 +9,9 @@ use clap::{Parser, Subcommand};
 
 use crate::api::ExecutorKind;
 use crate::capacity::{self, Overrides};
-use crate::engine::CAPS_SETTING;
-use crate::store::{JobRow, Store, now_ms};
+use crate::lifecycle::now_ms;
+use crate::state_dir::StateDir;
+use crate::store::{JobRow, Store};
 use crate::telemetry::LogFormat;
 
 /// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
@@ -215,7 +216,7 @@ impl RunArgs {
 }
 
 fn open_existing(state_dir: &Path) -> anyhow::Result<Store> {
-    let path = state_dir.join(crate::STORE_FILE);
+    let path = StateDir::new(state_dir).store();
     anyhow::ensure!(
         path.exists(),
         "no store at {} (is the operator's --state-dir elsewhere?)",
@@ -236,9 +237,10 @@ fn human_duration(ms: i64) -> String {
 /// Renders the `queue` table.
 pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
     let usage = store.slot_usage()?;
-    let caps = store
-        .setting(CAPS_SETTING)?
-        .unwrap_or_else(|| "unknown".into());
+    let caps = match store.settings()?.caps {
+        Some(c) => format!("launch={},run={}", c.launch, c.run),
+        None => "unknown".into(),
+    };
     let mut out = format!(
         "caps: {caps}; in use: launching {}, alive {}; queued {}\n",
         usage.launching, usage.alive, usage.waiting
@@ -306,10 +308,11 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("no job {ns}/{name} in the store"))?
         }
     };
+    let dir = StateDir::new(&args.state_dir);
     let path = if args.controller {
-        crate::job_controller::log_path(&args.state_dir, row.id)
+        dir.controller_log(row.id)
     } else {
-        crate::executor::local::LocalExecutor::log_path(&args.state_dir, row.id)
+        dir.workload_log(row.id)
     };
     let text = std::fs::read(&path)
         .with_context(|| format!("job {} has no log at {} yet", row.id, path.display()))?;

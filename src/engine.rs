@@ -17,19 +17,19 @@ use tokio::sync::Notify;
 
 use crate::api::{ExecutorKind, JobPhase, ScheduleState};
 use crate::capacity::Capacity;
+use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
-use crate::job_controller::settings;
+use crate::lifecycle::{self, ControllerExit};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
 use crate::scheduler;
-use crate::store::{Cas, Change, Expect, JobRow, Store, StoreError};
+use crate::state_dir::StateDir;
+use crate::store::{Cas, JobRow, Settings, Store, StoreError};
 
 /// Period of the backstop scheduling pass and status sweep.
 pub const BACKSTOP: Duration = Duration::from_secs(5);
 /// SQLite page cache of the engine's connection, KiB.
 pub const ENGINE_CACHE_KIB: u32 = 8 * 1024;
-/// Store setting holding the caps in force (`launch=N,run=M`), for `managed-jobs queue`.
-pub const CAPS_SETTING: &str = "caps";
 
 /// Engine configuration (from `managed-jobs run` flags).
 #[derive(Clone, Debug)]
@@ -55,6 +55,7 @@ pub struct Config {
 /// Shared state of the engine's tasks.
 pub struct Engine {
     cfg: Config,
+    dir: StateDir,
     store: Mutex<Store>,
     schedule: Notify,
     /// Notified whenever a job's status may have changed (the operator's status writer waits on it).
@@ -65,9 +66,9 @@ pub struct Engine {
 }
 
 /// Takes the state dir's exclusive lock, or fails naming the holder's lock file.
-pub fn lock_state_dir(cfg: &Config) -> anyhow::Result<Flock<std::fs::File>> {
-    std::fs::create_dir_all(cfg.state_dir.join("logs"))?;
-    let path = cfg.state_dir.join("operator.lock");
+pub fn lock_state_dir(dir: &StateDir) -> anyhow::Result<Flock<std::fs::File>> {
+    dir.create()?;
+    let path = dir.operator_lock();
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -85,23 +86,17 @@ impl Engine {
     /// Takes the state dir, opens the store, shares settings with job controllers, adopts or
     /// resumes live jobs, and starts the wake-up listener and the scheduler loop.
     pub fn start(cfg: Config) -> anyhow::Result<Arc<Engine>> {
-        let lock = lock_state_dir(&cfg)?;
-        let mut store = Store::open(&cfg.state_dir.join(crate::STORE_FILE), ENGINE_CACHE_KIB)?;
+        let dir = StateDir::new(&cfg.state_dir);
+        let lock = lock_state_dir(&dir)?;
+        let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
-        store.set_setting(settings::EXECUTORS, &executors.join(","))?;
-        store.set_setting(
-            settings::CANCEL_GRACE_MS,
-            &cfg.cancel_grace.as_millis().to_string(),
-        )?;
-        store.set_setting(
-            settings::RESTART_BACKOFF_MS,
-            &cfg.restart_backoff.as_millis().to_string(),
-        )?;
         let caps = cfg.capacity.caps;
-        store.set_setting(
-            CAPS_SETTING,
-            &format!("launch={},run={}", caps.launch, caps.run),
-        )?;
+        store.set_settings(&Settings {
+            executors: cfg.executors.clone(),
+            cancel_grace_ms: cfg.cancel_grace.as_millis() as u64,
+            restart_backoff_ms: cfg.restart_backoff.as_millis() as u64,
+            caps: Some(caps),
+        })?;
         tracing::info!(
             launch_cap = caps.launch,
             run_cap = caps.run,
@@ -110,10 +105,11 @@ impl Engine {
             "caps in force: {}",
             cfg.capacity
         );
-        let socket = bind_socket(&cfg)?;
+        let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
         let engine = Arc::new(Engine {
             cfg,
+            dir,
             store: Mutex::new(store),
             schedule: Notify::new(),
             status_changed: Notify::new(),
@@ -131,6 +127,11 @@ impl Engine {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The state dir.
+    pub fn state_dir(&self) -> &StateDir {
+        &self.dir
     }
 
     /// The store (one connection shared by the engine's tasks).
@@ -151,18 +152,9 @@ impl Engine {
         tracing::info!(job_id = row.id, job = %row.key(), schedule = %row.schedule_state, "cancel requested");
         match row.schedule_state {
             ScheduleState::Inactive | ScheduleState::Waiting => {
-                let change = Change {
-                    phase: Some(JobPhase::Cancelled),
-                    schedule: Some(ScheduleState::Done),
-                    message: Some("cancelled before it started; no process was run".into()),
-                    reason: "Cancelled",
-                    ..Default::default()
-                };
-                let expect = Expect {
-                    phases: vec![JobPhase::Pending],
-                    schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
-                };
-                let result = self.store().transition(row.id, &expect, &change)?;
+                let result = self
+                    .store()
+                    .transition(row.id, &lifecycle::cancel_queued(&row))?;
                 match result {
                     Cas::Applied(r) => row = *r,
                     // Admitted meanwhile: its controller will see the persisted request.
@@ -201,22 +193,17 @@ impl Engine {
             }
             Err(e) => {
                 tracing::error!(job_id = row.id, error = %e, "could not start a job controller process");
-                let change = Change {
-                    phase: Some(JobPhase::FailedController),
-                    schedule: Some(ScheduleState::Done),
-                    failure_reason: Some(Some("ControllerStartFailed".into())),
-                    message: Some(format!("could not start a job controller process: {e}")),
-                    reason: "Failed",
-                    ..Default::default()
-                };
-                let _ = self.store().transition(row.id, &Expect::default(), &change);
+                let error = e.to_string();
+                let _ = self.store().apply(row.id, |now| {
+                    Some(lifecycle::controller_start_failed(now, &error))
+                });
                 self.wake_all();
             }
         }
     }
 
     fn try_spawn(&self, row: &JobRow) -> anyhow::Result<(i32, u64, tokio::process::Child)> {
-        let log_path = crate::job_controller::log_path(&self.cfg.state_dir, row.id);
+        let log_path = self.dir.controller_log(row.id);
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -243,36 +230,14 @@ impl Engine {
             .id()
             .ok_or_else(|| anyhow::anyhow!("child has no pid"))? as i32;
         let start = process::start_time(pid).unwrap_or(0);
-        // The new process may already have moved the job on (Starting, Running): Submitted is
-        // only written over Pending, never over a later phase.
-        let submitted = Change {
-            controller: Some(Some((pid, start))),
-            controller_started: true,
-            phase: Some(JobPhase::Submitted),
-            message: Some(format!("job controller process started (pid {pid})")),
-            reason: "ControllerStarted",
-            ..Default::default()
-        };
-        let expect_pending = Expect {
-            phases: vec![JobPhase::Pending],
-            schedule: ScheduleState::LIVE.to_vec(),
-        };
-        let result = self
-            .store()
-            .transition(row.id, &expect_pending, &submitted)?;
-        if !matches!(result, Cas::Applied(_)) {
-            let recorded = Change {
-                controller: Some(Some((pid, start))),
-                controller_started: true,
-                reason: "ControllerStarted",
-                ..Default::default()
-            };
-            self.store()
-                .transition(row.id, &Expect::schedule(&ScheduleState::LIVE), &recorded)?;
-        }
+        // The new process may already have moved the job on (Starting, Running): decided on
+        // the row as it is when written, in one transaction.
+        self.store().apply(row.id, |now| {
+            Some(lifecycle::controller_started(now, pid, start))
+        })?;
         tracing::info!(job_id = row.id, pid, "job controller process started");
         if row.phase == JobPhase::Pending {
-            let waited = (crate::store::now_ms() - row.submitted_at_ms).max(0) as f64 / 1000.0;
+            let waited = (crate::lifecycle::now_ms() - row.submitted_at_ms).max(0) as f64 / 1000.0;
             self.metrics.submit_to_launch_seconds.observe(waited);
         }
         self.status_changed.notify_one();
@@ -280,81 +245,67 @@ impl Engine {
     }
 
     /// A job controller process exited. If the job is not Done it crashed: resume it with a
-    /// fresh process, or end it as FailedController after `max_controller_crashes`.
+    /// fresh process, or end it as FailedController after `max_controller_crashes`
+    /// ([`lifecycle::controller_exited`] decides, in the store's transaction).
     fn on_controller_exit(self: &Arc<Self>, id: i64, pid: i32, start: u64) {
         self.wake_all();
-        let row = match self.store().find(id) {
+        let max = self.cfg.max_controller_crashes;
+        let mut decision = ControllerExit::Finished;
+        let result = self.store().apply(id, |row| {
+            decision = lifecycle::controller_exited(row, pid, max);
+            match &decision {
+                ControllerExit::Finished => None,
+                ControllerExit::Resume(t) | ControllerExit::GiveUp(t) => Some(t.clone()),
+            }
+        });
+        let row = match result {
             Ok(Some(row)) => row,
-            _ => return,
+            Ok(None) => {
+                self.count_exit("done");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(job_id = id, error = %e, "recording a job controller exit failed");
+                return;
+            }
         };
-        if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
-            self.metrics
-                .controller_exits_total
-                .get_or_create(&ReasonLabel {
-                    reason: "done".into(),
-                })
-                .inc();
-            return;
+        self.count_exit("crashed");
+        match decision {
+            ControllerExit::GiveUp(_) => {
+                tracing::error!(
+                    job_id = id,
+                    pid,
+                    crashes = row.controller_crashes,
+                    "job controller keeps exiting; failing the job"
+                );
+                if row.executor == ExecutorKind::Local {
+                    let mut local = LocalExecutor::new(&self.dir);
+                    let grace = self.cfg.cancel_grace;
+                    tokio::spawn(async move {
+                        let _ = local.stop(&row, grace).await;
+                    });
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    job_id = id,
+                    pid,
+                    start,
+                    crashes = row.controller_crashes,
+                    "job controller process exited early; resuming the job"
+                );
+                self.spawn_controller(&row);
+            }
         }
+    }
+
+    fn count_exit(&self, reason: &str) {
         self.metrics
             .controller_exits_total
             .get_or_create(&ReasonLabel {
-                reason: "crashed".into(),
+                reason: reason.into(),
             })
             .inc();
-        let crashes = row.controller_crashes + 1;
-        if crashes >= self.cfg.max_controller_crashes {
-            tracing::error!(
-                job_id = id,
-                pid,
-                crashes,
-                "job controller keeps exiting; failing the job"
-            );
-            let change = Change {
-                phase: Some(JobPhase::FailedController),
-                schedule: Some(ScheduleState::Done),
-                controller: Some(None),
-                controller_crashed: true,
-                failure_reason: Some(Some("ControllerCrashed".into())),
-                message: Some(format!(
-                    "the job controller process exited {crashes} times before finishing; see `managed-jobs logs {id} --controller`"
-                )),
-                reason: "Failed",
-                ..Default::default()
-            };
-            let result =
-                self.store()
-                    .transition(id, &Expect::schedule(&ScheduleState::LIVE), &change);
-            if let Ok(Cas::Applied(_)) = result
-                && row.executor == ExecutorKind::Local
-                && row.attempt > 0
-            {
-                let local = LocalExecutor::new(&self.cfg.state_dir);
-                let grace = self.cfg.cancel_grace;
-                tokio::spawn(async move { local.stop(id, row.attempt, grace).await });
-            }
-            return;
-        }
-        tracing::warn!(
-            job_id = id,
-            pid,
-            start,
-            crashes,
-            "job controller process exited early; resuming the job"
-        );
-        let change = Change {
-            controller: Some(None),
-            controller_crashed: true,
-            reason: "ControllerExited",
-            ..Default::default()
-        };
-        // Bind first: the store's guard must be released before spawning (which locks it again).
-        let result = self
-            .store()
-            .transition(id, &Expect::schedule(&ScheduleState::LIVE), &change);
-        if let Ok(Cas::Applied(row)) = result {
-            self.spawn_controller(&row);
-        }
     }
 
     /// At start: adopt live job controllers, resume jobs whose controller is gone or was never
@@ -394,8 +345,8 @@ impl Engine {
     }
 }
 
-fn bind_socket(cfg: &Config) -> anyhow::Result<tokio::net::UnixDatagram> {
-    let path = cfg.state_dir.join(crate::wake::SOCKET_NAME);
+fn bind_socket(dir: &StateDir) -> anyhow::Result<tokio::net::UnixDatagram> {
+    let path = dir.wake_socket();
     // We hold the state dir lock, so a socket file left here belongs to a dead operator.
     let _ = std::fs::remove_file(&path);
     Ok(tokio::net::UnixDatagram::bind(&path)?)

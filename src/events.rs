@@ -16,7 +16,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use crate::api::JobPhase;
-use crate::store::Transition;
+use crate::lifecycle::Reason;
+use crate::store::HistoryEntry;
 
 /// Longest `note` the API server accepts on an events.k8s.io/v1 Event (1 KiB).
 pub const MAX_NOTE_BYTES: usize = 1024;
@@ -56,7 +57,7 @@ pub struct JobEvent {
 /// The Events for the transitions of `history` (one job's, ordered by id) whose id is above
 /// `after`. Entries at or below `after` were published before; they are only read to know how
 /// long the job waited before an admission.
-pub fn events_for(history: &[Transition], after: i64) -> Vec<JobEvent> {
+pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
     let mut events = Vec::new();
     // When the job last entered a queue (Waiting, or AliveWaiting for a recovery), and how long
     // it waited there before its last admission.
@@ -69,7 +70,7 @@ pub fn events_for(history: &[Transition], after: i64) -> Vec<JobEvent> {
         if queue_state && t.from_schedule.as_deref() != Some(t.to_schedule.as_str()) {
             queued_at = Some(t.at_ms);
         }
-        if t.reason == "Scheduled" {
+        if t.reason == Reason::Scheduled {
             waited_ms = queued_at.map(|q| (t.at_ms - q).max(0));
         }
         if t.id <= after {
@@ -81,13 +82,13 @@ pub fn events_for(history: &[Transition], after: i64) -> Vec<JobEvent> {
             note: truncate(&note, MAX_NOTE_BYTES),
             at_ms: t.at_ms,
         };
-        match (t.reason.as_str(), phase) {
-            ("Restarting", _) => events.push(event(
+        match (t.reason, phase) {
+            (Reason::Restarting, _) => events.push(event(
                 EventType::Warning,
                 "Restarting",
                 t.message.as_str().into(),
             )),
-            ("Recovering", _) => events.push(event(
+            (Reason::Recovering, _) => events.push(event(
                 EventType::Warning,
                 "Recovering",
                 t.message.as_str().into(),
@@ -208,20 +209,20 @@ impl EventPublisher {
 mod tests {
     use super::*;
 
-    fn t(id: i64, at_ms: i64, from: (&str, &str), to: (&str, &str), reason: &str) -> Transition {
-        Transition {
+    fn t(id: i64, at_ms: i64, from: (&str, &str), to: (&str, &str), reason: &str) -> HistoryEntry {
+        HistoryEntry {
             id,
             at_ms,
             from_phase: (!from.0.is_empty()).then(|| from.0.to_string()),
             to_phase: to.0.to_string(),
             from_schedule: (!from.1.is_empty()).then(|| from.1.to_string()),
             to_schedule: to.1.to_string(),
-            reason: reason.to_string(),
+            reason: Reason::parse(reason).expect("a known reason"),
             message: format!("{reason} message"),
         }
     }
 
-    fn straight_through() -> Vec<Transition> {
+    fn straight_through() -> Vec<HistoryEntry> {
         vec![
             t(1, 1_000, ("", ""), ("Pending", "Waiting"), "Submitted"),
             t(

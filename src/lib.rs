@@ -12,14 +12,13 @@ pub mod engine;
 pub mod events;
 pub mod executor;
 pub mod job_controller;
+pub mod lifecycle;
 pub mod metrics;
 pub mod operator;
 pub mod process;
 pub mod scheduler;
+pub mod state_dir;
 pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod wake;
-
-/// File name of the SQLite store in the state dir.
-pub const STORE_FILE: &str = "managed-jobs.db";

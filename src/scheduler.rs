@@ -9,9 +9,10 @@
 //! - Within each group: higher priority first, then earlier creation (`metadata.creationTimestamp`,
 //!   one-second resolution), then lower job id: FIFO within a priority.
 
-use crate::api::{JobPhase, ScheduleState};
-use crate::capacity::Caps;
-use crate::store::{Cas, Change, Expect, JobRow, SlotUsage, Store, StoreError};
+use crate::api::ScheduleState;
+use crate::capacity::{Caps, SlotUsage};
+use crate::lifecycle;
+use crate::store::{Cas, JobRow, Store, StoreError};
 
 /// A queued job as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,11 @@ pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
             })
             .collect()
     };
+    let mut rows: std::collections::HashMap<i64, JobRow> = relaunches
+        .iter()
+        .chain(&new_jobs)
+        .map(|r| (r.id, r.clone()))
+        .collect();
     let admissions = plan(
         usage,
         caps,
@@ -113,24 +119,11 @@ pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
     );
     let mut result = PassResult::default();
     for a in admissions {
-        let (expect, message) = match a.from {
-            ScheduleState::Waiting => (
-                Expect::exactly(JobPhase::Pending, ScheduleState::Waiting),
-                "admitted: starting its job controller process",
-            ),
-            _ => (
-                Expect::schedule(&[ScheduleState::AliveWaiting]),
-                "admitted: relaunching",
-            ),
-        };
-        let change = Change {
-            schedule: Some(ScheduleState::Launching),
-            message: Some(message.into()),
-            reason: "Scheduled",
-            ..Default::default()
-        };
         // A failed CAS means someone else moved the job (e.g. a cancel): skip it.
-        if let Cas::Applied(row) = store.transition(a.id, &expect, &change)? {
+        let Some(row) = rows.remove(&a.id) else {
+            continue;
+        };
+        if let Cas::Applied(row) = store.transition(a.id, &lifecycle::admit(&row))? {
             match a.from {
                 ScheduleState::Waiting => result.started.push(*row),
                 _ => result.relaunched.push(*row),

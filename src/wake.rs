@@ -6,10 +6,9 @@
 //!   is installed, so an early signal is held, never fatal.
 
 use std::os::unix::net::UnixDatagram;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-/// File name of the operator's datagram socket in the state dir.
-pub const SOCKET_NAME: &str = "operator.sock";
+use crate::state_dir::StateDir;
 
 /// Sends wake-ups to the operator. Failures are ignored: when the operator is down it recounts
 /// everything from the store at start.
@@ -20,14 +19,14 @@ pub struct OperatorWaker {
 
 impl OperatorWaker {
     /// A waker for the operator of `state_dir`.
-    pub fn new(state_dir: &Path) -> OperatorWaker {
+    pub fn new(state_dir: &StateDir) -> OperatorWaker {
         let socket = UnixDatagram::unbound().ok();
         if let Some(s) = &socket {
             let _ = s.set_nonblocking(true);
         }
         OperatorWaker {
             socket,
-            path: state_dir.join(SOCKET_NAME),
+            path: state_dir.wake_socket(),
         }
     }
 

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobSpec, ManagedJobStatus, ScheduleState};
-use managed_jobs::store::{Change, Expect, Store};
+use managed_jobs::lifecycle::{self, Change, Expect, Reason, Transition};
+use managed_jobs::store::Store;
 
 /// Fixed times (ms since the epoch) so the samples are deterministic: 2026-01-01T00:00:00Z, and
 /// then start, last phase change and finish a little later.
@@ -46,8 +47,7 @@ fn change_for(phase: JobPhase) -> Change {
         schedule: Some(schedule),
         message: Some(message.into()),
         attempt: Some(1),
-        reason: "Sample",
-        ..Default::default()
+        ..Change::because(Reason::Running)
     };
     let started = |message: &str| Change {
         started_now: true,
@@ -151,8 +151,27 @@ fn samples() -> BTreeMap<String, String> {
         let up = store
             .upsert(&uid, "default", &name, 1, &spec)
             .expect("upsert");
+        // Only legal edges are written: a cancelled phase needs its persisted request, a live
+        // schedule state a launch slot first.
+        if matches!(phase, JobPhase::Cancelling | JobPhase::Cancelled) {
+            store
+                .request_cancel(up.row.id, false)
+                .expect("request_cancel");
+        }
+        let target = change_for(phase).schedule;
+        if target.is_some_and(|s| s.holds_run_slot()) && phase != JobPhase::Cancelled {
+            store
+                .transition(up.row.id, &lifecycle::admit(&up.row))
+                .expect("admit");
+        }
         let mut row = store
-            .transition(up.row.id, &Expect::default(), &change_for(phase))
+            .transition(
+                up.row.id,
+                &Transition {
+                    expect: Expect::default(),
+                    change: change_for(phase),
+                },
+            )
             .expect("transition")
             .applied()
             .expect("the transition applies");

@@ -492,7 +492,7 @@ async fn invalid_specs_are_refused_by_the_api_naming_the_field() {
     let cp = control_plane_or_skip!();
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "invalid").await;
-    let dir = support::root().join("../shared/cases/invalid");
+    let dir = support::root().join("tests/cases/invalid");
     let expected_field = [
         ("01-run-and-template.yaml", "spec.run"),
         ("02-neither.yaml", "spec.run"),
@@ -513,7 +513,7 @@ async fn invalid_specs_are_refused_by_the_api_naming_the_field() {
         ),
     ];
     let mut seen = 0;
-    for entry in std::fs::read_dir(&dir).expect("../shared/cases/invalid") {
+    for entry in std::fs::read_dir(&dir).expect("tests/cases/invalid") {
         let path = entry.unwrap().path();
         if path.extension().is_none_or(|e| e != "yaml") {
             continue;
@@ -544,7 +544,7 @@ async fn valid_cases_behave_as_their_comments_say() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "valid").await;
     let op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let dir = support::root().join("../shared/cases/valid");
+    let dir = support::root().join("tests/cases/valid");
     let apply = |file: &str| {
         let path = dir.join(file);
         support::kubectl(cp, &["apply", "-n", &ns.name, "-f", path.to_str().unwrap()])

@@ -136,7 +136,11 @@ async fn pod_job_succeeds_with_an_owned_labelled_pod_and_is_garbage_collected() 
         pod.spec.as_ref().unwrap().restart_policy.as_deref(),
         Some("Never")
     );
-    let store = Store::open(&op.state_dir.path().join(managed_jobs::STORE_FILE), 256).unwrap();
+    let store = Store::open(
+        &managed_jobs::state_dir::StateDir::new(op.state_dir.path()).store(),
+        256,
+    )
+    .unwrap();
     let phases: Vec<String> = store
         .history(id)
         .unwrap()

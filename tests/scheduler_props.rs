@@ -4,9 +4,12 @@
 //! # The model
 //!
 //! Each case draws small caps (`launch` 1..4, `run` 1..6) and a random sequence of operations,
-//! and drives an in-memory [`Store`] the way the real processes do, through
-//! [`Store::transition`] compare-and-sets with the same [`Expect`]/[`Change`] pairs as
-//! `src/engine.rs` (the operator) and `src/job_controller.rs` (one job controller per job):
+//! and drives an in-memory [`Store`] the way the real processes do: each step calls the same
+//! functions of `src/lifecycle/` that `src/engine.rs` (the operator) and `src/job_controller.rs`
+//! (one job controller per job) call ([`lifecycle::next_action`], [`lifecycle::admit`],
+//! [`lifecycle::controller_exited`], ...) and hands their [`Transition`] to
+//! [`Store::transition`], which refuses stale guards and illegal edges. A [`Mutation`] alters
+//! what one of those functions returns, to check that the model catches the bug it would be:
 //!
 //! - operator side (`Submit`, `Cancel`, `Reprioritize`, `Reapply`, `DeleteDone`): what the
 //!   watch of ManagedJob objects and `Engine::cancel` do. `Cancel` of a queued job is the
@@ -66,12 +69,19 @@
 //! run is deterministic.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
 use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState};
 use managed_jobs::capacity::Caps;
+use managed_jobs::capacity::SlotUsage;
+use managed_jobs::executor::Outcome;
+use managed_jobs::lifecycle::{
+    self, Action, Change, ControllerExit, Expect, FailureReason, Observed, Reason, Transition,
+    decide::Context,
+};
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
-use managed_jobs::store::{Cas, Change, Expect, JobRow, SlotUsage, Store};
+use managed_jobs::store::{Cas, JobRow, Store};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
@@ -142,21 +152,25 @@ fn recount(rows: &[JobRow]) -> SlotUsage {
     u
 }
 
-/// Legal edges of the schedule state machine as the processes use it (DESIGN.md section 4):
-/// the main line, relaunches, and Done from anything not Done (queued cancels, launch failures,
-/// cancels and failures of live jobs). A change of phase alone is a self edge.
+/// The legal edges of the schedule state machine: src's table.
 fn legal_edge(from: ScheduleState, to: ScheduleState) -> bool {
-    use ScheduleState::*;
-    from == to && from != Done
-        || matches!(
-            (from, to),
-            (Inactive, Waiting)
-                | (Waiting, Launching)
-                | (Launching, Alive)
-                | (Alive, AliveWaiting)
-                | (AliveWaiting, Launching)
-        )
-        || (from != Done && to == Done)
+    lifecycle::legal_schedule_edge(from, to)
+}
+
+/// A bug re-introduced into what a lifecycle function returns; the model must catch each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mutation {
+    /// A lost workload gives up its run slot and queues as a new job (SkyPilot's old fault):
+    /// the relaunch could then wait behind new jobs, or exceed the run cap.
+    RecoveryReleasesRunSlot,
+    /// A resumed controller is not counted as a crash (a crash loop never ends).
+    ResumeCountsNoCrash,
+    /// A running job keeps its launch slot (the launch cap would throttle running jobs, and
+    /// a job Running while Launching breaks the state machines).
+    RunningKeepsLaunchSlot,
+    /// The back-off's end moves the job straight to Launching, taking a launch slot without a
+    /// scheduling pass (the launch cap no longer holds).
+    BackoffSkipsTheQueue,
 }
 
 /// One step of the random sequence. `usize` arguments pick the k-th (mod len) eligible job.
@@ -279,6 +293,8 @@ struct Model {
     /// `unsynced_since_seq` by job id.
     in_flight: Vec<JobRow>,
     flying: HashMap<i64, (usize, i64)>,
+    /// The bug re-introduced, if any.
+    mutation: Option<Mutation>,
 }
 
 /// What a run exercised (see [`the_model_reaches_the_interesting_cases`]).
@@ -331,7 +347,72 @@ impl Model {
             api: HashMap::new(),
             in_flight: Vec::new(),
             flying: HashMap::new(),
+            mutation: None,
         }
+    }
+
+    fn mutated(caps: Caps, mutation: Mutation) -> Model {
+        Model {
+            mutation: Some(mutation),
+            ..Model::new(caps)
+        }
+    }
+
+    /// What a lifecycle function returned, with the model's mutation applied when it targets it.
+    fn mutate(&self, mut t: Transition) -> Transition {
+        match (self.mutation, t.change.reason) {
+            (Some(Mutation::RecoveryReleasesRunSlot), Reason::Recovering) => {
+                t.change.schedule = Some(ScheduleState::Waiting);
+                t.change.phase = Some(JobPhase::Pending);
+            }
+            (Some(Mutation::ResumeCountsNoCrash), Reason::ControllerExited) => {
+                t.change.controller_crashed = false;
+            }
+            (Some(Mutation::RunningKeepsLaunchSlot), Reason::Running) => {
+                t.change.schedule = None;
+            }
+            (Some(Mutation::BackoffSkipsTheQueue), Reason::WaitingForLaunchSlot) => {
+                t.change.schedule = Some(ScheduleState::Launching);
+            }
+            _ => {}
+        }
+        t
+    }
+
+    /// The job controller's context in the model: every executor enabled, a Pod-like executor
+    /// (creates are idempotent), `now` past any back-off.
+    fn context(row: &JobRow) -> Context {
+        Context {
+            now_ms: row.backoff_until_ms.unwrap_or(0).max(lifecycle::now_ms()) + 1,
+            executor_enabled: true,
+            create_is_idempotent: true,
+            backoff_base: Duration::from_millis(1),
+        }
+    }
+
+    /// One turn of the job's controller: read, decide with `observed`, apply a write. Returns the
+    /// action decided (after applying it, when it was a write).
+    fn controller_turn(
+        &mut self,
+        id: i64,
+        observed: Option<Observed>,
+    ) -> Result<Action, TestCaseError> {
+        let row = self.get(id);
+        let action = lifecycle::next_action(&row, observed.as_ref(), &Model::context(&row));
+        match &action {
+            Action::Apply(t) | Action::StopThen(t) => {
+                let t = self.mutate(t.clone());
+                self.cas(id, t)?;
+            }
+            Action::Launch {
+                intent: Some(t), ..
+            } => {
+                let t = self.mutate(t.clone());
+                self.cas(id, t)?;
+            }
+            _ => {}
+        }
+        Ok(action)
     }
 
     fn all(&self) -> Vec<JobRow> {
@@ -364,10 +445,20 @@ impl Model {
 
     /// A compare-and-set, checked against the guard: applied exactly when the row matched, and
     /// a conflict reports the current row and writes nothing. Returns whether it applied.
-    fn cas(&mut self, id: i64, expect: Expect, change: Change) -> Result<bool, TestCaseError> {
+    fn cas(&mut self, id: i64, t: Transition) -> Result<bool, TestCaseError> {
+        let (expect, change) = (&t.expect, &t.change);
         let before = self.get(id);
-        let should_apply = guard_matches(&expect, &before);
-        let result = self.store.transition(id, &expect, &change).expect("cas");
+        let should_apply = guard_matches(expect, &before);
+        let result = self.store.transition(id, &t);
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(TestCaseError::fail(format!(
+                    "job {id}: the store refused {}: {e}",
+                    change.reason
+                )));
+            }
+        };
         let after = self.get(id);
         match result {
             Cas::Applied(row) => {
@@ -448,18 +539,8 @@ impl Model {
         prop_assert!(row.cancel_requested);
         match row.schedule_state {
             ScheduleState::Inactive | ScheduleState::Waiting => {
-                let expect = Expect {
-                    phases: vec![JobPhase::Pending],
-                    schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
-                };
-                let change = Change {
-                    phase: Some(JobPhase::Cancelled),
-                    schedule: Some(ScheduleState::Done),
-                    message: Some("cancelled before it started; no process was run".into()),
-                    reason: "Cancelled",
-                    ..Default::default()
-                };
-                let applied = self.cas(id, expect, change)?;
+                let t = self.mutate(lifecycle::cancel_queued(&row));
+                let applied = self.cas(id, t)?;
                 prop_assert!(applied, "a queued job must be cancelled at once");
                 prop_assert_eq!(self.get(id).controller_pid, None, "no process was run");
             }
@@ -599,38 +680,35 @@ impl Model {
         Ok(())
     }
 
-    /// `Engine::try_spawn`: records a fresh controller (pid, start time); a first start moves
-    /// Pending -> Submitted.
+    /// `Engine::try_spawn`: records a fresh controller (pid, start time) through
+    /// [`lifecycle::controller_started`]; a first start moves Pending -> Submitted.
     fn spawn(&mut self, id: i64) -> TestResult {
         let row = self.get(id);
         self.next_pid += 1;
         let pid = self.next_pid;
-        let first = row.phase == JobPhase::Pending;
-        let change = Change {
-            controller: Some(Some((pid, pid as u64 * 10))),
-            controller_started: true,
-            phase: first.then_some(JobPhase::Submitted),
-            message: first.then(|| format!("job controller process started (pid {pid})")),
-            reason: "ControllerStarted",
-            ..Default::default()
-        };
-        let applied = self.cas(id, Expect::schedule(&LIVE), change)?;
+        let t = lifecycle::controller_started(&row, pid, pid as u64 * 10);
+        let applied = self.cas(id, t)?;
         prop_assert!(applied, "spawning a controller for live job {}", id);
+        if row.phase == JobPhase::Pending {
+            prop_assert_eq!(self.get(id).phase, JobPhase::Submitted);
+        }
         self.dead_controller.remove(&id);
         Ok(())
     }
 
-    /// `Engine::on_controller_exit` for a job that is not Done: clear the pid, count the crash,
-    /// start a fresh controller. The schedule state does not change (resumption, not failure).
+    /// `Engine::on_controller_exit` for a job that is not Done ([`lifecycle::controller_exited`]
+    /// below the crash limit): clear the pid, count the crash, start a fresh controller. The
+    /// schedule state does not change (resumption, not failure).
     fn resume(&mut self, id: i64) -> TestResult {
         let before = self.get(id);
-        let change = Change {
-            controller: Some(None),
-            controller_crashed: true,
-            reason: "ControllerExited",
-            ..Default::default()
+        let pid = before.controller_pid.expect("a recorded controller");
+        let ControllerExit::Resume(t) = lifecycle::controller_exited(&before, pid, i64::MAX) else {
+            return Err(TestCaseError::fail(format!(
+                "job {id}: a live job's controller exit must resume it"
+            )));
         };
-        let applied = self.cas(id, Expect::schedule(&LIVE), change)?;
+        let t = self.mutate(t);
+        let applied = self.cas(id, t)?;
         prop_assert!(applied);
         self.dead_controller.remove(&id);
         prop_assert_eq!(self.get(id).controller_pid, None);
@@ -724,161 +802,148 @@ impl Model {
 
     // ---- job controller side -------------------------------------------------------------
 
-    /// `JobController::launch`: Submitted -> Starting, then Running + Alive.
+    /// The job controller of a Launching job, until its workload runs: it decides a launch
+    /// (recording the intent, Starting on the first), the executor creates the workload, and
+    /// once observed running the job is Running + Alive.
     fn launch_done(&mut self, id: i64) -> TestResult {
-        let row = self.get(id);
-        if matches!(row.phase, JobPhase::Pending | JobPhase::Submitted) {
-            let change = Change {
-                phase: Some(JobPhase::Starting),
-                attempt: Some(row.attempt.max(1)),
-                reason: "Starting",
-                ..Default::default()
-            };
-            let applied = self.cas(
-                id,
-                Expect::exactly(row.phase, ScheduleState::Launching),
-                change,
-            )?;
-            prop_assert!(applied);
-        }
-        let row = self.get(id);
-        let change = Change {
-            phase: Some(JobPhase::Running),
-            schedule: Some(ScheduleState::Alive),
-            attempt: Some(row.attempt.max(1)),
-            started_now: true,
-            reason: "Running",
-            ..Default::default()
-        };
-        let applied = self.cas(
+        let action = self.controller_turn(id, Some(Observed::NotFound))?;
+        prop_assert!(
+            matches!(action, Action::Launch { .. }),
+            "job {}: a Launching job's controller launches, not {:?}",
             id,
-            Expect::exactly(row.phase, ScheduleState::Launching),
-            change,
-        )?;
-        prop_assert!(applied);
+            action
+        );
+        let workload = format!("pod/job-{id}");
+        let action = self.controller_turn(id, Some(Observed::Running { workload }))?;
+        prop_assert!(matches!(action, Action::Apply(_)), "{:?}", action);
+        let row = self.get(id);
+        prop_assert_eq!(
+            (row.phase, row.schedule_state),
+            (JobPhase::Running, ScheduleState::Alive)
+        );
         Ok(())
     }
 
-    /// `JobController::fail` while launching.
+    /// The executor refuses the launch for good: [`lifecycle::fail`], FailedPrecheck + Done.
     fn launch_fail(&mut self, id: i64) -> TestResult {
-        let change = Change {
-            phase: Some(JobPhase::FailedPrecheck),
-            schedule: Some(ScheduleState::Done),
-            failure_reason: Some(Some("LaunchFailed".into())),
-            reason: "Failed",
-            ..Default::default()
-        };
-        let applied = self.cas(id, Expect::schedule(&[ScheduleState::Launching]), change)?;
+        let row = self.get(id);
+        let t = lifecycle::fail(
+            &row,
+            JobPhase::FailedPrecheck,
+            FailureReason::PodRejected,
+            "the API refused the Pod".into(),
+        );
+        let applied = self.cas(id, t)?;
         prop_assert!(applied);
         Ok(())
     }
 
-    /// `JobController::finish_attempt` of a Running attempt. The caller read the job as
-    /// Running + Alive; if it moved on (a cancel), the CAS must refuse.
-    fn finish(&mut self, id: i64, success: bool) -> TestResult {
-        let change = Change {
-            phase: Some(if success {
-                JobPhase::Succeeded
-            } else {
-                JobPhase::Failed
-            }),
-            schedule: Some(ScheduleState::Done),
-            exit_code: Some(Some(if success { 0 } else { 1 })),
-            reason: if success { "Succeeded" } else { "Failed" },
-            ..Default::default()
+    /// The row as the controller read it when its Running workload ended: Running + Alive. The
+    /// job may have moved on since (a cancel), so the write decided on it may conflict. `restarts`
+    /// sets whether `maxRestartsOnErrors` leaves a restart.
+    fn read_while_running(&self, id: i64, restarts_left: bool) -> JobRow {
+        let mut read = self.get(id);
+        read.phase = JobPhase::Running;
+        read.schedule_state = ScheduleState::Alive;
+        read.spec.recovery.max_restarts_on_errors = read.restart_count + i32::from(restarts_left);
+        read
+    }
+
+    /// The Running workload ended: [`lifecycle::next_action`] on the row as read, with the
+    /// outcome observed. Conflicts when the job moved on meanwhile.
+    fn workload_ended(
+        &mut self,
+        id: i64,
+        outcome: Outcome,
+        restarts_left: bool,
+    ) -> Result<bool, TestCaseError> {
+        let read = self.read_while_running(id, restarts_left);
+        let action = lifecycle::next_action(
+            &read,
+            Some(&Observed::Ended(outcome)),
+            &Model::context(&read),
+        );
+        let Action::Apply(t) = action else {
+            return Err(TestCaseError::fail(format!(
+                "job {id}: an ended attempt must be written, not {action:?}"
+            )));
         };
-        self.cas(
-            id,
-            Expect::exactly(JobPhase::Running, ScheduleState::Alive),
-            change,
-        )?;
+        let t = self.mutate(t);
+        self.cas(id, t)
+    }
+
+    /// The workload succeeded or failed (no restarts left): Succeeded or Failed + Done.
+    fn finish(&mut self, id: i64, success: bool) -> TestResult {
+        let outcome = if success {
+            Outcome::Succeeded
+        } else {
+            Outcome::Failed {
+                code: 1,
+                reason: "ExitCode".into(),
+            }
+        };
+        self.workload_ended(id, outcome, false)?;
         Ok(())
     }
 
     /// The workload was lost: a recovery, which keeps the run slot and waits for a launch slot.
     fn preempt(&mut self, id: i64) -> TestResult {
-        let row = self.get(id);
-        let change = Change {
-            phase: Some(JobPhase::Recovering),
-            schedule: Some(ScheduleState::AliveWaiting),
-            attempt: Some(row.attempt + 1),
-            recovery_count: Some(row.recovery_count + 1),
-            reason: "Recovering",
-            ..Default::default()
+        let outcome = Outcome::Lost {
+            reason: "preempted".into(),
         };
-        self.cas(
-            id,
-            Expect::exactly(JobPhase::Running, ScheduleState::Alive),
-            change,
-        )?;
+        if self.workload_ended(id, outcome, false)? {
+            let row = self.get(id);
+            prop_assert_eq!(
+                (row.phase, row.schedule_state),
+                (JobPhase::Recovering, ScheduleState::AliveWaiting)
+            );
+        }
         Ok(())
     }
 
     /// The workload failed with restarts left: Recovering + Alive during the back-off.
     fn error_restart(&mut self, id: i64) -> TestResult {
+        let outcome = Outcome::Failed {
+            code: 1,
+            reason: "ExitCode".into(),
+        };
+        let applied = self.workload_ended(id, outcome, true)?;
+        prop_assert!(applied);
         let row = self.get(id);
-        let change = Change {
-            phase: Some(JobPhase::Recovering),
-            schedule: Some(ScheduleState::Alive),
-            attempt: Some(row.attempt + 1),
-            restart_count: Some(row.restart_count + 1),
-            exit_code: Some(Some(1)),
-            backoff_until_ms: Some(Some(1)),
-            reason: "Restarting",
-            ..Default::default()
-        };
-        let applied = self.cas(
-            id,
-            Expect::exactly(JobPhase::Running, ScheduleState::Alive),
-            change,
-        )?;
-        prop_assert!(applied);
+        prop_assert_eq!(
+            (row.phase, row.schedule_state),
+            (JobPhase::Recovering, ScheduleState::Alive)
+        );
+        prop_assert!(row.backoff_until_ms.is_some());
         Ok(())
     }
 
-    /// `JobController::alive` after the back-off: ask for a launch slot.
+    /// The controller after the back-off: ask for a launch slot.
     fn backoff_over(&mut self, id: i64) -> TestResult {
-        let change = Change {
-            schedule: Some(ScheduleState::AliveWaiting),
-            backoff_until_ms: Some(None),
-            reason: "WaitingForLaunchSlot",
-            ..Default::default()
-        };
-        let applied = self.cas(
-            id,
-            Expect::exactly(JobPhase::Recovering, ScheduleState::Alive),
-            change,
-        )?;
-        prop_assert!(applied);
+        let action = self.controller_turn(id, None)?;
+        prop_assert!(matches!(action, Action::Apply(_)), "{:?}", action);
         Ok(())
     }
 
-    /// `JobController::cancel`, one loop turn: Cancelling, or Cancelling -> Cancelled + Done.
+    /// The controller, one loop turn on a persisted cancel: Cancelling, or (the workload
+    /// stopped) Cancelling -> Cancelled + Done.
     fn controller_cancel_step(&mut self, id: i64) -> TestResult {
         let row = self.get(id);
         prop_assert!(row.cancel_requested);
-        let (expect, change) = if row.phase != JobPhase::Cancelling {
-            (
-                Expect::exactly(row.phase, row.schedule_state),
-                Change {
-                    phase: Some(JobPhase::Cancelling),
-                    reason: "Cancelling",
-                    ..Default::default()
-                },
-            )
-        } else {
-            (
-                Expect::exactly(JobPhase::Cancelling, row.schedule_state),
-                Change {
-                    phase: Some(JobPhase::Cancelled),
-                    schedule: Some(ScheduleState::Done),
-                    reason: "Cancelled",
-                    ..Default::default()
-                },
-            )
-        };
-        let applied = self.cas(id, expect, change)?;
-        prop_assert!(applied);
+        let action = self.controller_turn(id, None)?;
+        prop_assert!(
+            matches!(action, Action::Apply(_) | Action::StopThen(_)),
+            "job {}: a cancel must be acted on, not {:?}",
+            id,
+            action
+        );
+        let after = self.get(id);
+        prop_assert!(
+            after.phase == JobPhase::Cancelling || after.phase == JobPhase::Cancelled,
+            "job {}: cancel step left {}",
+            id,
+            after.phase
+        );
         Ok(())
     }
 
@@ -895,17 +960,14 @@ impl Model {
 
     /// `Engine::on_controller_exit` past `max_controller_crashes`.
     fn controller_gives_up(&mut self, id: i64) -> TestResult {
-        let change = Change {
-            phase: Some(JobPhase::FailedController),
-            schedule: Some(ScheduleState::Done),
-            controller: Some(None),
-            controller_crashed: true,
-            failure_reason: Some(Some("ControllerCrashed".into())),
-            reason: "Failed",
-            ..Default::default()
+        let row = self.get(id);
+        let pid = row.controller_pid.expect("a recorded controller");
+        let ControllerExit::GiveUp(t) = lifecycle::controller_exited(&row, pid, 1) else {
+            return Err(TestCaseError::fail(format!("job {id}: must give up")));
         };
-        let applied = self.cas(id, Expect::schedule(&LIVE), change)?;
+        let applied = self.cas(id, t)?;
         prop_assert!(applied);
+        prop_assert_eq!(self.get(id).phase, JobPhase::FailedController);
         Ok(())
     }
 
@@ -928,17 +990,8 @@ impl Model {
         self.check_state()?;
         self.schedule()?;
         self.check_state()?;
-        let expect = Expect {
-            phases: vec![JobPhase::Pending],
-            schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
-        };
-        let change = Change {
-            phase: Some(JobPhase::Cancelled),
-            schedule: Some(ScheduleState::Done),
-            reason: "Cancelled",
-            ..Default::default()
-        };
-        if !self.cas(id, expect, change)? {
+        let t = self.mutate(lifecycle::cancel_queued(&self.get(id)));
+        if !self.cas(id, t)? {
             // "Admitted meanwhile: its controller will see the persisted request."
             self.controller_cancel_step(id)?;
         }
@@ -947,14 +1000,15 @@ impl Model {
 
     /// A write that expects any state, aimed at a Done job: refused, row unchanged.
     fn late_write(&mut self, id: i64, to: ScheduleState) -> TestResult {
-        let change = Change {
-            phase: Some(JobPhase::Running),
-            schedule: Some(to),
-            controller: Some(None),
-            reason: "LateWrite",
-            ..Default::default()
-        };
-        let applied = self.cas(id, Expect::default(), change)?;
+        let mut change = Change::because(Reason::Running).to(JobPhase::Running, to);
+        change.controller = Some(None);
+        let applied = self.cas(
+            id,
+            Transition {
+                expect: Expect::default(),
+                change,
+            },
+        )?;
         prop_assert!(!applied, "job {} left Done", id);
         Ok(())
     }
@@ -1475,6 +1529,30 @@ fn the_model_reaches_the_interesting_cases() {
     );
 }
 
+/// Each [`Mutation`] re-introduces a bug into what a lifecycle function returns; the model,
+/// driving the real functions, must fail on it within the fixed-seed runs (a model that cannot
+/// tell would not notice src drifting either).
+#[test]
+fn the_model_catches_each_reintroduced_bug() {
+    for mutation in [
+        Mutation::RecoveryReleasesRunSlot,
+        Mutation::ResumeCountsNoCrash,
+        Mutation::RunningKeepsLaunchSlot,
+        Mutation::BackoffSkipsTheQueue,
+    ] {
+        let mut runner = TestRunner::new(ProptestConfig {
+            rng_seed: RngSeed::Fixed(SEED),
+            ..config(256)
+        });
+        let strategy = (caps_strategy(), prop::collection::vec(op_strategy(), 0..60));
+        let caught = (0..256).any(|_| {
+            let (caps, ops) = strategy.new_tree(&mut runner).expect("generate").current();
+            run_model(Model::mutated(caps, mutation), &ops).is_err()
+        });
+        assert!(caught, "the model no longer catches {mutation:?}");
+    }
+}
+
 // ---- plain tests of edge cases -----------------------------------------------------------
 
 fn cand(id: i64) -> Candidate {
@@ -1602,26 +1680,14 @@ fn preempted_job_relaunches_ahead_of_new_jobs_with_run_cap_full() {
     let b = store.upsert("b", "ns", "b", 1, &spec(5)).unwrap().row.id;
     let r = scheduler::pass(&mut store, caps).unwrap();
     assert_eq!(r.started[0].id, b);
-    let to = |schedule, phase| Change {
-        phase: Some(phase),
-        schedule: Some(schedule),
-        reason: "Test",
-        ..Default::default()
+    let row = store.get(b).unwrap();
+    let running = lifecycle::running(&row, 1, "pod/b-2-1".into());
+    let row = store.transition(b, &running).unwrap().applied().unwrap();
+    let lost = Outcome::Lost {
+        reason: "preempted".into(),
     };
-    store
-        .transition(
-            b,
-            &Expect::schedule(&[ScheduleState::Launching]),
-            &to(ScheduleState::Alive, JobPhase::Running),
-        )
-        .unwrap();
-    store
-        .transition(
-            b,
-            &Expect::exactly(JobPhase::Running, ScheduleState::Alive),
-            &to(ScheduleState::AliveWaiting, JobPhase::Recovering),
-        )
-        .unwrap();
+    let recovering = lifecycle::after_outcome(&row, 1, &lost, 0, Duration::from_secs(1));
+    store.transition(b, &recovering).unwrap().applied().unwrap();
     let r = scheduler::pass(&mut store, caps).unwrap();
     assert!(r.started.is_empty());
     assert_eq!(r.relaunched.len(), 1);
@@ -1668,15 +1734,7 @@ fn a_new_jobs_first_status_waits_for_the_first_status_delay() {
         .unwrap()
         .row;
     let applied = store
-        .transition(
-            admitted.id,
-            &Expect::exactly(JobPhase::Pending, ScheduleState::Waiting),
-            &Change {
-                schedule: Some(ScheduleState::Launching),
-                reason: "Scheduled",
-                ..Default::default()
-            },
-        )
+        .transition(admitted.id, &lifecycle::admit(&admitted))
         .unwrap();
     assert!(matches!(applied, Cas::Applied(_)));
     let delay = operator::FIRST_STATUS_DELAY.as_millis() as i64;

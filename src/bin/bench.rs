@@ -29,7 +29,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use managed_jobs::api::{JobPhase, ManagedJob, ScheduleState};
 use managed_jobs::capacity::Caps;
-use managed_jobs::store::{Change, Expect, Store};
+use managed_jobs::lifecycle;
+use managed_jobs::state_dir::StateDir;
+use managed_jobs::store::Store;
 use serde_json::json;
 
 #[derive(Debug, Parser)]
@@ -216,34 +218,36 @@ fn scheduling_pass(waiting: usize) -> anyhow::Result<(f64, f64)> {
     }
     // Plus 10,000 finished jobs: a pass must not get slower with history.
     for i in 0..10_000 {
-        let id = store
+        let row = store
             .upsert(&format!("done{i}"), "bench", &format!("d{i}"), 1, &spec)?
-            .row
-            .id;
-        let done = Change {
-            phase: Some(JobPhase::Succeeded),
-            schedule: Some(ScheduleState::Done),
-            reason: "Bench",
-            ..Default::default()
-        };
-        store.transition(id, &Expect::default(), &done)?;
+            .row;
+        store.transition(row.id, &lifecycle::cancel_queued(&row))?;
     }
     let caps = Caps {
         launch: 8,
         run: 1000,
     };
     let mut times = Vec::new();
+    let mut refills = 0usize;
     for _ in 0..200 {
         let start = Instant::now();
         let result = managed_jobs::scheduler::pass(&mut store, caps)?;
         times.push(start.elapsed().as_secs_f64() * 1000.0);
+        // Keep the queue as long: each admitted job ends (a legal Launching -> Done) and a new
+        // one of the same priority joins the queue.
         for row in result.started {
-            let back = Change {
-                schedule: Some(ScheduleState::Waiting),
-                reason: "Bench",
-                ..Default::default()
-            };
-            store.transition(row.id, &Expect::default(), &back)?;
+            let end = lifecycle::fail(
+                &row,
+                JobPhase::FailedPrecheck,
+                lifecycle::FailureReason::InvalidSpec,
+                "bench".into(),
+            );
+            store.transition(row.id, &end)?;
+            let mut s = spec.clone();
+            s.priority = row.priority;
+            let n = refills;
+            refills += 1;
+            store.upsert(&format!("r{n}"), "bench", &format!("r{n}"), 1, &s)?;
         }
     }
     let t = sorted(times);
@@ -369,7 +373,7 @@ async fn main() -> anyhow::Result<()> {
                     entry.submitted_at = Some(now);
                 }
                 if entry.seen_ms.is_none() && status.phase.is_some_and(|p| p.is_terminal()) {
-                    entry.seen_ms = Some(managed_jobs::store::now_ms());
+                    entry.seen_ms = Some(managed_jobs::lifecycle::now_ms());
                     done += 1;
                 }
                 entry.phase = status.phase;
@@ -472,7 +476,7 @@ async fn main() -> anyhow::Result<()> {
         .max()
         .map(|t| t - start);
     // status.finishedAt has one-second resolution: take the transition time from the store.
-    let store = Store::open(&state.path().join(managed_jobs::STORE_FILE), 1024)?;
+    let store = Store::open(&StateDir::new(state.path()).store(), 1024)?;
     let finished: HashMap<String, i64> = store
         .all()?
         .into_iter()
@@ -508,7 +512,7 @@ async fn main() -> anyhow::Result<()> {
                     .history(r.id)
                     .ok()?
                     .into_iter()
-                    .find(|t| t.reason == "Scheduled")?
+                    .find(|t| t.reason == lifecycle::Reason::Scheduled)?
                     .at_ms;
                 Some((r.id, at))
             })

@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::Outcome;
+use super::{Executor, Outcome, Refused};
+use crate::lifecycle::{FailureReason, Observed};
 use crate::process;
-use crate::store::JobRow;
+use crate::state_dir::StateDir;
+use crate::store::{JobRow, Store};
 
 /// PATH given to workloads whose spec does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -37,10 +39,11 @@ printf 'run %s\n' "$code" > "$exit_file"
 exit "$code"
 "#;
 
-/// The local executor, rooted at the operator's state dir.
-#[derive(Clone, Debug)]
+/// The local executor, rooted at the operator's state dir. Holds the attempt it started (or
+/// adopted) so that it learns of its end at once.
 pub struct LocalExecutor {
-    state_dir: PathBuf,
+    state_dir: StateDir,
+    current: Option<(i32, LocalWorkload)>,
 }
 
 /// A running attempt.
@@ -65,9 +68,10 @@ pub enum Found {
 
 impl LocalExecutor {
     /// An executor keeping its files under `state_dir` (`run/`, `logs/`, `work/`).
-    pub fn new(state_dir: &Path) -> LocalExecutor {
+    pub fn new(state_dir: &StateDir) -> LocalExecutor {
         LocalExecutor {
-            state_dir: state_dir.to_path_buf(),
+            state_dir: state_dir.clone(),
+            current: None,
         }
     }
 
@@ -77,16 +81,7 @@ impl LocalExecutor {
     }
 
     fn exit_file(&self, job_id: i64, attempt: i32) -> PathBuf {
-        self.state_dir
-            .join("run")
-            .join(format!("{job_id}-{attempt}.exit"))
-    }
-
-    /// Path of the job's workload log (all attempts, appended).
-    pub fn log_path(state_dir: &Path, job_id: i64) -> PathBuf {
-        state_dir
-            .join("logs")
-            .join(format!("{job_id}.workload.log"))
+        self.state_dir.exit_file(job_id, attempt)
     }
 
     /// Looks for the attempt: its exit file, else its running process group.
@@ -117,16 +112,15 @@ impl LocalExecutor {
     }
 
     /// Starts the attempt: a new process group running the wrapper with the spec's env only.
-    pub fn launch(&self, job: &JobRow, attempt: i32) -> std::io::Result<LocalWorkload> {
-        let run_dir = self.state_dir.join("run");
-        let work_dir = self.state_dir.join("work").join(job.id.to_string());
-        std::fs::create_dir_all(&run_dir)?;
+    pub fn spawn(&self, job: &JobRow, attempt: i32) -> std::io::Result<LocalWorkload> {
+        let work_dir = self.state_dir.work_dir(job.id);
+        std::fs::create_dir_all(self.state_dir.run_dir())?;
         std::fs::create_dir_all(&work_dir)?;
-        std::fs::create_dir_all(self.state_dir.join("logs"))?;
+        std::fs::create_dir_all(self.state_dir.logs_dir())?;
         let log = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(Self::log_path(&self.state_dir, job.id))?;
+            .open(self.state_dir.workload_log(job.id))?;
         let exit_file = self.exit_file(job.id, attempt);
         let _ = std::fs::remove_file(&exit_file);
         let spec = &job.spec;
@@ -165,22 +159,104 @@ impl LocalExecutor {
     }
 
     /// Stops the attempt's process group (SIGTERM, `grace`, SIGKILL) if it runs.
-    pub async fn stop(&self, job_id: i64, attempt: i32, grace: Duration) {
+    pub async fn stop_attempt(&mut self, job_id: i64, attempt: i32, grace: Duration) {
+        if let Some((a, mut w)) = self.current.take() {
+            if a == attempt {
+                w.stop(grace).await;
+                return;
+            }
+            self.current = Some((a, w));
+        }
         if let Found::Running(w) = self.find(job_id, attempt) {
             process::stop_group(w.pid, grace).await;
         }
     }
 }
 
+impl Executor for LocalExecutor {
+    const CREATE_IS_IDEMPOTENT: bool = false;
+
+    /// The attempt held (started or adopted) and still running; else its exit file; else, once
+    /// its launch intent is recorded, its process group found by its marker (a resumed
+    /// controller adopts it). Never launched: [`Observed::NotFound`] without a /proc scan.
+    async fn observe(
+        &mut self,
+        _store: &Store,
+        job: &JobRow,
+        attempt: i32,
+    ) -> anyhow::Result<Observed> {
+        if let Some((a, w)) = self.current.as_mut() {
+            if *a == attempt && w.is_running() {
+                return Ok(Observed::Running {
+                    workload: w.describe(),
+                });
+            }
+            self.current = None;
+        }
+        if job.launched_attempt < attempt {
+            return Ok(Observed::NotFound);
+        }
+        Ok(match self.find(job.id, attempt) {
+            Found::Exited(outcome) => Observed::Ended(outcome),
+            Found::Running(w) => {
+                tracing::info!(attempt, pid = w.pid, "adopted the running workload");
+                let workload = w.describe();
+                self.current = Some((attempt, w));
+                Observed::Running { workload }
+            }
+            Found::Missing => Observed::NotFound,
+        })
+    }
+
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
+        match self.spawn(job, attempt) {
+            Ok(w) => {
+                self.current = Some((attempt, w));
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(Refused {
+                reason: FailureReason::LaunchFailed,
+                message: format!("could not start the workload: {e}"),
+            })),
+        }
+    }
+
+    async fn changed(&mut self) {
+        match self.current.as_mut() {
+            Some((_, w)) => w.exited().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<bool> {
+        if job.attempt > 0 {
+            self.stop_attempt(job.id, job.attempt, grace).await;
+        }
+        Ok(true)
+    }
+}
+
 impl LocalWorkload {
-    /// Waits until the attempt ends and says how.
-    pub async fn wait(&mut self) -> Outcome {
+    /// Waits until the attempt's wrapper process is gone (reaped when it is our child).
+    pub async fn exited(&mut self) {
         match self.child.as_mut() {
             Some(child) => {
                 let _ = child.wait().await;
             }
             None => process::wait_gone(self.pid, self.start_time).await,
         }
+    }
+
+    /// True while the wrapper runs.
+    fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => process::is_alive(self.pid, self.start_time),
+        }
+    }
+
+    /// How the attempt ended, once it did.
+    pub fn outcome(&self) -> Outcome {
         read_exit_file(&self.exit_file).unwrap_or(Outcome::Lost {
             reason: "the workload's process was killed before it recorded an exit code".into(),
         })

@@ -1,5 +1,17 @@
-//! Executors: how a job's workload runs. `local` (a process group on the controller node) is
-//! here; `pod` (a Pod per attempt) is driven by the operator's shared Pod watch.
+//! Executors: how a job's workload runs, behind one interface ([`Executor`]).
+//!
+//! - [`local`]: `setup` then `run` under `sh`, a process group of its own on the controller node;
+//! - [`pod`]: one Pod per attempt, observed by the operator's one shared Pod watch.
+//!
+//! The job controller asks its executor what it [`observe`](Executor::observe)s of the current
+//! attempt, lets [`crate::lifecycle::next_action`] decide, and asks the executor to
+//! [`launch`](Executor::launch) or [`stop`](Executor::stop).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::lifecycle::{FailureReason, Observed};
+use crate::store::{JobRow, Store};
 
 pub mod local;
 pub mod pod;
@@ -29,4 +41,47 @@ pub enum Outcome {
         /// Sentence saying what happened.
         reason: String,
     },
+}
+
+/// The executor refused to start an attempt, for good (retrying cannot help).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// `status.failureReason`.
+    pub reason: FailureReason,
+    /// What was refused and why, for `status.message`.
+    pub message: String,
+}
+
+/// One way of running a job's attempts. Implemented by [`local::LocalExecutor`] and
+/// [`pod::PodExecutor`]; the job controller drives one of them.
+pub trait Executor {
+    /// True when creating an attempt's workload twice adopts the first (a Pod's deterministic
+    /// name), so an attempt not observed after its launch intent is created again instead of
+    /// counted lost.
+    const CREATE_IS_IDEMPOTENT: bool;
+
+    /// What exists now of `attempt` of `job`. `store` holds what the operator's Pod watch saw.
+    fn observe(
+        &mut self,
+        store: &Store,
+        job: &JobRow,
+        attempt: i32,
+    ) -> impl Future<Output = anyhow::Result<Observed>>;
+
+    /// Creates `attempt`'s workload (the launch intent is already recorded). Transient errors
+    /// are retried inside; `Ok(Err(_))` means the create is refused for good.
+    fn launch(
+        &mut self,
+        job: &JobRow,
+        attempt: i32,
+    ) -> impl Future<Output = anyhow::Result<Result<(), Refused>>>;
+
+    /// Resolves when the workload may have changed on its own (a local process exited). An
+    /// executor whose changes come through the operator's watch (a SIGUSR1) never resolves.
+    fn changed(&mut self) -> impl Future<Output = ()>;
+
+    /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL);
+    /// true once all are gone, false while some are still terminating.
+    fn stop(&mut self, job: &JobRow, grace: Duration)
+    -> impl Future<Output = anyhow::Result<bool>>;
 }

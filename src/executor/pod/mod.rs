@@ -1,0 +1,188 @@
+//! The pod executor: one Pod per attempt in the ManagedJob's namespace (DESIGN.md section 9).
+//!
+//! - The Pod's name is deterministic ([`pod_name`]), so a retried create finds the existing Pod
+//!   (AlreadyExists) and adopts it instead of duplicating it.
+//! - It carries the job id and attempt as labels, is owned by the ManagedJob (garbage-collected
+//!   with it) and has restartPolicy Never: the job controller restarts and recovers, not the kubelet.
+//! - The operator's single shared watch on labelled Pods ([`watch`]) turns each Pod into a
+//!   [`PodObservation`] ([`state::observe`]) in the store; job controllers read those and never
+//!   watch or poll the API themselves.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::{Executor, Refused};
+use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID};
+use crate::lifecycle::{FailureReason, Observed};
+use crate::store::{JobRow, Store};
+
+pub mod state;
+pub mod watch;
+
+pub use state::{PodObservation, PodState};
+
+/// Label with the ManagedJob's name on each Pod (for `kubectl get pods -l`).
+pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
+/// Longest Pod name we generate: a DNS label, so the Pod's hostname is its name.
+pub const MAX_POD_NAME: usize = 63;
+
+/// `<job name>-<job id>-<attempt>`, with the job name cut so the whole fits in 63 characters.
+/// Unique per job and attempt (the job id is), valid for any legal ManagedJob name.
+pub fn pod_name(job_name: &str, job_id: i64, attempt: i32) -> String {
+    let suffix = format!("-{job_id}-{attempt}");
+    let keep = MAX_POD_NAME.saturating_sub(suffix.len());
+    let mut base: String = job_name.chars().take(keep).collect();
+    // A name cut inside a dotted subdomain must still end alphanumerically; dots become dashes
+    // so the result is a DNS label.
+    base = base.replace('.', "-");
+    let base = base.trim_end_matches('-');
+    let base = if base.is_empty() { "job" } else { base };
+    format!("{base}{suffix}")
+}
+
+/// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never.
+pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
+    let template = row.spec.template.clone().unwrap_or_default();
+    let mut meta = template.metadata.unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = meta.labels.take().unwrap_or_default();
+    labels.insert(LABEL_JOB_ID.into(), row.id.to_string());
+    labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
+    let job_name_label: String = row.name.chars().take(63).collect();
+    let job_name_label = job_name_label.trim_end_matches(['-', '.', '_']).to_string();
+    labels.insert(LABEL_JOB_NAME.into(), job_name_label);
+    let mut spec: PodSpec = template.spec.unwrap_or_default();
+    spec.restart_policy = Some("Never".into());
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name(&row.name, row.id, attempt)),
+            namespace: Some(row.namespace.clone()),
+            labels: Some(labels),
+            annotations: meta.annotations.take(),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "managedjobs.dev/v1alpha1".into(),
+                kind: "ManagedJob".into(),
+                name: row.name.clone(),
+                uid: row.uid.clone(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// The (job id, attempt) a labelled Pod belongs to.
+pub fn pod_key(pod: &Pod) -> Option<(i64, i32)> {
+    let labels = pod.metadata.labels.as_ref()?;
+    Some((
+        labels.get(LABEL_JOB_ID)?.parse().ok()?,
+        labels.get(LABEL_ATTEMPT)?.parse().ok()?,
+    ))
+}
+
+/// The pod executor of one job controller: creates and deletes its job's Pods; what they do
+/// comes from the store (the operator's watch), never from the API.
+#[derive(Default)]
+pub struct PodExecutor {
+    client: Option<kube::Client>,
+}
+
+impl PodExecutor {
+    async fn client(&mut self) -> anyhow::Result<kube::Client> {
+        if self.client.is_none() {
+            self.client = Some(kube::Client::try_default().await?);
+        }
+        Ok(self.client.clone().expect("set above"))
+    }
+}
+
+impl Executor for PodExecutor {
+    const CREATE_IS_IDEMPOTENT: bool = true;
+
+    async fn observe(
+        &mut self,
+        store: &Store,
+        job: &JobRow,
+        attempt: i32,
+    ) -> anyhow::Result<Observed> {
+        Ok(match store.pod_observation(job.id, attempt)? {
+            None => Observed::NotFound,
+            Some(o) => state::observed(&o),
+        })
+    }
+
+    /// Creates the attempt's Pod; AlreadyExists adopts it. Refused for good on 400, 403, 404
+    /// and 422 (quota, admission, invalid template); other errors are retried with a doubling
+    /// delay up to 10 s.
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+        let pod = build_pod(job, attempt);
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match api.create(&kube::api::PostParams::default(), &pod).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Ok(())),
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
+                    return Ok(Err(Refused {
+                        reason: FailureReason::PodRejected,
+                        message: format!("the API refused the Pod: {}", e.message),
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "creating the Pod failed; retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    async fn changed(&mut self) {
+        std::future::pending().await
+    }
+
+    /// Deletes every attempt's Pod (each with its own grace period); true once none is left.
+    async fn stop(&mut self, job: &JobRow, _grace: Duration) -> anyhow::Result<bool> {
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+        let mut all_gone = true;
+        for attempt in 1..=job.attempt.max(job.launched_attempt) {
+            let name = pod_name(&job.name, job.id, attempt);
+            match api.delete(&name, &kube::api::DeleteParams::default()).await {
+                Ok(_) => all_gone = false,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(pod = %name, error = %e, "deleting the Pod failed");
+                    all_gone = false;
+                }
+            }
+        }
+        Ok(all_gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_names_fit_and_are_unique() {
+        let long = "a".repeat(253);
+        let n = pod_name(&long, 123456, 7);
+        assert!(n.len() <= MAX_POD_NAME, "{n}");
+        assert!(n.ends_with("-123456-7"));
+        assert_ne!(pod_name(&long, 1, 1), pod_name(&long, 1, 2));
+        let dotted = format!("{}.b", "x".repeat(60));
+        let n = pod_name(&dotted, 5, 1);
+        assert!(!n.contains('.') && n.len() <= MAX_POD_NAME, "{n}");
+        assert_eq!(pod_name("hello", 1, 2), "hello-1-2");
+        assert_eq!(
+            pod_name(&format!("{}-", "y".repeat(58)), 1, 1),
+            format!("{}-1-1", "y".repeat(58))
+        );
+    }
+}

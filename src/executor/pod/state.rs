@@ -1,0 +1,212 @@
+//! What a Pod's state means for its attempt: [`PodState`] and the [`PodObservation`] the
+//! operator's Pod watch records for each attempt.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::executor::Outcome;
+use crate::lifecycle::Observed;
+
+/// Where an attempt's Pod stands, as the job controller needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PodState {
+    /// Created; not running yet (scheduling, pulling images, init containers running).
+    Pending,
+    /// The scheduler found no node (`PodScheduled=False`).
+    Unschedulable,
+    /// Phase Running.
+    Running,
+    /// Phase Succeeded.
+    Succeeded,
+    /// Phase Failed: a container exited non-zero.
+    Failed,
+    /// Phase Failed: an init container exited non-zero.
+    SetupFailed,
+    /// Taken away: evicted, preempted (`DisruptionTarget`), its node lost, or deleted.
+    Lost,
+}
+
+impl PodState {
+    /// Every state.
+    pub const ALL: [PodState; 7] = [
+        PodState::Pending,
+        PodState::Unschedulable,
+        PodState::Running,
+        PodState::Succeeded,
+        PodState::Failed,
+        PodState::SetupFailed,
+        PodState::Lost,
+    ];
+
+    /// The name stored in `pod_observations.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodState::Pending => "pending",
+            PodState::Unschedulable => "unschedulable",
+            PodState::Running => "running",
+            PodState::Succeeded => "succeeded",
+            PodState::Failed => "failed",
+            PodState::SetupFailed => "setup-failed",
+            PodState::Lost => "lost",
+        }
+    }
+
+    /// The state named `s`, if any.
+    pub fn parse(s: &str) -> Option<PodState> {
+        PodState::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The Pod's containers exited on their own (a deletion afterwards loses nothing).
+    pub fn is_final_exit(self) -> bool {
+        matches!(
+            self,
+            PodState::Succeeded | PodState::Failed | PodState::SetupFailed
+        )
+    }
+}
+
+impl fmt::Display for PodState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the operator's shared Pod watch last saw of one attempt's Pod (the pod executor's
+/// input; job controllers read it instead of watching or polling the API).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodObservation {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt the Pod belongs to.
+    pub attempt: i32,
+    /// The Pod's name.
+    pub pod_name: String,
+    /// Where it stands.
+    pub state: PodState,
+    /// Exit code of the failing container, when there is one.
+    pub exit_code: Option<i32>,
+    /// CamelCase reason (e.g. `OOMKilled`, `EvictionByEvictionAPI`).
+    pub reason: String,
+    /// Human-readable detail (e.g. the scheduler's "0/4 nodes are available: ...").
+    pub message: String,
+    /// The Pod is gone from the API.
+    pub deleted: bool,
+}
+
+/// What a Pod's state means for its attempt. `deleted` is true for a watch Delete event.
+pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObservation {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions = status.conditions.clone().unwrap_or_default();
+    let disruption = conditions
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+    let mut o = PodObservation {
+        job_id,
+        attempt,
+        pod_name: name,
+        state: PodState::Pending,
+        exit_code: None,
+        reason: String::new(),
+        message: String::new(),
+        deleted,
+    };
+    let phase = status.phase.as_deref().unwrap_or("Pending");
+    match phase {
+        "Succeeded" => o.state = PodState::Succeeded,
+        "Failed" if disruption.is_some() || status.reason.as_deref() == Some("Evicted") => {
+            let (reason, message) = match disruption {
+                Some(c) => (c.reason.clone(), c.message.clone()),
+                None => (status.reason.clone(), status.message.clone()),
+            };
+            o.state = PodState::Lost;
+            o.reason = reason.unwrap_or_else(|| "Evicted".into());
+            o.message = message.unwrap_or_default();
+        }
+        "Failed" => {
+            let terminated =
+                |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+                    statuses.iter().flatten().find_map(|cs| {
+                        let t = cs.state.as_ref()?.terminated.as_ref()?;
+                        (t.exit_code != 0).then(|| (cs.name.clone(), t.exit_code, t.reason.clone()))
+                    })
+                };
+            if let Some((name, code, reason)) = terminated(&status.init_container_statuses) {
+                o.state = PodState::SetupFailed;
+                o.exit_code = Some(code);
+                o.reason = reason.unwrap_or_else(|| "InitContainerFailed".into());
+                o.message = format!("init container {name} exited with code {code}");
+            } else if let Some((name, code, reason)) = terminated(&status.container_statuses) {
+                o.state = PodState::Failed;
+                o.exit_code = Some(code);
+                o.reason = reason.unwrap_or_else(|| "Error".into());
+                o.message = format!("container {name} exited with code {code}");
+            } else {
+                o.state = PodState::Lost;
+                o.reason = status.reason.clone().unwrap_or_else(|| "PodFailed".into());
+                o.message = status.message.clone().unwrap_or_default();
+            }
+        }
+        "Running" => o.state = PodState::Running,
+        _ => {
+            if let Some(c) = conditions
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            {
+                o.state = PodState::Unschedulable;
+                o.reason = c.reason.clone().unwrap_or_else(|| "Unschedulable".into());
+                o.message = c.message.clone().unwrap_or_default();
+            }
+        }
+    }
+    if deleted && !o.state.is_final_exit() {
+        o.state = PodState::Lost;
+        if o.reason.is_empty() {
+            o.reason = "PodDeleted".into();
+            o.message = "the Pod was deleted".into();
+        }
+    }
+    o
+}
+
+/// What the job controller's decision needs of an observation.
+pub fn observed(o: &PodObservation) -> Observed {
+    let workload = format!("pod/{}", o.pod_name);
+    match o.state {
+        PodState::Pending => Observed::Pending,
+        PodState::Unschedulable => Observed::Unschedulable {
+            workload,
+            message: o.message.clone(),
+        },
+        PodState::Running => Observed::Running { workload },
+        PodState::Succeeded => Observed::Ended(Outcome::Succeeded),
+        PodState::Failed => Observed::Ended(Outcome::Failed {
+            code: o.exit_code.unwrap_or(1),
+            reason: o.reason.clone(),
+        }),
+        PodState::SetupFailed => Observed::Ended(Outcome::SetupFailed {
+            code: o.exit_code.unwrap_or(1),
+            reason: o.reason.clone(),
+        }),
+        PodState::Lost => Observed::Ended(Outcome::Lost {
+            reason: if o.message.is_empty() {
+                format!("Pod {}: {}", o.pod_name, o.reason)
+            } else {
+                format!("Pod {}: {} ({})", o.pod_name, o.reason, o.message)
+            },
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_states_round_trip() {
+        for s in PodState::ALL {
+            assert_eq!(PodState::parse(s.as_str()), Some(s));
+        }
+    }
+}

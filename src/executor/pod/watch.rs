@@ -1,0 +1,99 @@
+//! The operator's one shared watch on the Pods carrying our job-id label: each change becomes a
+//! [`PodObservation`] in the store and wakes the job's controller (job controllers never watch
+//! or poll the API).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::{WatchStreamExt as _, watcher};
+
+use super::state::{self, PodObservation, PodState};
+use crate::api::{ExecutorKind, LABEL_JOB_ID};
+use crate::engine::Engine;
+
+/// Runs the watch until the process ends (errors are retried with kube's default back-off).
+pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
+    use watcher::Event;
+    let cfg = watcher::Config::default().labels(LABEL_JOB_ID);
+    let mut stream = watcher(pods, cfg).default_backoff().boxed();
+    let mut listed: HashSet<(i64, i32)> = HashSet::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(p)) => {
+                if let Some(key) = record(&engine, &p, false) {
+                    listed.insert(key);
+                }
+            }
+            Ok(Event::InitDone) => mark_vanished(&engine, &listed),
+            Ok(Event::Apply(p)) => {
+                record(&engine, &p, false);
+            }
+            Ok(Event::Delete(p)) => {
+                record(&engine, &p, true);
+            }
+            Err(e) => tracing::warn!(error = %e, "Pod watch error; retrying"),
+        }
+    }
+}
+
+/// Records what a labelled Pod shows, if it belongs to one of our jobs (its owner is the job's
+/// object), and wakes that job's controller when something changed. Returns its (job, attempt).
+fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
+    let (id, attempt) = super::pod_key(pod)?;
+    let row = engine.store().find(id).ok()??;
+    let owned = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == row.uid);
+    if !owned {
+        return None;
+    }
+    let observation = state::observe(pod, id, attempt, deleted);
+    let changed = engine.store().record_pod(&observation);
+    match changed {
+        Ok(true) => {
+            tracing::debug!(job_id = id, attempt, state = %observation.state, "pod observed");
+            engine.wake_controller(&row);
+            engine.wake_all();
+        }
+        Ok(false) => {}
+        Err(e) => tracing::error!(job_id = id, error = %e, "recording a Pod observation failed"),
+    }
+    Some((id, attempt))
+}
+
+/// After a (re)list: Pods we had seen that are no longer there were deleted while we were not
+/// watching.
+fn mark_vanished(engine: &Engine, listed: &HashSet<(i64, i32)>) {
+    let live = engine.store().live_jobs().unwrap_or_default();
+    for row in live.iter().filter(|r| r.executor == ExecutorKind::Pod) {
+        if listed.contains(&(row.id, row.attempt)) {
+            continue;
+        }
+        let seen = engine.store().pod_observation(row.id, row.attempt);
+        if let Ok(Some(mut o)) = seen
+            && !o.deleted
+        {
+            vanished(&mut o);
+            let _ = engine.store().record_pod(&o);
+            engine.wake_controller(row);
+        }
+    }
+    engine.wake_all();
+}
+
+/// Marks an observation deleted; a Pod that had not exited on its own is lost.
+fn vanished(o: &mut PodObservation) {
+    o.deleted = true;
+    if !o.state.is_final_exit() {
+        o.state = PodState::Lost;
+        o.reason = "PodDeleted".into();
+        o.message = "the Pod was deleted while the operator was not watching".into();
+    }
+}

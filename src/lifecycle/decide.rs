@@ -1,0 +1,479 @@
+//! Pure decisions: what a job controller does next, and what the operator does when a job
+//! controller process exits.
+
+use std::time::Duration;
+
+use super::FailureReason;
+use super::transitions::{self as t, Transition, current_attempt};
+use crate::api::{JobPhase, ScheduleState, validate_spec};
+use crate::executor::Outcome;
+use crate::store::JobRow;
+
+/// What an executor observes of one attempt's workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// No trace of it: never created, not seen yet (a Pod the watch has not reported), or gone
+    /// without a recorded end.
+    NotFound,
+    /// Created, not running yet (a Pod being scheduled, pulling its image...).
+    Pending,
+    /// Its Pod waits for a node; `message` is the scheduler's reason.
+    Unschedulable {
+        /// `pod/NAME`.
+        workload: String,
+        /// E.g. "0/4 nodes are available: ...".
+        message: String,
+    },
+    /// It runs.
+    Running {
+        /// `pid/N` or `pod/NAME`.
+        workload: String,
+    },
+    /// It ended; here is how.
+    Ended(Outcome),
+}
+
+/// What the job controller knows besides the row and the observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Context {
+    /// Now, ms since epoch.
+    pub now_ms: i64,
+    /// The job's executor is enabled in this operator.
+    pub executor_enabled: bool,
+    /// Creating the attempt's workload again adopts the existing one (a Pod's deterministic
+    /// name), so an attempt [`Observed::NotFound`] after its launch intent is created again
+    /// rather than counted lost. False for the local executor.
+    pub create_is_idempotent: bool,
+    /// First restart back-off.
+    pub backoff_base: Duration,
+}
+
+/// The job controller's next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The job is Done: the controller exits.
+    Exit,
+    /// Write this transition, then decide again.
+    Apply(Transition),
+    /// Create `attempt`'s workload, after writing `intent` (when the launch intent is not yet
+    /// recorded); a conflict on the intent means the job moved on: decide again.
+    Launch {
+        /// The attempt to create.
+        attempt: i32,
+        /// [`t::starting`] or [`t::launch_intent`], unless already recorded.
+        intent: Option<Transition>,
+    },
+    /// Stop every workload of the job, then write this transition (a cancel, a deadline).
+    StopThen(Transition),
+    /// Nothing to do until woken (a cancel, the Pod watch, the workload's end) or until
+    /// `until_ms` (ms since epoch: a back-off's or a deadline's end).
+    Wait {
+        /// When to decide again at the latest (None: only when woken, or a backstop).
+        until_ms: Option<i64>,
+    },
+}
+
+/// True when [`next_action`] needs an observation of the current attempt for this row: the job
+/// is launching or alive, not cancelling and not in a restart back-off.
+pub fn observes(row: &JobRow) -> bool {
+    !row.cancel_requested
+        && match row.schedule_state {
+            ScheduleState::Launching => true,
+            ScheduleState::Alive => row.phase != JobPhase::Recovering,
+            _ => false,
+        }
+}
+
+/// When `row` runs past `spec.activeDeadlineSeconds` (ms since epoch), counted from when its
+/// workload first ran (`startedAt`; time in the queue does not count, as a suspended batch/v1
+/// Job's does not). None before it first ran or without a deadline.
+pub fn deadline_ms(row: &JobRow) -> Option<i64> {
+    let secs = row.spec.active_deadline_seconds?;
+    Some(row.started_at_ms? + secs * 1000)
+}
+
+/// The job controller's decision for `row` as read, given `observed` (the current attempt's
+/// workload, when [`observes`] asked for it).
+pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
+    if row.schedule_state == ScheduleState::Done {
+        return Action::Exit;
+    }
+    if row.cancel_requested {
+        if !row.schedule_state.holds_run_slot() {
+            // Never admitted: nothing runs, it ends at once (the operator does the same).
+            return Action::Apply(t::cancel_queued(row));
+        }
+        return if row.phase == JobPhase::Cancelling {
+            Action::StopThen(t::cancelled(row))
+        } else {
+            Action::Apply(t::cancelling(row))
+        };
+    }
+    let attempt = current_attempt(row);
+    match row.schedule_state {
+        ScheduleState::Launching => {}
+        ScheduleState::Alive if row.phase == JobPhase::Recovering => {
+            // A restart back-off: wait it out, then ask for a launch slot.
+            return match row.backoff_until_ms {
+                Some(until) if until > cx.now_ms => Action::Wait {
+                    until_ms: Some(until),
+                },
+                _ => Action::Apply(t::backoff_over(row)),
+            };
+        }
+        ScheduleState::Alive => {}
+        // Waiting for the operator to grant a launch slot (or to admit the job at all).
+        _ => return Action::Wait { until_ms: None },
+    }
+    let deadline = deadline_ms(row);
+    if deadline.is_some_and(|d| d <= cx.now_ms) {
+        return Action::StopThen(t::deadline_exceeded(row));
+    }
+    let launching = row.schedule_state == ScheduleState::Launching;
+    let first = matches!(row.phase, JobPhase::Pending | JobPhase::Submitted);
+    if launching && first {
+        if let Err(why) = validate_spec(&row.spec) {
+            return Action::Apply(t::fail(
+                row,
+                JobPhase::FailedPrecheck,
+                FailureReason::InvalidSpec,
+                why,
+            ));
+        }
+        if !cx.executor_enabled {
+            return Action::Apply(t::fail(
+                row,
+                JobPhase::FailedPrecheck,
+                FailureReason::ExecutorDisabled,
+                format!(
+                    "the {} executor is not enabled in this operator; start it with --executors including {}",
+                    row.executor, row.executor
+                ),
+            ));
+        }
+    }
+    let wait = Action::Wait { until_ms: deadline };
+    match observed.unwrap_or(&Observed::NotFound) {
+        Observed::Ended(outcome) => Action::Apply(t::after_outcome(
+            row,
+            attempt,
+            outcome,
+            cx.now_ms,
+            cx.backoff_base,
+        )),
+        Observed::NotFound if row.launched_attempt < attempt => {
+            if !launching {
+                // Alive without a launch of this attempt cannot happen through the transitions;
+                // wait for the operator rather than launch outside a launch slot.
+                return wait;
+            }
+            let intent = if first {
+                t::starting(row, attempt)
+            } else {
+                t::launch_intent(row, attempt)
+            };
+            Action::Launch {
+                attempt,
+                intent: Some(intent),
+            }
+        }
+        Observed::NotFound if cx.create_is_idempotent => Action::Launch {
+            attempt,
+            intent: None,
+        },
+        Observed::NotFound => Action::Apply(t::after_outcome(
+            row,
+            attempt,
+            &Outcome::Lost {
+                reason: "the workload vanished before it recorded an exit code".into(),
+            },
+            cx.now_ms,
+            cx.backoff_base,
+        )),
+        Observed::Running { workload } => {
+            if launching || row.phase != JobPhase::Running {
+                Action::Apply(t::running(row, attempt, workload.clone()))
+            } else {
+                wait
+            }
+        }
+        Observed::Unschedulable { workload, message } => {
+            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
+            let message = format!("waiting for a node for Pod {pod}: {message}");
+            if launching || row.message != message {
+                Action::Apply(t::unschedulable(row, workload.clone(), message))
+            } else {
+                wait
+            }
+        }
+        Observed::Pending => wait,
+    }
+}
+
+/// What the operator does when a job's controller process (`pid`) exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControllerExit {
+    /// Nothing: the job is Done, or `pid` is not its recorded controller (an older one).
+    Finished,
+    /// Resume the job: write this ([`t::controller_resumed`]), then start a fresh controller.
+    Resume(Transition),
+    /// The controller exited `max_crashes` times: write this ([`t::controller_gave_up`]) and
+    /// stop the job's workload.
+    GiveUp(Transition),
+}
+
+/// Decides on the exit of job controller `pid` of `row` (DESIGN.md section 7): an exit before
+/// the job is Done is a crash; the `max_crashes`-th ends the job FailedController.
+pub fn controller_exited(row: &JobRow, pid: i32, max_crashes: i64) -> ControllerExit {
+    if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
+        return ControllerExit::Finished;
+    }
+    let crashes = row.controller_crashes + 1;
+    if crashes >= max_crashes {
+        ControllerExit::GiveUp(t::controller_gave_up(row, crashes))
+    } else {
+        ControllerExit::Resume(t::controller_resumed(row))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ExecutorKind, ManagedJobSpec};
+    use crate::lifecycle::{Reason, check_edge};
+    use proptest::prelude::*;
+
+    fn row(phase: JobPhase, schedule: ScheduleState) -> JobRow {
+        JobRow {
+            id: 1,
+            uid: "u".into(),
+            namespace: "ns".into(),
+            name: "j".into(),
+            generation: 1,
+            executor: ExecutorKind::Local,
+            spec: ManagedJobSpec {
+                run: Some("true".into()),
+                ..Default::default()
+            },
+            priority: 0,
+            phase,
+            schedule_state: schedule,
+            message: String::new(),
+            queue_position: None,
+            cancel_requested: false,
+            deleting: false,
+            controller_pid: Some(10),
+            controller_start_time: Some(1),
+            controller_starts: 1,
+            controller_crashes: 0,
+            attempt: 0,
+            launched_attempt: 0,
+            recovery_count: 0,
+            restart_count: 0,
+            exit_code: None,
+            failure_reason: None,
+            workload: None,
+            backoff_until_ms: None,
+            submitted_at_ms: 1_000,
+            started_at_ms: None,
+            finished_at_ms: None,
+            phase_changed_at_ms: 1_000,
+            status_version: 1,
+            synced_version: 0,
+            created_at_ms: 1_000,
+            changed_seq: 0,
+            unsynced_since_seq: 0,
+        }
+    }
+
+    fn cx(create_is_idempotent: bool) -> Context {
+        Context {
+            now_ms: 10_000,
+            executor_enabled: true,
+            create_is_idempotent,
+            backoff_base: Duration::from_secs(1),
+        }
+    }
+
+    fn reason(a: &Action) -> Option<Reason> {
+        match a {
+            Action::Apply(t) | Action::StopThen(t) => Some(t.change.reason),
+            Action::Launch { intent, .. } => intent.as_ref().map(|t| t.change.reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_first_launch_records_starting_with_its_intent() {
+        let r = row(JobPhase::Submitted, ScheduleState::Launching);
+        let a = next_action(&r, Some(&Observed::NotFound), &cx(false));
+        assert!(matches!(a, Action::Launch { attempt: 1, .. }), "{a:?}");
+        assert_eq!(reason(&a), Some(Reason::Starting));
+    }
+
+    #[test]
+    fn a_launched_attempt_not_found_is_lost_locally_and_created_again_for_pods() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Launching);
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        let local = next_action(&r, Some(&Observed::NotFound), &cx(false));
+        assert_eq!(reason(&local), Some(Reason::Recovering));
+        let pod = next_action(&r, Some(&Observed::NotFound), &cx(true));
+        assert_eq!(
+            pod,
+            Action::Launch {
+                attempt: 1,
+                intent: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_cancel_goes_through_cancelling_then_stops() {
+        let mut r = row(JobPhase::Running, ScheduleState::Alive);
+        r.cancel_requested = true;
+        assert_eq!(
+            reason(&next_action(&r, None, &cx(false))),
+            Some(Reason::Cancelling)
+        );
+        r.phase = JobPhase::Cancelling;
+        let a = next_action(&r, None, &cx(false));
+        assert!(matches!(a, Action::StopThen(_)), "{a:?}");
+        assert_eq!(reason(&a), Some(Reason::Cancelled));
+    }
+
+    #[test]
+    fn a_back_off_is_waited_out_then_asks_for_a_launch_slot() {
+        let mut r = row(JobPhase::Recovering, ScheduleState::Alive);
+        r.backoff_until_ms = Some(20_000);
+        assert_eq!(
+            next_action(&r, None, &cx(false)),
+            Action::Wait {
+                until_ms: Some(20_000)
+            }
+        );
+        r.backoff_until_ms = Some(5_000);
+        assert_eq!(
+            reason(&next_action(&r, None, &cx(false))),
+            Some(Reason::WaitingForLaunchSlot)
+        );
+    }
+
+    #[test]
+    fn a_deadline_counts_from_the_first_run_and_stops_the_workload() {
+        let mut r = row(JobPhase::Running, ScheduleState::Alive);
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.spec.active_deadline_seconds = Some(5);
+        let running = Observed::Running {
+            workload: "pid/5".into(),
+        };
+        // Never ran: no deadline yet.
+        assert_eq!(deadline_ms(&r), None);
+        r.started_at_ms = Some(6_000);
+        assert_eq!(
+            next_action(&r, Some(&running), &cx(false)),
+            Action::Wait {
+                until_ms: Some(11_000)
+            }
+        );
+        r.started_at_ms = Some(4_000);
+        let a = next_action(&r, Some(&running), &cx(false));
+        assert!(
+            matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some("DeadlineExceeded".into()))),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_controller_exit_resumes_until_the_crash_limit() {
+        let r = row(JobPhase::Running, ScheduleState::Alive);
+        assert!(matches!(
+            controller_exited(&r, 10, 3),
+            ControllerExit::Resume(_)
+        ));
+        assert_eq!(controller_exited(&r, 11, 3), ControllerExit::Finished);
+        let mut twice = r.clone();
+        twice.controller_crashes = 2;
+        assert!(matches!(
+            controller_exited(&twice, 10, 3),
+            ControllerExit::GiveUp(_)
+        ));
+        let done = row(JobPhase::Succeeded, ScheduleState::Done);
+        assert_eq!(controller_exited(&done, 10, 3), ControllerExit::Finished);
+    }
+
+    fn phase() -> impl Strategy<Value = JobPhase> {
+        prop::sample::select(JobPhase::ALL.to_vec())
+    }
+
+    fn schedule() -> impl Strategy<Value = ScheduleState> {
+        prop::sample::select(ScheduleState::ALL.to_vec())
+    }
+
+    fn observed() -> impl Strategy<Value = Option<Observed>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(Observed::NotFound)),
+            Just(Some(Observed::Pending)),
+            Just(Some(Observed::Running {
+                workload: "pod/p".into()
+            })),
+            Just(Some(Observed::Unschedulable {
+                workload: "pod/p".into(),
+                message: "0/1 nodes".into()
+            })),
+            Just(Some(Observed::Ended(Outcome::Succeeded))),
+            Just(Some(Observed::Ended(Outcome::Failed {
+                code: 2,
+                reason: "ExitCode".into()
+            }))),
+            Just(Some(Observed::Ended(Outcome::Lost {
+                reason: "evicted".into()
+            }))),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the row and the observation, a write the controller decides is legal from
+        /// the state it was decided on (the store would refuse it otherwise), and a Done job's
+        /// controller exits.
+        #[test]
+        fn decisions_only_take_legal_edges(
+            phase in phase(),
+            schedule in schedule(),
+            cancel in any::<bool>(),
+            attempt in 0i32..3,
+            launched in 0i32..3,
+            restarts in 0i32..2,
+            recoveries in prop::option::of(0i32..2),
+            observed in observed(),
+            idempotent in any::<bool>(),
+        ) {
+            // Rows the state machines allow.
+            prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
+            prop_assume!(!matches!(schedule, ScheduleState::Inactive | ScheduleState::Waiting) || phase == JobPhase::Pending);
+            prop_assume!(phase != JobPhase::Cancelling || cancel);
+            let mut r = row(phase, schedule);
+            r.cancel_requested = cancel;
+            r.attempt = attempt;
+            r.launched_attempt = launched;
+            r.spec.recovery.max_restarts_on_errors = restarts;
+            r.spec.recovery.max_recoveries = recoveries;
+            let a = next_action(&r, observed.as_ref(), &cx(idempotent));
+            if schedule == ScheduleState::Done {
+                prop_assert_eq!(a, Action::Exit);
+                return Ok(());
+            }
+            let transitions: Vec<&Transition> = match &a {
+                Action::Apply(t) | Action::StopThen(t) => vec![t],
+                Action::Launch { intent, .. } => intent.iter().collect(),
+                _ => vec![],
+            };
+            for t in transitions {
+                prop_assert!(t.expect.matches(&r), "{:?} decided on a row its guard refuses", t.change.reason);
+                prop_assert!(check_edge(&r, &t.change).is_ok(), "{:?}: {:?}", t.change.reason, check_edge(&r, &t.change));
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Why a transition happened ([`Reason`]) and why a job failed ([`FailureReason`]).
+
+use std::fmt;
+
+/// Why a job moved: recorded with each history entry (`transitions.reason`) and read by
+/// [`crate::events::events_for`]. CamelCase, as Kubernetes reasons are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The object was first seen (-> Pending + Inactive).
+    Created,
+    /// Queued for a launch slot (Inactive -> Waiting).
+    Submitted,
+    /// The store had lost the job and its object already carried a final status: stored Done
+    /// with that phase, never run again (DESIGN.md section 7).
+    KeptFinalStatus,
+    /// A scheduling pass gave the job a launch slot (Waiting/AliveWaiting -> Launching).
+    Scheduled,
+    /// A job controller process was started and recorded (Pending -> Submitted on the first).
+    ControllerStarted,
+    /// The recorded job controller process exited before the job was Done (it is resumed).
+    ControllerExited,
+    /// The first launch begins (-> Starting), with its launch intent.
+    Starting,
+    /// The create of an attempt's workload is about to be issued (`launched_attempt`).
+    Launch,
+    /// The attempt's workload runs (-> Running + Alive).
+    Running,
+    /// The attempt's Pod waits for a node: the launch slot is released, the run slot kept.
+    Unschedulable,
+    /// A restart back-off ended: ask for a launch slot (Alive -> AliveWaiting).
+    WaitingForLaunchSlot,
+    /// The workload failed with restarts left (-> Recovering + Alive during the back-off).
+    Restarting,
+    /// The workload was lost (preemption, eviction, node loss): -> Recovering + AliveWaiting.
+    Recovering,
+    /// Every part of the workload exited 0.
+    Succeeded,
+    /// The job ended in a failure phase.
+    Failed,
+    /// A cancel is being carried out (-> Cancelling).
+    Cancelling,
+    /// The cancel is done (-> Cancelled + Done).
+    Cancelled,
+}
+
+impl Reason {
+    /// Every reason, for parsing and tests.
+    pub const ALL: [Reason; 17] = [
+        Reason::Created,
+        Reason::Submitted,
+        Reason::KeptFinalStatus,
+        Reason::Scheduled,
+        Reason::ControllerStarted,
+        Reason::ControllerExited,
+        Reason::Starting,
+        Reason::Launch,
+        Reason::Running,
+        Reason::Unschedulable,
+        Reason::WaitingForLaunchSlot,
+        Reason::Restarting,
+        Reason::Recovering,
+        Reason::Succeeded,
+        Reason::Failed,
+        Reason::Cancelling,
+        Reason::Cancelled,
+    ];
+
+    /// The CamelCase name stored in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Created => "Created",
+            Reason::Submitted => "Submitted",
+            Reason::KeptFinalStatus => "KeptFinalStatus",
+            Reason::Scheduled => "Scheduled",
+            Reason::ControllerStarted => "ControllerStarted",
+            Reason::ControllerExited => "ControllerExited",
+            Reason::Starting => "Starting",
+            Reason::Launch => "Launch",
+            Reason::Running => "Running",
+            Reason::Unschedulable => "Unschedulable",
+            Reason::WaitingForLaunchSlot => "WaitingForLaunchSlot",
+            Reason::Restarting => "Restarting",
+            Reason::Recovering => "Recovering",
+            Reason::Succeeded => "Succeeded",
+            Reason::Failed => "Failed",
+            Reason::Cancelling => "Cancelling",
+            Reason::Cancelled => "Cancelled",
+        }
+    }
+
+    /// The reason named `s`, if any.
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the operator or a job controller ended a job in a failure phase (`status.failureReason`).
+/// A workload's own failure carries the workload's reason instead (`ExitCode`, `OOMKilled`,
+/// `KilledBySignal9`, an init container's reason...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The spec fails validation the API schema could not express.
+    InvalidSpec,
+    /// The spec asks for an executor this operator does not enable.
+    ExecutorDisabled,
+    /// The workload could not be started at all (e.g. the local spawn failed).
+    LaunchFailed,
+    /// The API refused the attempt's Pod for good (quota, admission, invalid template).
+    PodRejected,
+    /// The job ran past `spec.activeDeadlineSeconds`.
+    DeadlineExceeded,
+    /// The workload was lost once more than `spec.recovery.maxRecoveries` allows.
+    RecoveryBudgetSpent,
+    /// The job controller process kept exiting before the job was Done.
+    ControllerCrashed,
+    /// No job controller process could be started.
+    ControllerStartFailed,
+}
+
+impl FailureReason {
+    /// The CamelCase name written to `status.failureReason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::InvalidSpec => "InvalidSpec",
+            FailureReason::ExecutorDisabled => "ExecutorDisabled",
+            FailureReason::LaunchFailed => "LaunchFailed",
+            FailureReason::PodRejected => "PodRejected",
+            FailureReason::DeadlineExceeded => "DeadlineExceeded",
+            FailureReason::RecoveryBudgetSpent => "RecoveryBudgetSpent",
+            FailureReason::ControllerCrashed => "ControllerCrashed",
+            FailureReason::ControllerStartFailed => "ControllerStartFailed",
+        }
+    }
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip() {
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Reason::parse("Bench"), None);
+    }
+}

@@ -1,0 +1,498 @@
+//! The named transitions of a job and the legal edges of its schedule state machine.
+//!
+//! Each function returns a [`Transition`]: the state the writer expects to find ([`Expect`],
+//! checked by the store's compare-and-set) and the [`Change`] to apply. They are pure: the
+//! caller reads the row, calls one, and hands the result to
+//! [`crate::store::Store::transition`], which refuses a stale guard (conflict) and an illegal
+//! edge ([`check_edge`]).
+
+use std::time::Duration;
+
+use super::backoff;
+use super::reason::{FailureReason, Reason};
+use crate::api::{JobPhase, ScheduleState};
+use crate::executor::Outcome;
+use crate::store::JobRow;
+
+/// The state a compare-and-set expects to find. A Done job never matches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expect {
+    /// Accepted current phases (empty = any).
+    pub phases: Vec<JobPhase>,
+    /// Accepted current schedule states (empty = any).
+    pub schedule: Vec<ScheduleState>,
+}
+
+impl Expect {
+    /// Expect exactly this phase and schedule state.
+    pub fn exactly(phase: JobPhase, schedule: ScheduleState) -> Expect {
+        Expect {
+            phases: vec![phase],
+            schedule: vec![schedule],
+        }
+    }
+
+    /// Expect the job to be in one of these schedule states, any phase.
+    pub fn schedule(states: &[ScheduleState]) -> Expect {
+        Expect {
+            phases: vec![],
+            schedule: states.to_vec(),
+        }
+    }
+
+    /// Expect the row exactly as read (its phase and schedule state).
+    pub fn unchanged(row: &JobRow) -> Expect {
+        Expect::exactly(row.phase, row.schedule_state)
+    }
+
+    /// True when `row` is in an expected state (and not Done: nothing leaves Done).
+    pub fn matches(&self, row: &JobRow) -> bool {
+        row.schedule_state != ScheduleState::Done
+            && (self.phases.is_empty() || self.phases.contains(&row.phase))
+            && (self.schedule.is_empty() || self.schedule.contains(&row.schedule_state))
+    }
+}
+
+/// A change to apply in one transition. `None` fields stay as they are; `Some(None)` clears.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Why (recorded in the history when the phase or schedule state changes).
+    pub reason: Reason,
+    /// New phase.
+    pub phase: Option<JobPhase>,
+    /// New schedule state.
+    pub schedule: Option<ScheduleState>,
+    /// New message.
+    pub message: Option<String>,
+    /// Record a job controller process (pid, start time), or clear it.
+    pub controller: Option<Option<(i32, u64)>>,
+    /// New attempt number.
+    pub attempt: Option<i32>,
+    /// Record that the create of this attempt's workload is issued.
+    pub launched_attempt: Option<i32>,
+    /// New recovery count.
+    pub recovery_count: Option<i32>,
+    /// New restart count.
+    pub restart_count: Option<i32>,
+    /// New exit code.
+    pub exit_code: Option<Option<i32>>,
+    /// New failure reason (`status.failureReason`).
+    pub failure_reason: Option<Option<String>>,
+    /// New workload description (`pid/N` or `pod/NAME`).
+    pub workload: Option<Option<String>>,
+    /// New back-off deadline (ms since epoch).
+    pub backoff_until_ms: Option<Option<i64>>,
+    /// Set started_at (only if still unset).
+    pub started_now: bool,
+    /// Count one more job controller start.
+    pub controller_started: bool,
+    /// Count one more job controller crash.
+    pub controller_crashed: bool,
+}
+
+impl Change {
+    /// A change that only records `reason` (every field stays).
+    pub fn because(reason: Reason) -> Change {
+        Change {
+            reason,
+            phase: None,
+            schedule: None,
+            message: None,
+            controller: None,
+            attempt: None,
+            launched_attempt: None,
+            recovery_count: None,
+            restart_count: None,
+            exit_code: None,
+            failure_reason: None,
+            workload: None,
+            backoff_until_ms: None,
+            started_now: false,
+            controller_started: false,
+            controller_crashed: false,
+        }
+    }
+
+    /// Sets the phase and schedule state.
+    pub fn to(mut self, phase: JobPhase, schedule: ScheduleState) -> Change {
+        self.phase = Some(phase);
+        self.schedule = Some(schedule);
+        self
+    }
+
+    /// Sets the message.
+    pub fn message(mut self, message: impl Into<String>) -> Change {
+        self.message = Some(message.into());
+        self
+    }
+}
+
+/// A named transition: its guard and its change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// The state the writer read the job in.
+    pub expect: Expect,
+    /// What to write.
+    pub change: Change,
+}
+
+impl Transition {
+    fn new(expect: Expect, change: Change) -> Transition {
+        Transition { expect, change }
+    }
+}
+
+/// The legal edges of the schedule state machine (DESIGN.md section 4): the main line
+/// `Inactive -> Waiting -> Launching -> Alive`, a relaunch `Alive -> AliveWaiting -> Launching`,
+/// a launch lost before it ran `Launching -> AliveWaiting`, and `Done` from anything not Done.
+/// A change of phase alone is a self edge. Nothing leaves `Done`.
+pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 6] = [
+    (ScheduleState::Inactive, ScheduleState::Waiting),
+    (ScheduleState::Waiting, ScheduleState::Launching),
+    (ScheduleState::Launching, ScheduleState::Alive),
+    (ScheduleState::Launching, ScheduleState::AliveWaiting),
+    (ScheduleState::Alive, ScheduleState::AliveWaiting),
+    (ScheduleState::AliveWaiting, ScheduleState::Launching),
+];
+
+/// True when the schedule state may move `from -> to` ([`SCHEDULE_EDGES`], self edges, and
+/// Done from anything not Done).
+pub fn legal_schedule_edge(from: ScheduleState, to: ScheduleState) -> bool {
+    if from == ScheduleState::Done {
+        return false;
+    }
+    from == to || to == ScheduleState::Done || SCHEDULE_EDGES.contains(&(from, to))
+}
+
+/// Why the store refused a change: it would break the state machines.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("illegal transition {reason}: {from_phase}/{from_schedule} -> {to_phase}/{to_schedule}")]
+pub struct IllegalTransition {
+    /// Why it was asked for.
+    pub reason: Reason,
+    /// Phase before.
+    pub from_phase: JobPhase,
+    /// Schedule state before.
+    pub from_schedule: ScheduleState,
+    /// Phase asked for.
+    pub to_phase: JobPhase,
+    /// Schedule state asked for.
+    pub to_schedule: ScheduleState,
+}
+
+/// Checks that `change` applied to `row` keeps both state machines legal: the schedule edge is
+/// legal, Done comes with a terminal phase and a terminal phase with Done, Inactive and Waiting
+/// only while Pending, and Cancelling only after a persisted cancel request.
+pub fn check_edge(row: &JobRow, change: &Change) -> Result<(), IllegalTransition> {
+    let to_phase = change.phase.unwrap_or(row.phase);
+    let to_schedule = change.schedule.unwrap_or(row.schedule_state);
+    let error = || IllegalTransition {
+        reason: change.reason,
+        from_phase: row.phase,
+        from_schedule: row.schedule_state,
+        to_phase,
+        to_schedule,
+    };
+    let legal = legal_schedule_edge(row.schedule_state, to_schedule)
+        && (to_schedule == ScheduleState::Done) == to_phase.is_terminal()
+        && (!matches!(
+            to_schedule,
+            ScheduleState::Inactive | ScheduleState::Waiting
+        ) || to_phase == JobPhase::Pending)
+        && (to_phase != JobPhase::Cancelling || row.cancel_requested);
+    if legal { Ok(()) } else { Err(error()) }
+}
+
+// ---- operator side ---------------------------------------------------------------------------
+
+/// A scheduling pass admits the job: a new job (Pending + Waiting) or a relaunch
+/// (AliveWaiting) takes a launch slot.
+pub fn admit(row: &JobRow) -> Transition {
+    let (expect, message) = match row.schedule_state {
+        ScheduleState::AliveWaiting => (
+            Expect::schedule(&[ScheduleState::AliveWaiting]),
+            "admitted: relaunching",
+        ),
+        _ => (
+            Expect::exactly(JobPhase::Pending, ScheduleState::Waiting),
+            "admitted: starting its job controller process",
+        ),
+    };
+    let mut change = Change::because(Reason::Scheduled).message(message);
+    change.schedule = Some(ScheduleState::Launching);
+    Transition::new(expect, change)
+}
+
+/// A job controller process (pid, start time in clock ticks) was started for a live job: record
+/// it; the first one also moves Pending -> Submitted. The process may already have moved the job
+/// on, so Submitted is only written over Pending.
+pub fn controller_started(row: &JobRow, pid: i32, start_time: u64) -> Transition {
+    let mut change = Change::because(Reason::ControllerStarted);
+    change.controller = Some(Some((pid, start_time)));
+    change.controller_started = true;
+    let expect = if row.phase == JobPhase::Pending {
+        change.phase = Some(JobPhase::Submitted);
+        change.message = Some(format!("job controller process started (pid {pid})"));
+        Expect {
+            phases: vec![JobPhase::Pending],
+            schedule: ScheduleState::LIVE.to_vec(),
+        }
+    } else {
+        Expect {
+            phases: vec![row.phase],
+            schedule: ScheduleState::LIVE.to_vec(),
+        }
+    };
+    Transition::new(expect, change)
+}
+
+/// No job controller process could be started for the job: it ends FailedController.
+pub fn controller_start_failed(row: &JobRow, error: &str) -> Transition {
+    fail(
+        row,
+        JobPhase::FailedController,
+        FailureReason::ControllerStartFailed,
+        format!("could not start a job controller process: {error}"),
+    )
+}
+
+/// The job's recorded controller process exited early and will be resumed: clear it and count
+/// the crash. The schedule state does not change.
+pub fn controller_resumed(row: &JobRow) -> Transition {
+    let mut change = Change::because(Reason::ControllerExited);
+    change.controller = Some(None);
+    change.controller_crashed = true;
+    Transition::new(Expect::schedule(&ScheduleState::LIVE), change).with_row_phase(row)
+}
+
+/// The job's controller exited `crashes` times before the job was Done: FailedController.
+pub fn controller_gave_up(row: &JobRow, crashes: i64) -> Transition {
+    let mut t = fail(
+        row,
+        JobPhase::FailedController,
+        FailureReason::ControllerCrashed,
+        format!(
+            "the job controller process exited {crashes} times before finishing; see `managed-jobs logs {} --controller`",
+            row.id
+        ),
+    );
+    t.change.controller = Some(None);
+    t.change.controller_crashed = true;
+    t
+}
+
+/// A cancel of a job that was never admitted (Pending + Inactive/Waiting): Cancelled at once,
+/// no process runs. A conflict means it was admitted meanwhile; its controller cancels it.
+pub fn cancel_queued(_row: &JobRow) -> Transition {
+    Transition::new(
+        Expect {
+            phases: vec![JobPhase::Pending],
+            schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
+        },
+        Change::because(Reason::Cancelled)
+            .to(JobPhase::Cancelled, ScheduleState::Done)
+            .message("cancelled before it started; no process was run"),
+    )
+}
+
+/// The spec fails validation at submission: FailedPrecheck, nothing runs.
+pub fn invalid_spec(row: &JobRow, why: String) -> Transition {
+    fail(
+        row,
+        JobPhase::FailedPrecheck,
+        FailureReason::InvalidSpec,
+        why,
+    )
+}
+
+// ---- job controller side ---------------------------------------------------------------------
+
+/// The attempt a job controller works on: the row's attempt, at least 1.
+pub fn current_attempt(row: &JobRow) -> i32 {
+    row.attempt.max(1)
+}
+
+/// The first launch begins: Starting, with the launch intent of attempt 1 in the same write.
+pub fn starting(row: &JobRow, attempt: i32) -> Transition {
+    let mut change =
+        Change::because(Reason::Starting).message(format!("launching attempt {attempt}"));
+    change.phase = Some(JobPhase::Starting);
+    change.attempt = Some(attempt);
+    change.launched_attempt = Some(attempt);
+    Transition::new(Expect::exactly(row.phase, ScheduleState::Launching), change)
+}
+
+/// The create of `attempt`'s workload is about to be issued. Recorded before the create, so a
+/// crash in between is never a second launch of the same attempt. Not shown in the status.
+pub fn launch_intent(row: &JobRow, attempt: i32) -> Transition {
+    let mut change = Change::because(Reason::Launch);
+    change.launched_attempt = Some(attempt);
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// The attempt's workload (`pid/N` or `pod/NAME`) runs: Running + Alive.
+pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
+    let message = match (row.phase, workload.strip_prefix("pod/")) {
+        (_, Some(pod)) => format!("running attempt {attempt} in {pod}"),
+        (JobPhase::Recovering, None) => format!("running attempt {attempt} (relaunched)"),
+        _ => format!("running attempt {attempt}"),
+    };
+    let mut change = Change::because(Reason::Running)
+        .to(JobPhase::Running, ScheduleState::Alive)
+        .message(message);
+    change.attempt = Some(attempt);
+    change.workload = Some(Some(workload));
+    change.started_now = true;
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// The attempt's Pod waits for a node: waiting on the cluster must not hold a launch slot, so
+/// the job keeps its run slot only (Launching -> Alive, phase unchanged).
+pub fn unschedulable(row: &JobRow, workload: String, message: String) -> Transition {
+    let mut change = Change::because(Reason::Unschedulable).message(message);
+    change.schedule = Some(ScheduleState::Alive);
+    change.workload = Some(Some(workload));
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// A restart back-off is over: ask for a launch slot (Recovering + Alive -> AliveWaiting).
+pub fn backoff_over(row: &JobRow) -> Transition {
+    let attempt = current_attempt(row);
+    let mut change = Change::because(Reason::WaitingForLaunchSlot).message(format!(
+        "waiting for a launch slot to start attempt {attempt}"
+    ));
+    change.schedule = Some(ScheduleState::AliveWaiting);
+    change.backoff_until_ms = Some(None);
+    Transition::new(
+        Expect::exactly(JobPhase::Recovering, ScheduleState::Alive),
+        change,
+    )
+}
+
+/// What an ended attempt means, decided from the row as read (DESIGN.md section 5):
+/// success ends the job; a workload or setup failure restarts it with a back-off
+/// ([`backoff`] from `backoff_base`, restart count against `maxRestartsOnErrors`) or fails it;
+/// a lost workload recovers it (a new attempt waits for a launch slot, keeping its run slot)
+/// unless `maxRecoveries` is spent. `now_ms` is the current time (ms since epoch).
+pub fn after_outcome(
+    row: &JobRow,
+    attempt: i32,
+    outcome: &Outcome,
+    now_ms: i64,
+    backoff_base: Duration,
+) -> Transition {
+    let expect = Expect::unchanged(row);
+    let change = match outcome {
+        Outcome::Succeeded => {
+            let mut c = Change::because(Reason::Succeeded)
+                .to(JobPhase::Succeeded, ScheduleState::Done)
+                .message(format!("succeeded on attempt {attempt}"));
+            c.exit_code = Some(Some(0));
+            c.failure_reason = Some(None);
+            c
+        }
+        Outcome::Failed { code, reason } | Outcome::SetupFailed { code, reason } => {
+            let setup = matches!(outcome, Outcome::SetupFailed { .. });
+            let what = if setup { "setup" } else { "run" };
+            let max = row.spec.recovery.max_restarts_on_errors;
+            let mut c = if row.restart_count < max {
+                let restart = row.restart_count + 1;
+                let wait = backoff(backoff_base, restart);
+                let mut c = Change::because(Reason::Restarting)
+                    .to(JobPhase::Recovering, ScheduleState::Alive)
+                    .message(format!(
+                        "attempt {attempt} {what} exited with code {code}; restarting in {:.1} s (restart {restart} of {max})",
+                        wait.as_secs_f64()
+                    ));
+                c.attempt = Some(attempt + 1);
+                c.restart_count = Some(restart);
+                c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
+                c
+            } else {
+                let phase = if setup {
+                    JobPhase::FailedSetup
+                } else {
+                    JobPhase::Failed
+                };
+                Change::because(Reason::Failed)
+                    .to(phase, ScheduleState::Done)
+                    .message(format!(
+                        "attempt {attempt} {what} exited with code {code} ({reason}); restarts exhausted ({max} allowed)"
+                    ))
+            };
+            c.exit_code = Some(Some(*code));
+            c.failure_reason = Some(Some(reason.clone()));
+            c
+        }
+        Outcome::Lost { reason } => match row.spec.recovery.max_recoveries {
+            Some(max) if row.recovery_count >= max => {
+                let mut c = Change::because(Reason::Failed)
+                    .to(JobPhase::Failed, ScheduleState::Done)
+                    .message(format!(
+                        "attempt {attempt} was lost ({reason}) and the recovery budget is spent (maxRecoveries {max})"
+                    ));
+                c.failure_reason = Some(Some(FailureReason::RecoveryBudgetSpent.as_str().into()));
+                c
+            }
+            _ => {
+                let recovery = row.recovery_count + 1;
+                let mut c = Change::because(Reason::Recovering)
+                    .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
+                    .message(format!(
+                        "recovering: attempt {attempt} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
+                    ));
+                c.attempt = Some(attempt + 1);
+                c.recovery_count = Some(recovery);
+                c
+            }
+        },
+    };
+    Transition::new(expect, change)
+}
+
+/// Ends the job in failure `phase` (a terminal failure phase) for `reason`.
+pub fn fail(row: &JobRow, phase: JobPhase, reason: FailureReason, message: String) -> Transition {
+    debug_assert!(phase.is_failure(), "{phase} is not a failure phase");
+    let mut change = Change::because(Reason::Failed)
+        .to(phase, ScheduleState::Done)
+        .message(message);
+    change.failure_reason = Some(Some(reason.as_str().into()));
+    Transition::new(Expect::schedule(&[row.schedule_state]), change)
+}
+
+/// The job ran past `spec.activeDeadlineSeconds`; its workload is stopped, then this is written.
+pub fn deadline_exceeded(row: &JobRow) -> Transition {
+    let secs = row.spec.active_deadline_seconds.unwrap_or_default();
+    fail(
+        row,
+        JobPhase::Failed,
+        FailureReason::DeadlineExceeded,
+        format!("stopped: the job ran past activeDeadlineSeconds ({secs} s)"),
+    )
+}
+
+/// A persisted cancel request reached the job's controller: Cancelling (schedule unchanged).
+pub fn cancelling(row: &JobRow) -> Transition {
+    let mut change =
+        Change::because(Reason::Cancelling).message("cancelling: stopping the workload");
+    change.phase = Some(JobPhase::Cancelling);
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// The cancelled job's workload is gone: Cancelled + Done.
+pub fn cancelled(row: &JobRow) -> Transition {
+    Transition::new(
+        Expect::exactly(JobPhase::Cancelling, row.schedule_state),
+        Change::because(Reason::Cancelled)
+            .to(JobPhase::Cancelled, ScheduleState::Done)
+            .message("cancelled; the workload is stopped"),
+    )
+}
+
+impl Transition {
+    /// Narrows the guard to the phase the row was read in.
+    fn with_row_phase(mut self, row: &JobRow) -> Transition {
+        self.expect.phases = vec![row.phase];
+        self
+    }
+}

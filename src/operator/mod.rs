@@ -1,0 +1,347 @@
+//! The operator (`managed-jobs run`): the Kubernetes side around the [`Engine`].
+//!
+//! - the reconcile loop (kube's `Controller` + `finalizer`): mirror each ManagedJob into the
+//!   store (submitting it), cancel on `spec.cancel`, cancel and clean up on delete, delete after
+//!   `ttlSecondsAfterFinished`;
+//! - the status writer (`status_loop`, ordering by [`writable`]): for rows whose
+//!   `status_version` moved, one merge patch of the status subresource each, coalesced (a burst
+//!   of changes is one write), ordered so the API never shows more jobs holding slots than the
+//!   caps, and within the API budget (`--api-qps`/`--api-burst`, a token bucket);
+//! - Events ([`crate::events`]) from the store's history, after each status write, best effort.
+//!
+//! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election). The
+//! Pod watch is the pod executor's ([`crate::executor::pod::watch`]).
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Client, ResourceExt};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+
+use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState, validate_spec};
+use crate::engine::{Config, Engine};
+use crate::events::EventPublisher;
+use crate::lifecycle::{self, now_ms};
+use crate::store::{Cas, StoreError};
+
+pub mod lease;
+pub mod status_writer;
+
+pub use lease::LeaderElection;
+pub use status_writer::{FIRST_STATUS_DELAY, STATUS_COALESCE, STATUS_WRITERS, slot_rank, writable};
+
+/// First delay before retrying a failed reconcile of one object; doubles per consecutive
+/// failure of that object up to [`MAX_RETRY_DELAY`] (client-go's per-item exponential back-off).
+pub const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Longest delay before retrying a failed reconcile.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
+
+/// Tasks publishing Events, each with its own queue; a job always goes to the same one.
+pub const EVENT_WORKERS: usize = 8;
+
+/// Jobs waiting for their Events per worker; beyond this, Events are dropped and counted
+/// (`managedjobs_events_dropped_total`), as client-go's recorder drops beyond 1,000. Events are
+/// best effort; the status and the store's history keep every transition.
+pub const EVENT_QUEUE: usize = 1024;
+
+/// One job whose new history may need Events: its id, whether it is Done (its bookkeeping can
+/// go), and a reference to the object.
+type EventWork = (i64, bool, ObjectReference);
+
+/// API budget of the operator's own requests.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiBudget {
+    /// Sustained requests per second.
+    pub qps: u32,
+    /// Burst above the sustained rate.
+    pub burst: u32,
+}
+
+/// Kubernetes-side options of the operator.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Rate limit of the operator's writes.
+    pub budget: ApiBudget,
+    /// Serve `/metrics`, `/healthz`, `/readyz` here.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Wait for (and keep) a Lease before acting.
+    pub leader_election: Option<LeaderElection>,
+    /// Publish Kubernetes Events (events.k8s.io) on the transitions a user cares about.
+    pub events: bool,
+}
+
+/// Errors of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// A deleted job's workload is still being stopped; the finalizer stays until it is Done.
+    #[error("waiting for job {0} to stop before releasing the finalizer")]
+    CleanupPending(i64),
+    /// The object lacks a field the API server always sets.
+    #[error("object has no {0}")]
+    MissingField(&'static str),
+}
+
+/// Shared state of the reconcile loop and the status writer.
+pub struct Operator {
+    client: Client,
+    engine: Arc<Engine>,
+    limiter: DefaultDirectRateLimiter,
+    events: Option<EventPublisher>,
+    /// Jobs whose status was written and whose new history may need Events, sharded by job id
+    /// over [`EVENT_WORKERS`] bounded queues (one job's Events stay in order).
+    events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
+    /// Per live job, the last history entry whose Events were published.
+    published: Mutex<HashMap<i64, i64>>,
+    /// Consecutive failed reconciles per object uid (reset by a successful one).
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Runs the operator until SIGTERM/SIGINT. Job controller processes keep running after it
+/// stops; the next start adopts them.
+pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Result<()> {
+    let namespace = cfg.namespace.clone();
+    // One HTTP server from the start: a standby (waiting for the Lease) answers /healthz, and
+    // /readyz only once it leads and watches.
+    let started: Arc<std::sync::OnceLock<Arc<Engine>>> = Arc::default();
+    if let Some(addr) = options.metrics_addr {
+        let (for_render, for_ready) = (started.clone(), started.clone());
+        let render: crate::metrics::Render = Arc::new(move || {
+            for_render
+                .get()
+                .map(|e| e.metrics.render(&e.store()))
+                .unwrap_or_default()
+        });
+        let ready: crate::metrics::Ready =
+            Arc::new(move || for_ready.get().is_some_and(|e| e.metrics.is_ready()));
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(addr, ready, render).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+    if let Some(le) = &options.leader_election {
+        lease::acquire_lease(client.clone(), le).await?;
+    }
+    let engine = Engine::start(cfg)?;
+    let _ = started.set(engine.clone());
+    let budget = options.budget;
+    let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))
+        .allow_burst(NonZeroU32::new(budget.burst.max(1)).expect("max(1) > 0"));
+    let events = options.events.then(|| {
+        EventPublisher::new(
+            client.clone(),
+            "managed-jobs",
+            std::env::var("POD_NAME").ok(),
+        )
+    });
+    let (events_tx, events_rx): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
+        .map(|_| tokio::sync::mpsc::channel::<EventWork>(EVENT_QUEUE))
+        .unzip();
+    let op = Arc::new(Operator {
+        client: client.clone(),
+        engine,
+        limiter: RateLimiter::direct(quota),
+        events,
+        events_tx,
+        published: Default::default(),
+        failures: Default::default(),
+    });
+    for mut rx in events_rx {
+        let op = op.clone();
+        tokio::spawn(async move {
+            while let Some((job_id, done, reference)) = rx.recv().await {
+                op.publish_events(job_id, done, &reference).await;
+            }
+        });
+    }
+    tokio::spawn(status_writer::status_loop(op.clone()));
+    if op.engine.config().executors.contains(&ExecutorKind::Pod) {
+        let pods: Api<Pod> = match &namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        tokio::spawn(crate::executor::pod::watch::run(op.engine.clone(), pods));
+    }
+    let jobs: Api<ManagedJob> = match &namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    tracing::info!("operator started; watching ManagedJobs");
+    op.engine.metrics.set_ready();
+    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
+    // fields, the client-side-apply annotation), which is most of a small object's size.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = watcher(jobs, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|mj: &mut ManagedJob| {
+            mj.managed_fields_mut().clear();
+            mj.annotations_mut()
+                .remove("kubectl.kubernetes.io/last-applied-configuration");
+        })
+        .reflect(writer)
+        .touched_objects();
+    Controller::for_stream(stream, reader)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, op)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+    tracing::info!(
+        "operator stopped; job controller processes keep running and are adopted at the next start"
+    );
+    Ok(())
+}
+
+async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Error> {
+    let ns = mj
+        .namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))?;
+    let uid = mj.uid();
+    let api: Api<ManagedJob> = Api::namespaced(op.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, mj, |event| async {
+        match event {
+            Finalizer::Apply(mj) => op.apply(&mj).await,
+            Finalizer::Cleanup(mj) => op.cleanup(&mj).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    if result.is_ok()
+        && let Some(uid) = uid
+    {
+        op.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+    }
+    result
+}
+
+/// Delay before retrying an object's reconcile after its `failures`-th consecutive failure:
+/// [`FIRST_RETRY_DELAY`] doubled per failure, capped at [`MAX_RETRY_DELAY`].
+pub fn retry_delay(failures: u32) -> Duration {
+    let factor = 1u32 << failures.clamp(1, 16).saturating_sub(1);
+    FIRST_RETRY_DELAY
+        .saturating_mul(factor)
+        .min(MAX_RETRY_DELAY)
+}
+
+fn error_policy(mj: Arc<ManagedJob>, error: &Error, op: Arc<Operator>) -> Action {
+    use kube::runtime::finalizer::Error as F;
+    if let Error::Finalizer(e) = error
+        && let F::CleanupFailed(Error::CleanupPending(_)) = e.as_ref()
+    {
+        // Not a failure: the status write of the final phase re-triggers us; this is a backstop.
+        return Action::requeue(Duration::from_secs(1));
+    }
+    op.engine.metrics.reconcile_errors_total.inc();
+    let failures = {
+        let mut map = op.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(mj.uid().unwrap_or_default()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = retry_delay(failures);
+    tracing::warn!(job = %mj.name_any(), error = %error, failures, "reconcile failed; retrying in {delay:?}");
+    Action::requeue(delay)
+}
+
+impl Operator {
+    /// Mirror, submit, cancel on request, delete after the TTL.
+    async fn apply(&self, mj: &ManagedJob) -> Result<Action, Error> {
+        let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        let ns = mj
+            .namespace()
+            .ok_or(Error::MissingField("metadata.namespace"))?;
+        let name = mj.name_any();
+        let generation = mj.metadata.generation.unwrap_or(0);
+        let created_at_ms = mj
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond())
+            .unwrap_or_else(now_ms);
+        let up = self.engine.store().upsert_created(
+            &uid,
+            &ns,
+            &name,
+            generation,
+            &mj.spec,
+            created_at_ms,
+            mj.status.as_ref(),
+        )?;
+        let mut row = up.row;
+        if up.inserted {
+            tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, "job submitted");
+            if let Err(why) = validate_spec(&mj.spec) {
+                let t = lifecycle::invalid_spec(&row, why);
+                if let Cas::Applied(r) = self.engine.store().transition(row.id, &t)? {
+                    row = *r;
+                }
+            }
+        }
+        if mj.spec.cancel && (up.inserted || !row.cancel_requested) {
+            row = self.engine.cancel(row, false)?;
+        }
+        self.engine.wake_all();
+        if row.schedule_state == ScheduleState::Done
+            && let (Some(ttl), Some(finished)) =
+                (mj.spec.ttl_seconds_after_finished, row.finished_at_ms)
+        {
+            let due = finished + i64::from(ttl) * 1000;
+            let left = due - now_ms();
+            if left > 0 {
+                return Ok(Action::requeue(Duration::from_millis(left as u64)));
+            }
+            tracing::info!(job_id = row.id, job = %row.key(), "deleting: ttlSecondsAfterFinished passed");
+            let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &ns);
+            self.engine.metrics.api_request("delete");
+            api.delete(&name, &DeleteParams::default()).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Deletion: cancel, wait until Done, forget the job; the finalizer helper then lets go.
+    async fn cleanup(&self, mj: &ManagedJob) -> Result<Action, Error> {
+        let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
+        let Some(row) = self.engine.store().find_by_uid(&uid)? else {
+            return Ok(Action::await_change());
+        };
+        if row.schedule_state == ScheduleState::Done {
+            tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
+            self.engine.store().delete(row.id)?;
+            self.engine
+                .state_dir()
+                .forget_job(row.id, row.attempt.max(row.launched_attempt));
+            return Ok(Action::await_change());
+        }
+        let id = row.id;
+        if !row.deleting {
+            self.engine.cancel(row, true)?;
+        }
+        // kube's finalizer helper releases the finalizer on Ok: hold it with an error until the
+        // job is Done (the status write of the final phase triggers the next reconcile).
+        Err(Error::CleanupPending(id))
+    }
+}

@@ -1,0 +1,92 @@
+//! The SQLite store: the scheduler's working state and the source of every status write.
+//!
+//! One row per job in `jobs` holds both state machines of DESIGN.md section 4 (phase and schedule
+//! state); `transitions` keeps each job's history. Every state change is a compare-and-set on the
+//! expected previous state ([`Store::transition`]) of a transition decided by
+//! [`crate::lifecycle`]: a failed CAS reports the current row and never overwrites, an illegal
+//! edge is an error and is never written. The file is opened in WAL mode and shared by the
+//! operator and every job controller process; writers wait up to [`BUSY_TIMEOUT`] for the lock.
+//!
+//! - [`schema`]: the tables and their migrations;
+//! - [`row`]: [`JobRow`], mapped by column name;
+//! - [`jobs`]: mirroring, the compare-and-set, the scheduler's and status writer's queries;
+//! - [`history`]: each job's transitions;
+//! - [`pods`]: what the Pod watch saw of each attempt's Pod;
+//! - [`settings`]: the configuration the operator shares with its job controllers.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+pub mod history;
+pub mod jobs;
+pub mod pods;
+pub mod row;
+pub mod schema;
+pub mod settings;
+
+pub use history::HistoryEntry;
+pub use jobs::{Cas, Upserted};
+pub use row::JobRow;
+pub use settings::Settings;
+
+/// How long a writer waits for another process's write lock before failing.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused or failed.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The schema migration failed.
+    #[error("migrating the store's schema: {0}")]
+    Migration(#[from] rusqlite_migration::Error),
+    /// A row holds a value this version cannot read.
+    #[error("corrupt row for job {job_id}: {what}")]
+    Corrupt {
+        /// The job.
+        job_id: i64,
+        /// What could not be read.
+        what: String,
+    },
+    /// No job with that id.
+    #[error("no job with id {0}")]
+    NotFound(i64),
+    /// The change would break the state machines; nothing was written.
+    #[error(transparent)]
+    Illegal(#[from] crate::lifecycle::IllegalTransition),
+}
+
+/// Result type of the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A handle on the SQLite file. Not `Sync`: each process (and each thread) opens its own.
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, in WAL mode, and migrates its schema.
+    ///
+    /// `cache_kib` sizes SQLite's page cache: the operator uses a few MiB, a job controller
+    /// process a few pages (SQLite's 2 MiB default would dominate its private memory).
+    pub fn open(path: &Path, cache_kib: u32) -> Result<Store> {
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "cache_size", -(cache_kib as i64))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        schema::migrations().to_latest(&mut conn)?;
+        Ok(Store { conn })
+    }
+
+    /// Opens a throw-away store in memory (tests and property tests).
+    pub fn in_memory() -> Result<Store> {
+        let mut conn = Connection::open_in_memory()?;
+        schema::migrations().to_latest(&mut conn)?;
+        Ok(Store { conn })
+    }
+}

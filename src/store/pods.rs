@@ -1,0 +1,71 @@
+//! What the operator's shared Pod watch saw of each attempt's Pod (the pod executor's input).
+
+use rusqlite::{OptionalExtension, params};
+
+use super::{Result, Store};
+use crate::executor::pod::{PodObservation, PodState};
+use crate::lifecycle::now_ms;
+
+impl Store {
+    /// Records what the Pod watch saw; returns true when it differs from what was stored.
+    pub fn record_pod(&mut self, o: &PodObservation) -> Result<bool> {
+        let changed = self.conn.execute(
+            "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
+                message, deleted, observed_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             ON CONFLICT (job_id, attempt) DO UPDATE SET pod_name = excluded.pod_name,
+                state = excluded.state, exit_code = excluded.exit_code, reason = excluded.reason,
+                message = excluded.message, deleted = excluded.deleted,
+                observed_at_ms = excluded.observed_at_ms
+             WHERE state != excluded.state OR exit_code IS NOT excluded.exit_code
+                OR reason != excluded.reason OR message != excluded.message
+                OR deleted != excluded.deleted",
+            params![
+                o.job_id,
+                o.attempt,
+                o.pod_name,
+                o.state.as_str(),
+                o.exit_code,
+                o.reason,
+                o.message,
+                o.deleted,
+                now_ms()
+            ],
+        )?;
+        Ok(changed > 0)
+    }
+
+    /// The latest observation of an attempt's Pod.
+    pub fn pod_observation(&self, job_id: i64, attempt: i32) -> Result<Option<PodObservation>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted
+                 FROM pod_observations WHERE job_id = ?1 AND attempt = ?2",
+                params![job_id, attempt],
+                |r| {
+                    Ok(PodObservation {
+                        job_id: r.get(0)?,
+                        attempt: r.get(1)?,
+                        pod_name: r.get(2)?,
+                        state: {
+                            let s: String = r.get(3)?;
+                            PodState::parse(&s).ok_or_else(|| {
+                                rusqlite::Error::ToSqlConversionFailure(Box::new(
+                                    crate::store::StoreError::Corrupt {
+                                        job_id,
+                                        what: format!("pod state {s:?}"),
+                                    },
+                                ))
+                            })?
+                        },
+                        exit_code: r.get(4)?,
+                        reason: r.get(5)?,
+                        message: r.get(6)?,
+                        deleted: r.get(7)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+}

@@ -1,0 +1,88 @@
+//! The store's schema and its migrations (rusqlite_migration; `user_version` holds the step).
+
+use rusqlite_migration::{M, Migrations};
+
+/// Every migration, oldest first. Append only: a released step is never edited.
+pub(super) fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![
+        M::up(
+            r#"
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            uid TEXT NOT NULL UNIQUE,
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL,
+            generation INTEGER NOT NULL DEFAULT 0,
+            executor TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            priority INTEGER NOT NULL DEFAULT 0,
+            phase TEXT NOT NULL,
+            schedule_state TEXT NOT NULL,
+            message TEXT NOT NULL DEFAULT '',
+            queue_position INTEGER,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            deleting INTEGER NOT NULL DEFAULT 0,
+            controller_pid INTEGER,
+            controller_start_time INTEGER,
+            controller_starts INTEGER NOT NULL DEFAULT 0,
+            controller_crashes INTEGER NOT NULL DEFAULT 0,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            launched_attempt INTEGER NOT NULL DEFAULT 0,
+            recovery_count INTEGER NOT NULL DEFAULT 0,
+            restart_count INTEGER NOT NULL DEFAULT 0,
+            exit_code INTEGER,
+            failure_reason TEXT,
+            workload TEXT,
+            backoff_until_ms INTEGER,
+            submitted_at_ms INTEGER NOT NULL,
+            created_at_ms INTEGER NOT NULL,
+            started_at_ms INTEGER,
+            finished_at_ms INTEGER,
+            phase_changed_at_ms INTEGER NOT NULL,
+            status_version INTEGER NOT NULL DEFAULT 1,
+            synced_version INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX jobs_queue ON jobs (schedule_state, priority DESC, created_at_ms, id)
+            WHERE schedule_state IN ('Waiting', 'AliveWaiting');
+        CREATE INDEX jobs_live ON jobs (schedule_state)
+            WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
+        CREATE INDEX jobs_unsynced ON jobs (id) WHERE status_version > synced_version;
+        CREATE INDEX jobs_by_name ON jobs (namespace, name);
+        CREATE TABLE transitions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id INTEGER NOT NULL,
+            at_ms INTEGER NOT NULL,
+            from_phase TEXT,
+            to_phase TEXT NOT NULL,
+            from_schedule TEXT,
+            to_schedule TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            message TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX transitions_by_job ON transitions (job_id, id);
+        CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE pod_observations (
+            job_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            pod_name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            message TEXT NOT NULL DEFAULT '',
+            deleted INTEGER NOT NULL DEFAULT 0,
+            observed_at_ms INTEGER NOT NULL,
+            PRIMARY KEY (job_id, attempt)
+        );
+        "#,
+        ),
+        // The status writer's ordering (operator::status_loop): the transition (its id in
+        // `transitions`) of a job's last schedule or phase change, and of the first one not yet
+        // written to the API.
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN changed_seq INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN unsynced_since_seq INTEGER NOT NULL DEFAULT 0;
+        "#,
+        ),
+    ])
+}

@@ -1,0 +1,87 @@
+//! The configuration the operator shares with its job controllers and the CLI: one typed value,
+//! stored as JSON under one key of the `settings` table.
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use super::{Result, Store};
+use crate::api::ExecutorKind;
+use crate::capacity::Caps;
+
+const KEY: &str = "settings";
+
+/// What the operator in charge of a state dir runs with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// Executors enabled (`--executors`).
+    pub executors: Vec<ExecutorKind>,
+    /// Grace between SIGTERM and SIGKILL when stopping a workload, ms (`--cancel-grace`).
+    pub cancel_grace_ms: u64,
+    /// First restart back-off, ms; doubles per restart up to
+    /// [`crate::lifecycle::MAX_BACKOFF`] (`--restart-backoff`).
+    pub restart_backoff_ms: u64,
+    /// Caps in force (None before an operator wrote them).
+    pub caps: Option<Caps>,
+}
+
+impl Default for Settings {
+    /// The values a job controller uses when no operator wrote any (the `run` flags' defaults).
+    fn default() -> Settings {
+        Settings {
+            executors: vec![ExecutorKind::Local],
+            cancel_grace_ms: 5_000,
+            restart_backoff_ms: 1_000,
+            caps: None,
+        }
+    }
+}
+
+impl Store {
+    /// The settings the operator wrote, or the defaults when none (or unreadable ones: a newer
+    /// operator's) were written.
+    pub fn settings(&self) -> Result<Settings> {
+        let text: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM settings WHERE key = ?1", [KEY], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(text
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default())
+    }
+
+    /// Writes the settings (the operator, at start).
+    pub fn set_settings(&mut self, settings: &Settings) -> Result<()> {
+        let text = serde_json::to_string(settings).expect("settings serialize");
+        self.conn.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, ?2)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            params![KEY, text],
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_and_default() {
+        let mut store = Store::in_memory().unwrap();
+        assert_eq!(store.settings().unwrap(), Settings::default());
+        let s = Settings {
+            executors: vec![ExecutorKind::Local, ExecutorKind::Pod],
+            cancel_grace_ms: 100,
+            restart_backoff_ms: 7,
+            caps: Some(Caps {
+                launch: 8,
+                run: 100,
+            }),
+        };
+        store.set_settings(&s).unwrap();
+        assert_eq!(store.settings().unwrap(), s);
+    }
+}
