@@ -19,7 +19,7 @@ use crate::api::{ExecutorKind, JobPhase, ScheduleState};
 use crate::capacity::Capacity;
 use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
-use crate::lifecycle::{self, ControllerExit};
+use crate::lifecycle::{self, ControllerExit, ExitSeen};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
 use crate::scheduler;
@@ -188,7 +188,7 @@ impl Engine {
                 tokio::spawn(async move {
                     let mut child = child;
                     let _ = child.wait().await;
-                    op.on_controller_exit(id, pid, start);
+                    op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
                 });
             }
             Err(e) => {
@@ -247,12 +247,12 @@ impl Engine {
     /// A job controller process exited. If the job is not Done it crashed: resume it with a
     /// fresh process, or end it as FailedController after `max_controller_crashes`
     /// ([`lifecycle::controller_exited`] decides, in the store's transaction).
-    fn on_controller_exit(self: &Arc<Self>, id: i64, pid: i32, start: u64) {
+    fn on_controller_exit(self: &Arc<Self>, id: i64, pid: i32, start: u64, seen: ExitSeen) {
         self.wake_all();
         let max = self.cfg.max_controller_crashes;
         let mut decision = ControllerExit::Finished;
         let result = self.store().apply(id, |row| {
-            decision = lifecycle::controller_exited(row, pid, max);
+            decision = lifecycle::controller_exited(row, pid, max, seen);
             match &decision {
                 ControllerExit::Finished => None,
                 ControllerExit::Resume(t) | ControllerExit::GiveUp(t) => Some(t.clone()),
@@ -321,10 +321,16 @@ impl Engine {
                     let id = row.id;
                     tokio::spawn(async move {
                         process::wait_gone(pid, start).await;
-                        op.on_controller_exit(id, pid, start);
+                        op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
                     });
                 }
-                (Some(pid), start) => self.on_controller_exit(row.id, pid, start.unwrap_or(0)),
+                // It went away with the previous operator: a hand-over, not a crash.
+                (Some(pid), start) => self.on_controller_exit(
+                    row.id,
+                    pid,
+                    start.unwrap_or(0),
+                    ExitSeen::AtOperatorStart,
+                ),
                 (None, _) => {
                     tracing::info!(
                         job_id = row.id,

@@ -398,3 +398,76 @@ async fn second_engine_on_one_state_dir_is_refused() {
         .expect("refused");
     assert!(err.to_string().contains("another operator"), "{err}");
 }
+
+/// DESIGN.md section 7: an operator restart is a hand-over. Three times, the engine goes away
+/// together with the job's controller (as a container restart takes both); each start finds the
+/// controller dead and resumes the job without counting a crash, though the crash limit is 3.
+#[test]
+fn operator_restarts_that_take_the_job_controller_along_are_not_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let id = rt.block_on(async {
+            let engine = start(dir.path(), CAPS);
+            let id = submit(&engine, "handover", &spec("echo run >> runs.txt; sleep 6"));
+            wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+                r.phase == JobPhase::Running
+            })
+            .await;
+            id
+        });
+        rt.shutdown_timeout(Duration::from_secs(1));
+        id
+    };
+    let kill_controller = || {
+        let store = managed_jobs::store::Store::open(
+            &managed_jobs::state_dir::StateDir::new(dir.path()).store(),
+            256,
+        )
+        .unwrap();
+        let row = store.get(id).unwrap();
+        let pid = row.controller_pid.expect("a recorded controller");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        // Wait until it is gone (it is not our child: poll its /proc entry).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    kill_controller();
+    for round in 0..3 {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let done = rt.block_on(async {
+            let engine = start(dir.path(), CAPS);
+            if round < 2 {
+                wait_for(
+                    &engine,
+                    id,
+                    "a new controller",
+                    Duration::from_secs(30),
+                    |r| r.controller_pid.is_some() && r.controller_starts == round + 2,
+                )
+                .await;
+                None
+            } else {
+                Some(wait_done(&engine, id).await)
+            }
+        });
+        rt.shutdown_timeout(Duration::from_secs(1));
+        if let Some(row) = done {
+            assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+            assert_eq!(row.controller_crashes, 0, "hand-overs are not crashes");
+            assert_eq!(row.controller_starts, 4, "one start, three resumptions");
+            assert_eq!(row.attempt, 1, "the workload was adopted each time");
+        } else {
+            kill_controller();
+        }
+    }
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run\n", "the workload ran once");
+}

@@ -702,7 +702,12 @@ impl Model {
     fn resume(&mut self, id: i64) -> TestResult {
         let before = self.get(id);
         let pid = before.controller_pid.expect("a recorded controller");
-        let ControllerExit::Resume(t) = lifecycle::controller_exited(&before, pid, i64::MAX) else {
+        let ControllerExit::Resume(t) = lifecycle::controller_exited(
+            &before,
+            pid,
+            i64::MAX,
+            lifecycle::ExitSeen::WhileOperatorRan,
+        ) else {
             return Err(TestCaseError::fail(format!(
                 "job {id}: a live job's controller exit must resume it"
             )));
@@ -720,6 +725,32 @@ impl Model {
         prop_assert!(
             after.controller_pid.is_some() && after.controller_pid != before.controller_pid
         );
+        Ok(())
+    }
+
+    /// The start-up sweep finds the job's controller dead: it went away with the operator, so it
+    /// is resumed without counting a crash ([`lifecycle::ExitSeen::AtOperatorStart`]).
+    fn hand_over(&mut self, id: i64) -> TestResult {
+        let before = self.get(id);
+        let pid = before.controller_pid.expect("a recorded controller");
+        let ControllerExit::Resume(t) =
+            lifecycle::controller_exited(&before, pid, 1, lifecycle::ExitSeen::AtOperatorStart)
+        else {
+            return Err(TestCaseError::fail(format!(
+                "job {id}: a hand-over must resume"
+            )));
+        };
+        let applied = self.cas(id, t)?;
+        prop_assert!(applied);
+        self.dead_controller.remove(&id);
+        self.spawn(id)?;
+        let after = self.get(id);
+        prop_assert_eq!(
+            after.controller_crashes,
+            before.controller_crashes,
+            "a hand-over is no crash"
+        );
+        prop_assert_eq!(after.schedule_state, before.schedule_state);
         Ok(())
     }
 
@@ -785,7 +816,7 @@ impl Model {
         self.operator_up = true;
         for row in self.store.live_jobs().expect("live_jobs") {
             match row.controller_pid {
-                Some(_) if self.dead_controller.contains(&row.id) => self.resume(row.id)?,
+                Some(_) if self.dead_controller.contains(&row.id) => self.hand_over(row.id)?,
                 Some(_) => continue, // adopted
                 None => self.spawn(row.id)?,
             }
@@ -962,7 +993,9 @@ impl Model {
     fn controller_gives_up(&mut self, id: i64) -> TestResult {
         let row = self.get(id);
         let pid = row.controller_pid.expect("a recorded controller");
-        let ControllerExit::GiveUp(t) = lifecycle::controller_exited(&row, pid, 1) else {
+        let ControllerExit::GiveUp(t) =
+            lifecycle::controller_exited(&row, pid, 1, lifecycle::ExitSeen::WhileOperatorRan)
+        else {
             return Err(TestCaseError::fail(format!("job {id}: must give up")));
         };
         let applied = self.cas(id, t)?;

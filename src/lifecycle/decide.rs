@@ -222,17 +222,36 @@ pub enum ControllerExit {
     GiveUp(Transition),
 }
 
+/// Why the operator learned that a job controller is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitSeen {
+    /// The operator saw it exit while running (its parent, or its pidfd): a crash.
+    WhileOperatorRan,
+    /// The operator, starting, found it dead: it went away with the previous operator
+    /// (a rollout, SIGKILL, OOM, node loss), so it is a hand-over, not a crash.
+    AtOperatorStart,
+}
+
 /// Decides on the exit of job controller `pid` of `row` (DESIGN.md section 7): an exit before
-/// the job is Done is a crash; the `max_crashes`-th ends the job FailedController.
-pub fn controller_exited(row: &JobRow, pid: i32, max_crashes: i64) -> ControllerExit {
+/// the job is Done while the operator ran is a crash, and the `max_crashes`-th ends the job
+/// FailedController; one found at the operator's start is resumed without counting.
+pub fn controller_exited(
+    row: &JobRow,
+    pid: i32,
+    max_crashes: i64,
+    seen: ExitSeen,
+) -> ControllerExit {
     if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
         return ControllerExit::Finished;
+    }
+    if seen == ExitSeen::AtOperatorStart {
+        return ControllerExit::Resume(t::controller_resumed(row, false));
     }
     let crashes = row.controller_crashes + 1;
     if crashes >= max_crashes {
         ControllerExit::GiveUp(t::controller_gave_up(row, crashes))
     } else {
-        ControllerExit::Resume(t::controller_resumed(row))
+        ControllerExit::Resume(t::controller_resumed(row, true))
     }
 }
 
@@ -387,20 +406,29 @@ mod tests {
 
     #[test]
     fn a_controller_exit_resumes_until_the_crash_limit() {
+        let ran = ExitSeen::WhileOperatorRan;
         let r = row(JobPhase::Running, ScheduleState::Alive);
         assert!(matches!(
-            controller_exited(&r, 10, 3),
+            controller_exited(&r, 10, 3, ran),
             ControllerExit::Resume(_)
         ));
-        assert_eq!(controller_exited(&r, 11, 3), ControllerExit::Finished);
+        assert_eq!(controller_exited(&r, 11, 3, ran), ControllerExit::Finished);
         let mut twice = r.clone();
         twice.controller_crashes = 2;
         assert!(matches!(
-            controller_exited(&twice, 10, 3),
+            controller_exited(&twice, 10, 3, ran),
             ControllerExit::GiveUp(_)
         ));
+        // Found dead at the operator's start: a hand-over, never counted, never fatal.
+        match controller_exited(&twice, 10, 3, ExitSeen::AtOperatorStart) {
+            ControllerExit::Resume(t) => assert!(!t.change.controller_crashed),
+            other => panic!("{other:?}"),
+        }
         let done = row(JobPhase::Succeeded, ScheduleState::Done);
-        assert_eq!(controller_exited(&done, 10, 3), ControllerExit::Finished);
+        assert_eq!(
+            controller_exited(&done, 10, 3, ran),
+            ControllerExit::Finished
+        );
     }
 
     fn phase() -> impl Strategy<Value = JobPhase> {

@@ -23,7 +23,9 @@ pub mod decide;
 pub mod reason;
 pub mod transitions;
 
-pub use decide::{Action, ControllerExit, Observed, controller_exited, next_action, observes};
+pub use decide::{
+    Action, ControllerExit, ExitSeen, Observed, controller_exited, next_action, observes,
+};
 pub use reason::{FailureReason, Reason};
 pub use transitions::*;
 

@@ -88,6 +88,8 @@ pub struct Change {
     pub controller_started: bool,
     /// Count one more job controller crash.
     pub controller_crashed: bool,
+    /// Forget the crashes counted so far (the job made progress since).
+    pub reset_crashes: bool,
 }
 
 impl Change {
@@ -110,6 +112,7 @@ impl Change {
             started_now: false,
             controller_started: false,
             controller_crashed: false,
+            reset_crashes: false,
         }
     }
 
@@ -256,12 +259,14 @@ pub fn controller_start_failed(row: &JobRow, error: &str) -> Transition {
     )
 }
 
-/// The job's recorded controller process exited early and will be resumed: clear it and count
-/// the crash. The schedule state does not change.
-pub fn controller_resumed(row: &JobRow) -> Transition {
+/// The job's recorded controller process exited early and will be resumed: clear it, and count
+/// the crash when `counted` (it died while its operator lived; one found dead after the operator
+/// itself went away, a rollout or a node loss, is a hand-over, not a crash). The schedule state
+/// does not change.
+pub fn controller_resumed(row: &JobRow, counted: bool) -> Transition {
     let mut change = Change::because(Reason::ControllerExited);
     change.controller = Some(None);
-    change.controller_crashed = true;
+    change.controller_crashed = counted;
     Transition::new(Expect::schedule(&ScheduleState::LIVE), change).with_row_phase(row)
 }
 
@@ -343,6 +348,9 @@ pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
     change.attempt = Some(attempt);
     change.workload = Some(Some(workload));
     change.started_now = true;
+    // Progress: crashes counted before it belong to an earlier incarnation of trouble, so a job
+    // that runs for weeks is never failed by crashes spread over them.
+    change.reset_crashes = row.controller_crashes > 0;
     Transition::new(Expect::unchanged(row), change)
 }
 

@@ -336,6 +336,9 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     if change.controller_started {
         after.controller_starts += 1;
     }
+    if change.reset_crashes {
+        after.controller_crashes = 0;
+    }
     if change.controller_crashed {
         after.controller_crashes += 1;
     }
