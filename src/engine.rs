@@ -86,8 +86,14 @@ impl Engine {
     /// Takes the state dir, opens the store, shares settings with job controllers, adopts or
     /// resumes live jobs, and starts the wake-up listener and the scheduler loop.
     pub fn start(cfg: Config) -> anyhow::Result<Arc<Engine>> {
+        let lock = lock_state_dir(&StateDir::new(&cfg.state_dir))?;
+        Engine::start_locked(cfg, lock)
+    }
+
+    /// [`Engine::start`] with the state dir's lock already taken (the operator takes it first,
+    /// to rebuild a lost store before the engine starts).
+    pub fn start_locked(cfg: Config, lock: Flock<std::fs::File>) -> anyhow::Result<Arc<Engine>> {
         let dir = StateDir::new(&cfg.state_dir);
-        let lock = lock_state_dir(&dir)?;
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;

@@ -73,7 +73,8 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
         if t.reason == Reason::Scheduled {
             waited_ms = queued_at.map(|q| (t.at_ms - q).max(0));
         }
-        if t.id <= after {
+        // A rebuilt row repeats what the object showed: no Event.
+        if t.id <= after || t.reason == Reason::Restored {
             continue;
         }
         let event = |type_, reason, note: Cow<'_, str>| JobEvent {

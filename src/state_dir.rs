@@ -89,10 +89,13 @@ impl StateDir {
         self.root.join("work").join(job_id.to_string())
     }
 
-    /// Removes what the state dir keeps for a forgotten job: its working directory, its lock
-    /// and exit files. Logs stay for `managed-jobs logs` until the directory is cleaned.
+    /// Removes what the state dir keeps for a job whose object is gone (its retention ended):
+    /// its working directory, logs, lock and exit files. Job ids never repeat, even after a lost
+    /// store, so no later job could have shared them.
     pub fn forget_job(&self, job_id: i64, attempts: i32) {
         let _ = std::fs::remove_dir_all(self.work_dir(job_id));
+        let _ = std::fs::remove_file(self.controller_log(job_id));
+        let _ = std::fs::remove_file(self.workload_log(job_id));
         let _ = std::fs::remove_file(self.job_lock(job_id));
         for attempt in 1..=attempts.max(0) {
             let _ = std::fs::remove_file(self.exit_file(job_id, attempt));

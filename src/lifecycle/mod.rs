@@ -9,6 +9,7 @@
 //!   ([`admit`], [`controller_started`], [`launch_intent`], [`running`], [`after_outcome`], ...),
 //!   and the table of legal edges ([`legal_schedule_edge`], [`check_edge`]) that
 //!   [`crate::store::Store::transition`] enforces: an illegal edge is an error, never written.
+//! - [`restore`]: a job's row rebuilt from its object's status after the store was lost.
 //! - [`decide`]: what a job controller does next ([`next_action`]) given the job's row and what
 //!   its executor observes, and what the operator does when a job controller exits
 //!   ([`controller_exited`]).
@@ -21,12 +22,14 @@
 
 pub mod decide;
 pub mod reason;
+pub mod restore;
 pub mod transitions;
 
 pub use decide::{
     Action, ControllerExit, ExitSeen, Observed, controller_exited, next_action, observes,
 };
 pub use reason::{FailureReason, Reason};
+pub use restore::{Restored, restore};
 pub use transitions::*;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

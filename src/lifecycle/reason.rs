@@ -13,6 +13,8 @@ pub enum Reason {
     /// The store had lost the job and its object already carried a final status: stored Done
     /// with that phase, never run again (DESIGN.md section 7).
     KeptFinalStatus,
+    /// The store was lost and the job was rebuilt from its object's status.
+    Restored,
     /// A scheduling pass gave the job a launch slot (Waiting/AliveWaiting -> Launching).
     Scheduled,
     /// A job controller process was started and recorded (Pending -> Submitted on the first).
@@ -45,10 +47,11 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
+        Reason::Restored,
         Reason::Scheduled,
         Reason::ControllerStarted,
         Reason::ControllerExited,
@@ -71,6 +74,7 @@ impl Reason {
             Reason::Created => "Created",
             Reason::Submitted => "Submitted",
             Reason::KeptFinalStatus => "KeptFinalStatus",
+            Reason::Restored => "Restored",
             Reason::Scheduled => "Scheduled",
             Reason::ControllerStarted => "ControllerStarted",
             Reason::ControllerExited => "ControllerExited",

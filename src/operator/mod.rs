@@ -34,6 +34,7 @@ use crate::lifecycle::{self, now_ms};
 use crate::store::{Cas, StoreError};
 
 pub mod lease;
+pub mod rebuild;
 pub mod status_writer;
 
 pub use lease::LeaderElection;
@@ -140,7 +141,12 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     if let Some(le) = &options.leader_election {
         lease::acquire_lease(client.clone(), le).await?;
     }
-    let engine = Engine::start(cfg)?;
+    // The state dir is ours alone from here; a lost store is rebuilt from the API before
+    // anything is admitted.
+    let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
+    let lock = crate::engine::lock_state_dir(&dir)?;
+    rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref()).await?;
+    let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;
     let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))

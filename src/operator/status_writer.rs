@@ -228,8 +228,24 @@ impl Operator {
                 }
                 true
             }
-            // Gone, or replaced by a new object of the same name: nothing to write to.
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => true,
+            // Gone, or replaced by a new object of the same name: nothing to write to, once a
+            // GET confirms it (a status subresource can answer 404 for a moment while its CRD
+            // changes; a status is never dropped on a guess).
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                self.engine.metrics.api_request("get");
+                match api.get_opt(&row.name).await {
+                    Ok(None) => true,
+                    Ok(Some(mj)) if mj.metadata.uid.as_deref() != Some(row.uid.as_str()) => true,
+                    Ok(Some(_)) => {
+                        tracing::warn!(job_id = row.id, job = %row.key(), code = e.code, "status write refused though the object exists; retrying");
+                        false
+                    }
+                    Err(e) => {
+                        tracing::warn!(job_id = row.id, job = %row.key(), error = %e, "status write failed and the object could not be read; retrying");
+                        false
+                    }
+                }
+            }
             Err(e) => {
                 tracing::warn!(job_id = row.id, job = %row.key(), error = %e, "status write failed");
                 false

@@ -405,6 +405,100 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
 }
 
 impl Store {
+    /// Number of jobs stored (0: a new or lost store, to be rebuilt before the first admission).
+    pub fn job_count(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))?)
+    }
+
+    /// Inserts a job rebuilt from its object's status ([`lifecycle::restore`]), under its
+    /// status' job id when that id is free (otherwise a new one, logged), with one history entry
+    /// ([`Reason::Restored`]). A finished job is stored as already written to the API, so its
+    /// status is never rewritten. Returns the row, or the existing one when the uid is stored.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        &mut self,
+        uid: &str,
+        namespace: &str,
+        name: &str,
+        generation: i64,
+        spec: &ManagedJobSpec,
+        created_at_ms: i64,
+        r: &lifecycle::Restored,
+    ) -> Result<JobRow> {
+        if let Some(row) = self.find_by_uid(uid)? {
+            return Ok(row);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let taken: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE id = ?1)",
+            [r.job_id],
+            |row| row.get(0),
+        )?;
+        if taken {
+            tracing::warn!(job_id = r.job_id, %namespace, %name, "two objects show one job id; this one gets a new id");
+        }
+        let now = now_ms();
+        let spec_json = serde_json::to_string(spec).expect("a spec serializes");
+        let synced = i64::from(r.synced);
+        tx.execute(
+            "INSERT INTO jobs (id, uid, namespace, name, generation, executor, spec, priority,
+                phase, schedule_state, message, cancel_requested, attempt, launched_attempt,
+                recovery_count, restart_count, exit_code, failure_reason, workload,
+                submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms,
+                created_at_ms, status_version, synced_version)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25)",
+            params![
+                (!taken).then_some(r.job_id),
+                uid,
+                namespace,
+                name,
+                generation,
+                spec.executor().as_str(),
+                spec_json,
+                spec.priority,
+                r.phase.as_str(),
+                r.schedule.as_str(),
+                r.message,
+                r.cancel_requested,
+                r.attempt,
+                r.launched_attempt,
+                r.recovery_count,
+                r.restart_count,
+                r.exit_code,
+                r.failure_reason,
+                r.workload,
+                r.submitted_at_ms.unwrap_or(now),
+                r.started_at_ms,
+                r.finished_at_ms
+                    .or((r.schedule == ScheduleState::Done).then_some(now)),
+                now,
+                created_at_ms,
+                synced,
+            ],
+        )?;
+        let id = tx.last_insert_rowid();
+        let seq = history::record(
+            &tx,
+            id,
+            now,
+            None,
+            (r.phase, r.schedule),
+            Reason::Restored,
+            "rebuilt from the object's status after the store was lost",
+        )?;
+        tx.execute(
+            "UPDATE jobs SET changed_seq = ?2, unsynced_since_seq = ?2 WHERE id = ?1",
+            params![id, seq],
+        )?;
+        tx.commit()?;
+        self.get(id)
+    }
+
     /// Persists a cancel request (idempotent). Returns the row after it.
     pub fn request_cancel(&mut self, id: i64, deleting: bool) -> Result<JobRow> {
         self.conn.execute(

@@ -285,6 +285,43 @@ impl OperatorProcess {
         }
     }
 
+    /// SIGTERMs the operator (a rollout) and waits for it to exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGKILLs the operator and every job controller of its state dir at once, as a container
+    /// restart does (workloads in their own process groups stay).
+    pub fn kill_with_job_controllers(&mut self) {
+        self.kill();
+        for (_, pid) in self.job_controllers() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.job_controllers().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Starts it on the same state dir, without stopping anything first.
+    pub fn start_again(&mut self) {
+        self.spawn();
+    }
+
     /// Starts it again on the same state dir.
     pub fn restart(&mut self) {
         self.kill();

@@ -76,6 +76,21 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     }
 }
 
+/// True when `pod` is `attempt` of `row`'s job by every mark it carries: its namespace, its
+/// deterministic name, its owner (the job's object, by uid) and its labels. A Pod that fails any
+/// of them (made elsewhere, copied, relabelled) never feeds the job's status.
+pub fn is_attempt_pod(pod: &Pod, row: &JobRow, attempt: i32) -> bool {
+    pod.metadata.namespace.as_deref() == Some(row.namespace.as_str())
+        && pod.metadata.name.as_deref() == Some(pod_name(&row.name, row.id, attempt).as_str())
+        && pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == row.uid && o.controller == Some(true))
+        && pod_key(pod) == Some((row.id, attempt))
+}
+
 /// The (job id, attempt) a labelled Pod belongs to.
 pub fn pod_key(pod: &Pod) -> Option<(i64, i32)> {
     let labels = pod.metadata.labels.as_ref()?;
@@ -168,6 +183,46 @@ impl Executor for PodExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_attempts_own_pod_is_its_pod() {
+        let row = crate::store::JobRow {
+            id: 3,
+            uid: "uid-3".into(),
+            namespace: "ns".into(),
+            name: "job".into(),
+            ..test_row()
+        };
+        let pod = build_pod(&row, 1);
+        assert!(is_attempt_pod(&pod, &row, 1));
+        assert!(!is_attempt_pod(&pod, &row, 2), "another attempt");
+        let mut elsewhere = pod.clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(!is_attempt_pod(&elsewhere, &row, 1), "another namespace");
+        let mut renamed = pod.clone();
+        renamed.metadata.name = Some("job-3-1-copy".into());
+        assert!(!is_attempt_pod(&renamed, &row, 1), "another name");
+        let mut relabelled = pod.clone();
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(LABEL_JOB_ID);
+        assert!(!is_attempt_pod(&relabelled, &row, 1), "labels removed");
+        let mut adopted = pod;
+        adopted.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+        assert!(!is_attempt_pod(&adopted, &row, 1), "another owner");
+    }
+
+    fn test_row() -> crate::store::JobRow {
+        let mut store = crate::store::Store::in_memory().unwrap();
+        let spec = crate::api::ManagedJobSpec {
+            template: Some(Default::default()),
+            ..Default::default()
+        };
+        store.upsert("u", "ns", "job", 1, &spec).unwrap().row
+    }
 
     #[test]
     fn pod_names_fit_and_are_unique() {

@@ -40,18 +40,13 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
     }
 }
 
-/// Records what a labelled Pod shows, if it belongs to one of our jobs (its owner is the job's
-/// object), and wakes that job's controller when something changed. Returns its (job, attempt).
+/// Records what a labelled Pod shows, if it is one of our jobs' attempts by namespace, name,
+/// owner and labels ([`super::is_attempt_pod`]), and wakes that job's controller when something changed. Returns its (job, attempt).
 fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
     let (id, attempt) = super::pod_key(pod)?;
     let row = engine.store().find(id).ok()??;
-    let owned = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.uid == row.uid);
-    if !owned {
+    if !super::is_attempt_pod(pod, &row, attempt) {
+        tracing::debug!(job_id = id, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, "a labelled Pod that is not this job's: ignored");
         return None;
     }
     let observation = state::observe(pod, id, attempt, deleted);

@@ -1,0 +1,141 @@
+//! Rebuilding a lost store (DESIGN.md section 7): when the operator starts on a store with no
+//! job at all (a new volume, an emptyDir after a pod restart, a deleted state dir), every
+//! ManagedJob whose status names a job id is restored from that status
+//! ([`lifecycle::restore`]) before the first admission, so ids, attempts and counters carry on,
+//! finished jobs keep their status byte for byte, and new jobs get ids above every old one. For
+//! a live pod job, the Pod of its current attempt is looked up by label and owner: found, it is
+//! adopted; missing, the attempt counts as lost (a recovery), never as a fresh attempt 1.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::api::{ExecutorKind, LABEL_JOB_ID, ManagedJob};
+use crate::executor::pod::{self, PodObservation, PodState};
+use crate::lifecycle::{self, now_ms};
+use crate::state_dir::StateDir;
+use crate::store::Store;
+
+/// What a rebuild did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Jobs restored from their status.
+    pub jobs: usize,
+    /// Of those, live pod jobs whose current Pod was found and adopted.
+    pub pods_adopted: usize,
+    /// Of those, live pod jobs whose current Pod is gone (counted as lost).
+    pub pods_missing: usize,
+}
+
+/// Rebuilds the store of `dir` from the API when it holds no job; does nothing otherwise.
+/// `namespace` limits it as the operator's watch is limited. Errors: the store or the API
+/// failed (the operator then exits and is restarted, before admitting anything).
+pub async fn rebuild_if_empty(
+    client: &Client,
+    dir: &StateDir,
+    namespace: Option<&str>,
+) -> anyhow::Result<Rebuilt> {
+    dir.create()?;
+    let mut store = Store::open(&dir.store(), 1024)?;
+    if store.job_count()? > 0 {
+        return Ok(Rebuilt::default());
+    }
+    let jobs: Api<ManagedJob> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let objects = jobs.list(&ListParams::default()).await?.items;
+    let restorable: Vec<(ManagedJob, lifecycle::Restored)> = objects
+        .into_iter()
+        .filter_map(|mj| {
+            let r = lifecycle::restore(mj.status.as_ref()?, mj.spec.cancel)?;
+            Some((mj, r))
+        })
+        .collect();
+    let mut out = Rebuilt::default();
+    if restorable.is_empty() {
+        return Ok(out);
+    }
+    // The Pods of our jobs, by (job id, attempt); a failed list (no Pod permission when the pod
+    // executor is off) leaves the pod jobs to find their Pods through the watch.
+    let pods_api: Api<Pod> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let pods: Option<HashMap<(i64, i32), Pod>> = match pods_api
+        .list(&ListParams::default().labels(LABEL_JOB_ID))
+        .await
+    {
+        Ok(list) => Some(
+            list.items
+                .into_iter()
+                .filter_map(|p| Some((pod::pod_key(&p)?, p)))
+                .collect(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "listing Pods for the rebuild failed; the Pod watch will find them");
+            None
+        }
+    };
+    for (mj, r) in restorable {
+        let (Some(uid), Some(ns)) = (mj.uid(), mj.namespace()) else {
+            continue;
+        };
+        let created_at_ms = mj
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond())
+            .unwrap_or_else(now_ms);
+        let generation = mj.metadata.generation.unwrap_or(0);
+        let row = store.restore(
+            &uid,
+            &ns,
+            &mj.name_any(),
+            generation,
+            &mj.spec,
+            created_at_ms,
+            &r,
+        )?;
+        out.jobs += 1;
+        let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
+        if row.executor != ExecutorKind::Pod || !live {
+            continue;
+        }
+        let Some(pods) = &pods else { continue };
+        let found = pods
+            .get(&(row.id, row.attempt))
+            .filter(|p| pod::is_attempt_pod(p, &row, row.attempt));
+        let observation = match found {
+            Some(p) => {
+                out.pods_adopted += 1;
+                pod::state::observe(p, row.id, row.attempt, false)
+            }
+            None => {
+                out.pods_missing += 1;
+                PodObservation {
+                    job_id: row.id,
+                    attempt: row.attempt,
+                    pod_name: pod::pod_name(&row.name, row.id, row.attempt),
+                    state: PodState::Lost,
+                    exit_code: None,
+                    reason: "PodMissing".into(),
+                    message: "no Pod of this attempt was found when the lost store was rebuilt"
+                        .into(),
+                    deleted: true,
+                }
+            }
+        };
+        store.record_pod(&observation)?;
+    }
+    tracing::warn!(
+        jobs = out.jobs,
+        pods_adopted = out.pods_adopted,
+        pods_missing = out.pods_missing,
+        state_dir = %dir.root().display(),
+        "the store held no job: rebuilt it from the ManagedJobs' status"
+    );
+    Ok(out)
+}

@@ -1,0 +1,478 @@
+//! Jobs outlive their operator (DESIGN.md section 7), on the real dev control plane: restarts
+//! are hand-overs (SIGTERM as in a rollout, SIGKILL of the operator with its job controllers as
+//! in a container restart), a lost store is rebuilt from the objects' status and the labelled
+//! Pods, and only a job's own Pods feed its status. Every Pod name a watch saw over the whole
+//! test is counted, not only what is left at the end.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobStatus};
+
+const T: Duration = Duration::from_secs(90);
+
+fn phase_is(p: JobPhase) -> impl Fn(&ManagedJobStatus) -> bool {
+    move |s| s.phase == Some(p)
+}
+
+fn pod_job(name: &str, complete_after: &str) -> String {
+    format!(
+        r#"apiVersion: managedjobs.dev/v1alpha1
+kind: ManagedJob
+metadata:
+  name: {name}
+spec:
+  template:
+    metadata:
+      annotations: {{"managedjobs.dev/complete-after": "{complete_after}"}}
+    spec:
+      containers:
+        - name: main
+          image: busybox
+          resources:
+            requests:
+              cpu: 100m
+              memory: 64Mi
+"#
+    )
+}
+
+fn local_job(name: &str, run: &str) -> String {
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  run: {run:?}\n"
+    )
+}
+
+/// Every Pod name seen through a watch of the namespace until the handle is aborted or 5 min.
+fn watch_pod_names(client: &Client, ns: &str) -> tokio::task::JoinHandle<BTreeSet<String>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let names = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let seen = names.clone();
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        let deadline = tokio::time::sleep(Duration::from_secs(300));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                ev = stream.next() => match ev {
+                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p))) => {
+                        seen.lock().unwrap().insert(p.name_any());
+                    }
+                    Some(_) => {}
+                    None => break,
+                },
+            }
+        }
+        seen.lock().unwrap().clone()
+    })
+}
+
+async fn pod_names_so_far(client: &Client, ns: &str) -> BTreeSet<String> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect()
+}
+
+async fn status_of(client: &Client, ns: &str, name: &str) -> ManagedJobStatus {
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+async fn events_about(client: &Client, ns: &str, name: &str) -> usize {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .count()
+}
+
+#[tokio::test]
+async fn five_operator_restarts_are_hand_overs() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "handover").await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let names = watch_pod_names(&client, &ns.name);
+    let runs = tempfile::tempdir().unwrap();
+    let runs_file = runs.path().join("runs.txt");
+    support::create_yaml(&client, &ns.name, &pod_job("long-pod", "45s")).await;
+    let run = format!("echo started >> {}; sleep 35", runs_file.display());
+    support::create_yaml(&client, &ns.name, &local_job("long-local", &run)).await;
+    for job in ["long-pod", "long-local"] {
+        support::wait_status(
+            &client,
+            &ns.name,
+            job,
+            T,
+            "Running",
+            phase_is(JobPhase::Running),
+        )
+        .await;
+    }
+    // Twice a rollout (SIGTERM), three times a container restart (SIGKILL of all).
+    for round in 0..5 {
+        if round < 2 {
+            op.terminate();
+        } else {
+            op.kill_with_job_controllers();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        op.start_again();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    for job in ["long-pod", "long-local"] {
+        let mj = support::wait_status(&client, &ns.name, job, T, "Succeeded", |s| {
+            s.phase.is_some_and(|p| p.is_terminal())
+        })
+        .await;
+        let s = mj.status.unwrap();
+        assert_eq!(s.phase, Some(JobPhase::Succeeded), "{job}: {:?}", s.message);
+        assert_eq!((s.restart_count, s.recovery_count), (0, 0), "{job}");
+        assert_eq!(s.attempt, 1, "{job}");
+    }
+    names.abort();
+    let mut seen = pod_names_so_far(&client, &ns.name).await;
+    if let Ok(watched) = names.await {
+        seen.extend(watched);
+    }
+    let id = status_of(&client, &ns.name, "long-pod")
+        .await
+        .job_id
+        .unwrap();
+    assert_eq!(
+        seen,
+        BTreeSet::from([format!("long-pod-{id}-1")]),
+        "exactly one Pod ever"
+    );
+    let runs = std::fs::read_to_string(&runs_file).unwrap();
+    assert_eq!(runs, "started\n", "the local workload ran once");
+}
+
+#[tokio::test]
+async fn a_lost_store_is_rebuilt_from_status_and_pods() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "loststore").await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let names = watch_pod_names(&client, &ns.name);
+    support::create_yaml(&client, &ns.name, &local_job("finished", "echo done")).await;
+    support::create_yaml(&client, &ns.name, &pod_job("survivor", "30s")).await;
+    let finished = support::wait_status(
+        &client,
+        &ns.name,
+        "finished",
+        T,
+        "Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let running = support::wait_status(
+        &client,
+        &ns.name,
+        "survivor",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let pod_id = running.status.unwrap().job_id.unwrap();
+    // Let the finished job's Events go out, then take its whole status.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = serde_json::to_value(status_of(&client, &ns.name, "finished").await).unwrap();
+    let events_before = events_about(&client, &ns.name, "finished").await;
+    let old_ids = [finished.status.unwrap().job_id.unwrap(), pod_id];
+    // Lose the store while the operator is down.
+    op.kill_with_job_controllers();
+    std::fs::remove_dir_all(op.state_path()).unwrap();
+    std::fs::create_dir_all(op.state_path()).unwrap();
+    op.start_again();
+    let mj = support::wait_status(&client, &ns.name, "survivor", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = mj.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::Succeeded), "{:?}", s.message);
+    assert_eq!(s.job_id, Some(pod_id), "the job keeps its id");
+    assert_eq!((s.attempt, s.restart_count, s.recovery_count), (1, 0, 0));
+    let after = serde_json::to_value(status_of(&client, &ns.name, "finished").await).unwrap();
+    assert_eq!(
+        after, before,
+        "a finished job's status is kept byte for byte"
+    );
+    assert_eq!(
+        events_about(&client, &ns.name, "finished").await,
+        events_before,
+        "no new Events for a finished job"
+    );
+    // A job created now gets an id above every old one.
+    support::create_yaml(&client, &ns.name, &local_job("newcomer", "true")).await;
+    let new = support::wait_status(
+        &client,
+        &ns.name,
+        "newcomer",
+        T,
+        "Succeeded",
+        phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let new_id = new.status.unwrap().job_id.unwrap();
+    assert!(
+        old_ids.iter().all(|&old| new_id > old),
+        "{new_id} vs {old_ids:?}"
+    );
+    names.abort();
+    let mut seen = pod_names_so_far(&client, &ns.name).await;
+    if let Ok(watched) = names.await {
+        seen.extend(watched);
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from([format!("survivor-{pod_id}-1")]),
+        "one Pod ever"
+    );
+}
+
+/// A Pod that carries a job's labels and owner but is not the attempt's Pod by name (a copy, a
+/// relabelled Pod) never feeds the job's status. (Another namespace is the same check,
+/// `executor::pod::is_attempt_pod`, unit-tested; a namespaced test operator cannot watch it.)
+#[tokio::test]
+async fn a_pod_with_a_jobs_labels_and_owner_but_not_its_name_changes_nothing() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "fence").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(&client, &ns.name, &pod_job("fenced", "12s")).await;
+    let running = support::wait_status(
+        &client,
+        &ns.name,
+        "fenced",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let id = running.status.clone().unwrap().job_id.unwrap();
+    let real: Pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .get(&format!("fenced-{id}-1"))
+        .await
+        .unwrap();
+    // A copy beside it: same labels and owner, another name, failing at once with code 7.
+    let mut fake = Pod {
+        metadata: real.metadata.clone(),
+        spec: real.spec.clone(),
+        status: None,
+    };
+    fake.metadata.name = Some(format!("fenced-{id}-1-copy"));
+    fake.metadata.resource_version = None;
+    fake.metadata.uid = None;
+    fake.metadata.creation_timestamp = None;
+    fake.metadata.managed_fields = None;
+    let annotations = fake.metadata.annotations.get_or_insert_default();
+    annotations.insert("managedjobs.dev/complete-after".into(), "1s".into());
+    annotations.insert("managedjobs.dev/exit-code".into(), "7".into());
+    if let Some(spec) = fake.spec.as_mut() {
+        spec.node_name = None;
+    }
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &fake)
+        .await
+        .expect("the copy is created");
+    let mj = support::wait_status(&client, &ns.name, "fenced", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = mj.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::Succeeded), "{:?}", s.message);
+    assert_eq!(
+        (s.exit_code, s.restart_count, s.recovery_count),
+        (Some(0), 0, 0)
+    );
+    assert_eq!(s.failure_reason, None);
+}
+
+/// The arguments and plain environment of the operator container that the chart renders with
+/// `values` (`helm template`), by `hack/controlplane.sh helm`.
+fn chart_command(values: &[&str]) -> Option<(Vec<String>, Vec<(String, String)>)> {
+    let mut args = vec!["helm", "template", "mj", "charts/managed-jobs"];
+    for v in values {
+        args.extend(["--set", v]);
+    }
+    let out = std::process::Command::new(support::root().join("hack/controlplane.sh"))
+        .args(&args)
+        .current_dir(support::root())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        assert!(
+            std::env::var("CI").unwrap_or_default().is_empty(),
+            "helm template failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for doc in text.split("\n---") {
+        let Ok(v) = serde_norway::from_str::<serde_json::Value>(doc) else {
+            continue;
+        };
+        if v["kind"] != "StatefulSet" {
+            continue;
+        }
+        let c = &v["spec"]["template"]["spec"]["containers"][0];
+        let args = c["args"]
+            .as_array()?
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let env = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?.to_string(),
+                    e["value"].as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        return Some((args, env));
+    }
+    None
+}
+
+/// The chart as a user installs it with `persistence.enabled=false` (an emptyDir: each restart
+/// of the operator's pod starts on an empty state dir), run as the container would run it: the
+/// binary with exactly the rendered flags and environment, the pod's downward-API values, and a
+/// fresh state dir at each start. Three times, the "pod" is deleted (operator and job
+/// controllers SIGKILLed, the emptyDir gone) during a pod job: the job succeeds, one Pod ever.
+#[tokio::test]
+async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "chartrestart").await;
+    let Some((args, env)) = chart_command(&[
+        "persistence.enabled=false",
+        &format!("watchNamespace={}", ns.name),
+    ]) else {
+        support::record_skip(
+            "a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions: helm",
+        );
+        return;
+    };
+    assert_eq!(args.first().map(String::as_str), Some("run"), "{args:?}");
+    let port = support::free_port();
+    let pod_namespace = ns.name.clone();
+    let start = |state: &std::path::Path, log: &std::path::Path| -> std::process::Child {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.starts_with("--state-dir=") {
+                    format!("--state-dir={}", state.display())
+                } else if a.starts_with("--metrics-addr=") {
+                    format!("--metrics-addr=127.0.0.1:{port}")
+                } else {
+                    a.replace("$(POD_NAMESPACE)", &pod_namespace)
+                }
+            })
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        std::process::Command::new(support::binary())
+            .args(&args)
+            .envs(env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .env("POD_NAME", "mj-managed-jobs-0")
+            .env("POD_NAMESPACE", &pod_namespace)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("TMPDIR", std::env::temp_dir())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting the operator with the chart's flags")
+    };
+    let root = tempfile::tempdir().unwrap();
+    let log = root.path().join("operator.log");
+    let state = root.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut op = start(&state, &log);
+    let names = watch_pod_names(&client, &ns.name);
+    support::create_yaml(&client, &ns.name, &pod_job("sturdy", "30s")).await;
+    let running = support::wait_status(
+        &client,
+        &ns.name,
+        "sturdy",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let id = running.status.unwrap().job_id.unwrap();
+    let kill_all = |op: &mut std::process::Child| {
+        let _ = op.kill();
+        let _ = op.wait();
+        let dir = state.to_string_lossy().into_owned();
+        for pid in managed_jobs::process::find_by_arguments(&["job-controller", &dir]) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    };
+    for _ in 0..3 {
+        kill_all(&mut op);
+        // The pod is gone and with it its emptyDir.
+        std::fs::remove_dir_all(&state).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
+        op = start(&state, &log);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+    let done = support::wait_status(&client, &ns.name, "sturdy", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    kill_all(&mut op);
+    let s = done.status.unwrap();
+    assert_eq!(
+        s.phase,
+        Some(JobPhase::Succeeded),
+        "{:?}\n{}",
+        s.message,
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(
+        (s.job_id, s.attempt, s.recovery_count, s.restart_count),
+        (Some(id), 1, 0, 0)
+    );
+    names.abort();
+    let mut seen = pod_names_so_far(&client, &ns.name).await;
+    if let Ok(watched) = names.await {
+        seen.extend(watched);
+    }
+    assert_eq!(
+        seen,
+        BTreeSet::from([format!("sturdy-{id}-1")]),
+        "one Pod ever"
+    );
+}
