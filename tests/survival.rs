@@ -310,9 +310,12 @@ async fn a_pod_with_a_jobs_labels_and_owner_but_not_its_name_changes_nothing() {
     assert_eq!(s.failure_reason, None);
 }
 
+/// A container's arguments and its plain (name, value) environment.
+type Command = (Vec<String>, Vec<(String, String)>);
+
 /// The arguments and plain environment of the operator container that the chart renders with
 /// `values` (`helm template`), by `hack/controlplane.sh helm`.
-fn chart_command(values: &[&str]) -> Option<(Vec<String>, Vec<(String, String)>)> {
+fn chart_command(values: &[&str]) -> Option<Command> {
     let mut args = vec!["helm", "template", "mj", "charts/managed-jobs"];
     for v in values {
         args.extend(["--set", v]);
