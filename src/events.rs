@@ -131,6 +131,21 @@ fn seconds(ms: i64) -> String {
     }
 }
 
+/// Longest object name the API accepts (a DNS subdomain).
+pub const MAX_NAME: usize = 253;
+
+/// The name of an Event about object `name` at `nanos` since the epoch:
+/// `<name>.<nanos, hex>` as client-go's recorder names them, with `name` cut so the whole fits
+/// in [`MAX_NAME`] (a ManagedJob's name can itself have 253 characters). The time suffix keeps
+/// names unique; a cut name stays a valid subdomain (no trailing `.` or `-`).
+pub fn event_name(name: &str, nanos: i128) -> String {
+    let suffix = format!(".{nanos:x}");
+    let keep = MAX_NAME - suffix.len();
+    let base = truncate(name, keep);
+    let base = base.trim_end_matches(['.', '-']);
+    format!("{base}{suffix}")
+}
+
 /// At most `max` bytes of `s`, cut at a character boundary.
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -183,7 +198,7 @@ impl EventPublisher {
         let name = regarding.name.as_deref().unwrap_or(&self.controller);
         let k8s_event = Event {
             metadata: ObjectMeta {
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                name: Some(event_name(name, now.as_nanosecond())),
                 namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
@@ -209,6 +224,19 @@ impl EventPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_names_always_fit() {
+        let long = "a".repeat(253);
+        let n = event_name(&long, i128::from(i64::MAX));
+        assert!(n.len() <= MAX_NAME, "{}", n.len());
+        assert!(n.ends_with(&format!(".{:x}", i64::MAX)));
+        assert_ne!(event_name(&long, 1), event_name(&long, 2));
+        let dotted = format!("{}.{}", "b".repeat(233), "c".repeat(19));
+        let n = event_name(&dotted, 0x1234_5678_9abc_def0);
+        assert!(n.len() <= MAX_NAME && !n.contains(".."), "{n}");
+        assert_eq!(event_name("hello", 255), "hello.ff");
+    }
 
     fn t(id: i64, at_ms: i64, from: (&str, &str), to: (&str, &str), reason: &str) -> HistoryEntry {
         HistoryEntry {

@@ -73,6 +73,8 @@ pub struct Metrics {
     /// Finished jobs whose last Events were not published because their queue was full (Events
     /// are best effort, as in client-go's recorder, which drops beyond 1,000 queued).
     pub events_dropped_total: Counter,
+    /// Events the API server refused (logged at warn with its reason).
+    pub events_refused_total: Counter,
     /// From a job's terminal transition in the store to the API server accepting the status
     /// write that carries it, seconds.
     pub terminal_status_lag_seconds: Histogram,
@@ -102,6 +104,7 @@ impl Metrics {
             controller_exits_total: Family::default(),
             api_requests_total: Family::default(),
             events_dropped_total: Counter::default(),
+            events_refused_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
@@ -157,6 +160,11 @@ impl Metrics {
             "events_dropped",
             "Events not published because their queue was full",
             m.events_dropped_total.clone(),
+        );
+        registry.register(
+            "events_refused",
+            "Events the API server refused",
+            m.events_refused_total.clone(),
         );
         registry.register(
             "terminal_status_lag_seconds",

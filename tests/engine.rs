@@ -471,3 +471,33 @@ fn operator_restarts_that_take_the_job_controller_along_are_not_crashes() {
     let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
     assert_eq!(runs, "run\n", "the workload ran once");
 }
+
+/// `activeDeadlineSeconds` holds between attempts: a deadline that passes during a restart
+/// back-off fails the job DeadlineExceeded at once; the next attempt never starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_passing_in_a_back_off_fails_the_job_without_another_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), CAPS);
+    cfg.restart_backoff = Duration::from_secs(30);
+    let engine = Engine::start(cfg).expect("engine starts");
+    let spec = ManagedJobSpec {
+        run: Some("echo attempt >> runs.txt; sleep 1; exit 1".into()),
+        recovery: RecoverySpec {
+            max_restarts_on_errors: 3,
+            max_recoveries: None,
+        },
+        active_deadline_seconds: Some(3),
+        ..Default::default()
+    };
+    let id = submit(&engine, "deadline", &spec);
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Failed, "{}", row.message);
+    assert_eq!(row.failure_reason.as_deref(), Some("DeadlineExceeded"));
+    let ran = row.finished_at_ms.unwrap() - row.started_at_ms.unwrap();
+    assert!(
+        (3_000..5_000).contains(&ran),
+        "failed {ran} ms after the start, not at the deadline"
+    );
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "attempt\n", "no attempt after the first");
+}

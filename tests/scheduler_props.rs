@@ -923,10 +923,16 @@ impl Model {
             reason: "preempted".into(),
         };
         if self.workload_ended(id, outcome, false)? {
+            // The first recovery queues at once; later ones back off (Alive) first.
             let row = self.get(id);
+            let want = if row.recovery_count == 1 {
+                ScheduleState::AliveWaiting
+            } else {
+                ScheduleState::Alive
+            };
             prop_assert_eq!(
                 (row.phase, row.schedule_state),
-                (JobPhase::Recovering, ScheduleState::AliveWaiting)
+                (JobPhase::Recovering, want)
             );
         }
         Ok(())

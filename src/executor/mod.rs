@@ -35,6 +35,15 @@ pub enum Outcome {
         /// CamelCase reason, e.g. `ExitCode`, `OOMKilled`.
         reason: String,
     },
+    /// The node refused to run the workload (a Pod ended Failed before any container ran:
+    /// `OutOfcpu`, `UnexpectedAdmissionError`, `SysctlForbidden`...). A workload error, like
+    /// [`Outcome::Failed`]: it uses maxRestartsOnErrors and backs off; never a tight relaunch loop.
+    Refused {
+        /// The node's CamelCase reason.
+        reason: String,
+        /// The node's message.
+        message: String,
+    },
     /// The workload was taken away (preemption, eviction, node loss): a recovery, bounded by
     /// maxRecoveries.
     Lost {

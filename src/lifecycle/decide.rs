@@ -110,24 +110,34 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
         };
     }
     let attempt = current_attempt(row);
+    // The deadline holds wherever the job is: running, launching, in a back-off or queued for a
+    // launch slot. No attempt starts after it.
+    let deadline = deadline_ms(row);
+    if deadline.is_some_and(|d| d <= cx.now_ms) {
+        return Action::StopThen(t::deadline_exceeded(row));
+    }
+    let sooner = |until: Option<i64>| match (until, deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     match row.schedule_state {
         ScheduleState::Launching => {}
         ScheduleState::Alive if row.phase == JobPhase::Recovering => {
-            // A restart back-off: wait it out, then ask for a launch slot.
+            // A back-off: wait it out, then ask for a launch slot.
             return match row.backoff_until_ms {
                 Some(until) if until > cx.now_ms => Action::Wait {
-                    until_ms: Some(until),
+                    until_ms: sooner(Some(until)),
                 },
                 _ => Action::Apply(t::backoff_over(row)),
             };
         }
         ScheduleState::Alive => {}
         // Waiting for the operator to grant a launch slot (or to admit the job at all).
-        _ => return Action::Wait { until_ms: None },
-    }
-    let deadline = deadline_ms(row);
-    if deadline.is_some_and(|d| d <= cx.now_ms) {
-        return Action::StopThen(t::deadline_exceeded(row));
+        _ => {
+            return Action::Wait {
+                until_ms: sooner(None),
+            };
+        }
     }
     let launching = row.schedule_state == ScheduleState::Launching;
     let first = matches!(row.phase, JobPhase::Pending | JobPhase::Submitted);
@@ -402,6 +412,36 @@ mod tests {
             matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some("DeadlineExceeded".into()))),
             "{a:?}"
         );
+    }
+
+    #[test]
+    fn the_deadline_holds_in_a_back_off_and_in_the_queue() {
+        for (phase, schedule) in [
+            (JobPhase::Recovering, ScheduleState::Alive),
+            (JobPhase::Recovering, ScheduleState::AliveWaiting),
+        ] {
+            let mut r = row(phase, schedule);
+            r.attempt = 2;
+            r.launched_attempt = 1;
+            r.started_at_ms = Some(1_000);
+            r.backoff_until_ms = Some(60_000);
+            r.spec.active_deadline_seconds = Some(5);
+            // Before the deadline: wait for it at the latest.
+            let mut early = cx(false);
+            early.now_ms = 2_000;
+            assert_eq!(
+                next_action(&r, None, &early),
+                Action::Wait {
+                    until_ms: Some(6_000)
+                }
+            );
+            // After it: stop and fail, never launch attempt 2.
+            let a = next_action(&r, None, &cx(false));
+            assert!(
+                matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some("DeadlineExceeded".into()))),
+                "{a:?}"
+            );
+        }
     }
 
     #[test]

@@ -399,9 +399,24 @@ pub fn after_outcome(
             c.failure_reason = Some(None);
             c
         }
-        Outcome::Failed { code, reason } | Outcome::SetupFailed { code, reason } => {
+        Outcome::Failed { .. } | Outcome::SetupFailed { .. } | Outcome::Refused { .. } => {
             let setup = matches!(outcome, Outcome::SetupFailed { .. });
-            let what = if setup { "setup" } else { "run" };
+            let (code, reason, what) = match outcome {
+                Outcome::Failed { code, reason } => {
+                    (Some(*code), reason, format!("run exited with code {code}"))
+                }
+                Outcome::SetupFailed { code, reason } => (
+                    Some(*code),
+                    reason,
+                    format!("setup exited with code {code}"),
+                ),
+                Outcome::Refused { reason, message } => (
+                    None,
+                    reason,
+                    format!("was refused by its node: {reason} ({message})"),
+                ),
+                _ => unreachable!("matched above"),
+            };
             let max = row.spec.recovery.max_restarts_on_errors;
             let mut c = if row.restart_count < max {
                 let restart = row.restart_count + 1;
@@ -409,7 +424,7 @@ pub fn after_outcome(
                 let mut c = Change::because(Reason::Restarting)
                     .to(JobPhase::Recovering, ScheduleState::Alive)
                     .message(format!(
-                        "attempt {attempt} {what} exited with code {code}; restarting in {:.1} s (restart {restart} of {max})",
+                        "attempt {attempt} {what}; restarting in {:.1} s (restart {restart} of {max})",
                         wait.as_secs_f64()
                     ));
                 c.attempt = Some(attempt + 1);
@@ -425,10 +440,15 @@ pub fn after_outcome(
                 Change::because(Reason::Failed)
                     .to(phase, ScheduleState::Done)
                     .message(format!(
-                        "attempt {attempt} {what} exited with code {code} ({reason}); restarts exhausted ({max} allowed)"
+                        "attempt {attempt} {what}{}; restarts exhausted ({max} allowed)",
+                        if code.is_some() {
+                            format!(" ({reason})")
+                        } else {
+                            String::new()
+                        }
                     ))
             };
-            c.exit_code = Some(Some(*code));
+            c.exit_code = Some(code);
             c.failure_reason = Some(Some(reason.clone()));
             c
         }
@@ -443,12 +463,26 @@ pub fn after_outcome(
                 c
             }
             _ => {
+                // The first recovery relaunches at once (a preemption is not the job's fault);
+                // each further one backs off, so no job relaunches in a tight loop.
                 let recovery = row.recovery_count + 1;
-                let mut c = Change::because(Reason::Recovering)
-                    .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
-                    .message(format!(
-                        "recovering: attempt {attempt} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
-                    ));
+                let mut c = if recovery == 1 {
+                    Change::because(Reason::Recovering)
+                        .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
+                        .message(format!(
+                            "recovering: attempt {attempt} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
+                        ))
+                } else {
+                    let wait = backoff(backoff_base, recovery - 1);
+                    let mut c = Change::because(Reason::Recovering)
+                        .to(JobPhase::Recovering, ScheduleState::Alive)
+                        .message(format!(
+                            "recovering: attempt {attempt} was lost ({reason}); relaunching in {:.1} s (recovery {recovery})",
+                            wait.as_secs_f64()
+                        ));
+                    c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
+                    c
+                };
                 c.attempt = Some(attempt + 1);
                 c.recovery_count = Some(recovery);
                 c

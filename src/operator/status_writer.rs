@@ -193,7 +193,8 @@ impl Operator {
             self.limiter.until_ready().await;
             self.engine.metrics.api_request("create_event");
             if let Err(e) = publisher.publish(reference, &event).await {
-                tracing::debug!(job_id, error = %e, "publishing an event failed");
+                self.engine.metrics.events_refused_total.inc();
+                tracing::warn!(job_id, reason = event.reason, error = %e, "the API refused an Event");
             }
         }
     }

@@ -23,19 +23,22 @@ pub enum PodState {
     Failed,
     /// Phase Failed: an init container exited non-zero.
     SetupFailed,
+    /// Phase Failed before any container ran: the node refused it (`OutOfcpu`...).
+    Refused,
     /// Taken away: evicted, preempted (`DisruptionTarget`), its node lost, or deleted.
     Lost,
 }
 
 impl PodState {
     /// Every state.
-    pub const ALL: [PodState; 7] = [
+    pub const ALL: [PodState; 8] = [
         PodState::Pending,
         PodState::Unschedulable,
         PodState::Running,
         PodState::Succeeded,
         PodState::Failed,
         PodState::SetupFailed,
+        PodState::Refused,
         PodState::Lost,
     ];
 
@@ -48,6 +51,7 @@ impl PodState {
             PodState::Succeeded => "succeeded",
             PodState::Failed => "failed",
             PodState::SetupFailed => "setup-failed",
+            PodState::Refused => "refused",
             PodState::Lost => "lost",
         }
     }
@@ -61,7 +65,7 @@ impl PodState {
     pub fn is_final_exit(self) -> bool {
         matches!(
             self,
-            PodState::Succeeded | PodState::Failed | PodState::SetupFailed
+            PodState::Succeeded | PodState::Failed | PodState::SetupFailed | PodState::Refused
         )
     }
 }
@@ -143,7 +147,10 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
                 o.reason = reason.unwrap_or_else(|| "Error".into());
                 o.message = format!("container {name} exited with code {code}");
             } else {
-                o.state = PodState::Lost;
+                // Failed before any container ran, and not a disruption: the node refused the
+                // Pod (OutOfcpu, UnexpectedAdmissionError, SysctlForbidden, NodeAffinity...).
+                // Taken as lost it would be relaunched at once, forever.
+                o.state = PodState::Refused;
                 o.reason = status.reason.clone().unwrap_or_else(|| "PodFailed".into());
                 o.message = status.message.clone().unwrap_or_default();
             }
@@ -188,6 +195,10 @@ pub fn observed(o: &PodObservation) -> Observed {
         PodState::SetupFailed => Observed::Ended(Outcome::SetupFailed {
             code: o.exit_code.unwrap_or(1),
             reason: o.reason.clone(),
+        }),
+        PodState::Refused => Observed::Ended(Outcome::Refused {
+            reason: o.reason.clone(),
+            message: o.message.clone(),
         }),
         PodState::Lost => Observed::Ended(Outcome::Lost {
             reason: if o.message.is_empty() {

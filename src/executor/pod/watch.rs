@@ -17,6 +17,7 @@ use crate::engine::Engine;
 /// Runs the watch until the process ends (errors are retried with kube's default back-off).
 pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
     use watcher::Event;
+    let client = pods.clone().into_client();
     let cfg = watcher::Config::default().labels(LABEL_JOB_ID);
     let mut stream = watcher(pods, cfg).default_backoff().boxed();
     let mut listed: HashSet<(i64, i32)> = HashSet::new();
@@ -33,10 +34,30 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
                 record(&engine, &p, false);
             }
             Ok(Event::Delete(p)) => {
+                // A label-filtered watch also reports a Pod whose labels were edited away as
+                // deleted: only a GET by name tells. A Pod that still exists is not lost.
+                if still_exists(&client, &p).await {
+                    tracing::warn!(pod = ?p.metadata.name, namespace = ?p.metadata.namespace, "a job's Pod lost its labels; it is not taken as deleted");
+                    continue;
+                }
                 record(&engine, &p, true);
             }
             Err(e) => tracing::warn!(error = %e, "Pod watch error; retrying"),
         }
+    }
+}
+
+/// True when the API still holds this Pod (same uid): its Delete event came from a label change.
+async fn still_exists(client: &kube::Client, pod: &Pod) -> bool {
+    let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+        return false;
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(Some(now)) => now.metadata.uid == pod.metadata.uid,
+        Ok(None) => false,
+        // Unknown: take the watch's word (a lost Pod is recovered, never left running unseen).
+        Err(_) => false,
     }
 }
 
