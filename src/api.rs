@@ -440,9 +440,13 @@ fn refine_spec_schema(spec: &mut Value) {
         );
         props[field]["x-kubernetes-validations"] = json!([rule("self == oldSelf", &message)]);
     }
+    // A NUL byte cannot reach a process (argv and the environment are C strings): refuse it at
+    // the API, naming the field, instead of failing the job later.
+    const NO_NUL: &str = "^[^\\x00]*$";
     for field in ["run", "setup"] {
         props[field]["minLength"] = json!(1);
         props[field]["maxLength"] = json!(MAX_SCRIPT_BYTES);
+        props[field]["pattern"] = json!(NO_NUL);
     }
     props["priority"]["minimum"] = json!(-1000);
     props["priority"]["maximum"] = json!(1000);
@@ -460,6 +464,7 @@ fn refine_spec_schema(spec: &mut Value) {
     item["properties"]["name"]["pattern"] = json!("^[A-Za-z_][A-Za-z0-9_]*$");
     item["properties"]["name"]["maxLength"] = json!(256);
     item["properties"]["value"]["maxLength"] = json!(32_768);
+    item["properties"]["value"]["pattern"] = json!(NO_NUL);
 
     let recovery = &mut props["recovery"];
     recovery["default"] = json!({});
@@ -548,10 +553,23 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
     if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
         return Err("spec.activeDeadlineSeconds must be >= 1".into());
     }
+    for (field, script) in [("spec.run", &spec.run), ("spec.setup", &spec.setup)] {
+        if script.as_deref().is_some_and(|s| s.contains('\0')) {
+            return Err(format!(
+                "{field} contains a NUL byte, which no process can receive"
+            ));
+        }
+    }
     for (i, var) in spec.env.iter().enumerate() {
         if !is_shell_identifier(&var.name) {
             return Err(format!(
                 "spec.env[{i}].name {:?} is not a valid variable name",
+                var.name
+            ));
+        }
+        if var.value.contains('\0') {
+            return Err(format!(
+                "spec.env[{i}].value (variable {}) contains a NUL byte, which no process can receive",
                 var.name
             ));
         }

@@ -234,3 +234,85 @@ async fn a_job_with_the_longest_name_gets_its_events() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A container the kernel OOM-killed fails the attempt whatever its exit code, even in a Pod
+/// that ends Succeeded; the message names the container.
+#[tokio::test]
+async fn an_oom_killed_container_fails_the_attempt_whatever_its_exit_code() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "oom").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(&client, &ns.name, &pod_job("oom", "60s", 0)).await;
+    let running = support::wait_status(
+        &client,
+        &ns.name,
+        "oom",
+        T,
+        "Running",
+        phase_is(JobPhase::Running),
+    )
+    .await;
+    let id = running.status.unwrap().job_id.unwrap();
+    let now = "2026-01-01T00:00:00Z";
+    let patch = serde_json::json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "OOMKilled", "startedAt": now, "finishedAt": now}}
+    }]}});
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .patch_status(
+            &format!("oom-{id}-1"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("status patch");
+    let done = support::wait_status(&client, &ns.name, "oom", T, "Failed", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = done.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::Failed), "{:?}", s.message);
+    assert_eq!(s.failure_reason.as_deref(), Some("OOMKilled"));
+    assert_eq!(s.exit_code, Some(0));
+    let message = s.message.unwrap_or_default();
+    assert!(
+        message.contains("container main was OOM-killed"),
+        "{message}"
+    );
+}
+
+/// A NUL byte in a script or an env value is refused by the API, naming the field.
+#[tokio::test]
+async fn nul_bytes_are_refused_at_the_api_naming_the_field() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "nul").await;
+    let api: Api<managed_jobs::api::ManagedJob> = Api::namespaced(client.clone(), &ns.name);
+    let cases = [
+        ("nul-run", "spec.run", "echo a\u{0}b", None),
+        ("nul-env", "spec.env[0].value", "true", Some("x\u{0}y")),
+    ];
+    for (name, field, run, env) in cases {
+        let mut spec = managed_jobs::api::ManagedJobSpec {
+            run: Some(run.into()),
+            ..Default::default()
+        };
+        if let Some(value) = env {
+            spec.env = vec![managed_jobs::api::EnvVar {
+                name: "VAR".into(),
+                value: value.into(),
+            }];
+        }
+        let mj = managed_jobs::api::ManagedJob::new(name, spec);
+        let err = api
+            .create(&kube::api::PostParams::default(), &mj)
+            .await
+            .expect_err("a NUL byte must be refused");
+        let text = err.to_string();
+        assert!(
+            text.contains(field),
+            "{name}: the error does not name {field}: {text}"
+        );
+    }
+}

@@ -911,6 +911,7 @@ impl Model {
             Outcome::Failed {
                 code: 1,
                 reason: "ExitCode".into(),
+                detail: None,
             }
         };
         self.workload_ended(id, outcome, false)?;
@@ -943,6 +944,7 @@ impl Model {
         let outcome = Outcome::Failed {
             code: 1,
             reason: "ExitCode".into(),
+            detail: None,
         };
         let applied = self.workload_ended(id, outcome, true)?;
         prop_assert!(applied);

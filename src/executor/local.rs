@@ -300,6 +300,7 @@ fn read_exit_file(path: &Path) -> Option<Outcome> {
         ("setup", code) => Outcome::SetupFailed {
             code,
             reason: "SetupFailed".into(),
+            detail: None,
         },
         (_, code) => Outcome::Failed {
             code,
@@ -308,6 +309,7 @@ fn read_exit_file(path: &Path) -> Option<Outcome> {
             } else {
                 "ExitCode".into()
             },
+            detail: None,
         },
     })
 }

@@ -27,6 +27,9 @@ pub enum Outcome {
         code: i32,
         /// CamelCase reason.
         reason: String,
+        /// Which part failed, when the executor knows (e.g. "init container fetch exited with
+        /// code 2").
+        detail: Option<String>,
     },
     /// The workload itself failed (counts against maxRestartsOnErrors).
     Failed {
@@ -34,6 +37,9 @@ pub enum Outcome {
         code: i32,
         /// CamelCase reason, e.g. `ExitCode`, `OOMKilled`.
         reason: String,
+        /// Which part failed, when the executor knows (e.g. "container sidecar was OOM-killed
+        /// (exit code 0)").
+        detail: Option<String>,
     },
     /// The node refused to run the workload (a Pod ended Failed before any container ran:
     /// `OutOfcpu`, `UnexpectedAdmissionError`, `SysctlForbidden`...). A workload error, like

@@ -494,7 +494,8 @@ mod tests {
             Just(Some(Observed::Ended(Outcome::Succeeded))),
             Just(Some(Observed::Ended(Outcome::Failed {
                 code: 2,
-                reason: "ExitCode".into()
+                reason: "ExitCode".into(),
+                detail: None
             }))),
             Just(Some(Observed::Ended(Outcome::Lost {
                 reason: "evicted".into()

@@ -402,13 +402,29 @@ pub fn after_outcome(
         Outcome::Failed { .. } | Outcome::SetupFailed { .. } | Outcome::Refused { .. } => {
             let setup = matches!(outcome, Outcome::SetupFailed { .. });
             let (code, reason, what) = match outcome {
-                Outcome::Failed { code, reason } => {
-                    (Some(*code), reason, format!("run exited with code {code}"))
-                }
-                Outcome::SetupFailed { code, reason } => (
+                Outcome::Failed {
+                    code,
+                    reason,
+                    detail,
+                } => (
                     Some(*code),
                     reason,
-                    format!("setup exited with code {code}"),
+                    match detail {
+                        Some(d) => format!("failed: {d}"),
+                        None => format!("run exited with code {code}"),
+                    },
+                ),
+                Outcome::SetupFailed {
+                    code,
+                    reason,
+                    detail,
+                } => (
+                    Some(*code),
+                    reason,
+                    match detail {
+                        Some(d) => format!("setup failed: {d}"),
+                        None => format!("setup exited with code {code}"),
+                    },
                 ),
                 Outcome::Refused { reason, message } => (
                     None,

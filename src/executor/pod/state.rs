@@ -117,7 +117,34 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         deleted,
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
+    // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
+    // Flyte decide): a Pod can end Succeeded with an OOM-killed sidecar that exited 0.
+    let oom = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        statuses.iter().flatten().find_map(|cs| {
+            let t = cs.state.as_ref()?.terminated.as_ref()?;
+            (t.reason.as_deref() == Some("OOMKilled")).then(|| (cs.name.clone(), t.exit_code))
+        })
+    };
+    let oom_killed = if matches!(phase, "Succeeded" | "Failed") {
+        oom(&status.init_container_statuses)
+            .map(|(n, c)| (true, n, c))
+            .or_else(|| oom(&status.container_statuses).map(|(n, c)| (false, n, c)))
+    } else {
+        None
+    };
     match phase {
+        _ if oom_killed.is_some() => {
+            let (init, name, code) = oom_killed.expect("checked");
+            o.state = if init {
+                PodState::SetupFailed
+            } else {
+                PodState::Failed
+            };
+            o.exit_code = Some(code);
+            o.reason = "OOMKilled".into();
+            let kind = if init { "init container" } else { "container" };
+            o.message = format!("{kind} {name} was OOM-killed (exit code {code})");
+        }
         "Succeeded" => o.state = PodState::Succeeded,
         "Failed" if disruption.is_some() || status.reason.as_deref() == Some("Evicted") => {
             let (reason, message) = match disruption {
@@ -191,10 +218,12 @@ pub fn observed(o: &PodObservation) -> Observed {
         PodState::Failed => Observed::Ended(Outcome::Failed {
             code: o.exit_code.unwrap_or(1),
             reason: o.reason.clone(),
+            detail: (!o.message.is_empty()).then(|| o.message.clone()),
         }),
         PodState::SetupFailed => Observed::Ended(Outcome::SetupFailed {
             code: o.exit_code.unwrap_or(1),
             reason: o.reason.clone(),
+            detail: (!o.message.is_empty()).then(|| o.message.clone()),
         }),
         PodState::Refused => Observed::Ended(Outcome::Refused {
             reason: o.reason.clone(),
