@@ -17,7 +17,7 @@ export KUBECONFIG
 
 echo "==> building managed-jobs" >&2
 cargo build --locked --quiet
-BIN=target/debug/managed-jobs
+BIN="${CARGO_TARGET_DIR:-target}/debug/managed-jobs"
 
 echo "==> installing the CRD" >&2
 k apply -f crds/ >/dev/null

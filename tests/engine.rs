@@ -501,3 +501,25 @@ async fn the_deadline_passing_in_a_back_off_fails_the_job_without_another_attemp
     let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
     assert_eq!(runs, "attempt\n", "no attempt after the first");
 }
+
+/// A workload that exits within its own spawn still records that it ran: Running is in the
+/// history (the Launched Event comes from it) and startedAt is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ends_at_once_still_records_that_it_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    for i in 0..5 {
+        let id = submit(&engine, &format!("instant-{i}"), &spec("true"));
+        let row = wait_done(&engine, id).await;
+        assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+        assert!(row.started_at_ms.is_some(), "startedAt is set");
+        let phases: Vec<String> = engine
+            .store()
+            .history(id)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.to_phase)
+            .collect();
+        assert!(phases.contains(&"Running".to_string()), "{phases:?}");
+    }
+}

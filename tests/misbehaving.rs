@@ -141,9 +141,9 @@ async fn a_relabelled_pod_is_not_taken_as_deleted() {
     let cp = control_plane_or_skip!();
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "relabel").await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
     let (watch, names) = watch_pod_names(&client, &ns.name);
-    support::create_yaml(&client, &ns.name, &pod_job("relabel", "12s", 0)).await;
+    support::create_yaml(&client, &ns.name, &pod_job("relabel", "15s", 0)).await;
     let running = support::wait_status(
         &client,
         &ns.name,
@@ -167,6 +167,10 @@ async fn a_relabelled_pod_is_not_taken_as_deleted() {
         ],
     );
     assert!(ok, "{out}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // An operator restart meanwhile: its first list misses the unlabelled Pod.
+    op.terminate();
+    op.start_again();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (ok, out) = support::kubectl(
         cp,

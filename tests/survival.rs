@@ -95,6 +95,18 @@ async fn status_of(client: &Client, ns: &str, name: &str) -> ManagedJobStatus {
         .unwrap_or_default()
 }
 
+async fn event_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.reason.clone())
+        .collect()
+}
+
 async fn events_about(client: &Client, ns: &str, name: &str) -> usize {
     Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
@@ -166,6 +178,24 @@ async fn five_operator_restarts_are_hand_overs() {
     );
     let runs = std::fs::read_to_string(&runs_file).unwrap();
     assert_eq!(runs, "started\n", "the local workload ran once");
+    // No restart publishes an Event twice: one Launched per job.
+    for job in ["long-pod", "long-local"] {
+        let start = std::time::Instant::now();
+        loop {
+            let reasons = event_reasons(&client, &ns.name, job).await;
+            let launched = reasons.iter().filter(|r| *r == "Launched").count();
+            assert!(launched <= 1, "{job}: Events published twice: {reasons:?}");
+            if reasons.iter().any(|r| r == "Succeeded") {
+                assert_eq!(launched, 1, "{job}: {reasons:?}");
+                break;
+            }
+            assert!(
+                start.elapsed() < T,
+                "{job}: no Succeeded Event: {reasons:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 #[tokio::test]

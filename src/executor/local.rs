@@ -54,6 +54,8 @@ pub struct LocalWorkload {
     pub start_time: u64,
     child: Option<Child>,
     exit_file: PathBuf,
+    /// Reported to the job controller as running at least once.
+    reported: bool,
 }
 
 /// What [`LocalExecutor::find`] saw of an attempt.
@@ -105,6 +107,7 @@ impl LocalExecutor {
                     start_time,
                     child: None,
                     exit_file,
+                    reported: false,
                 });
             }
         }
@@ -155,6 +158,7 @@ impl LocalExecutor {
             start_time,
             child: Some(child),
             exit_file,
+            reported: false,
         })
     }
 
@@ -186,7 +190,11 @@ impl Executor for LocalExecutor {
         attempt: i32,
     ) -> anyhow::Result<Observed> {
         if let Some((a, w)) = self.current.as_mut() {
-            if *a == attempt && w.is_running() {
+            // An attempt this executor started is reported running once even if it already
+            // ended (a trivial script exits within the spawn): it did run, and its start
+            // (startedAt, the Launched Event) must not be skipped.
+            if *a == attempt && (w.is_running() || !w.reported) {
+                w.reported = true;
                 return Ok(Observed::Running {
                     workload: w.describe(),
                 });
@@ -198,8 +206,9 @@ impl Executor for LocalExecutor {
         }
         Ok(match self.find(job.id, attempt) {
             Found::Exited(outcome) => Observed::Ended(outcome),
-            Found::Running(w) => {
+            Found::Running(mut w) => {
                 tracing::info!(attempt, pid = w.pid, "adopted the running workload");
+                w.reported = true;
                 let workload = w.describe();
                 self.current = Some((attempt, w));
                 Observed::Running { workload }

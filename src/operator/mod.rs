@@ -109,8 +109,6 @@ pub struct Operator {
     /// Jobs whose status was written and whose new history may need Events, sharded by job id
     /// over [`EVENT_WORKERS`] bounded queues (one job's Events stay in order).
     events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
-    /// Per live job, the last history entry whose Events were published.
-    published: Mutex<HashMap<i64, i64>>,
     /// Consecutive failed reconciles per object uid (reset by a successful one).
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -167,7 +165,6 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         limiter: RateLimiter::direct(quota),
         events,
         events_tx,
-        published: Default::default(),
         failures: Default::default(),
     });
     for mut rx in events_rx {

@@ -179,16 +179,17 @@ impl Operator {
         let Some(last) = history.last().map(|t| t.id) else {
             return;
         };
+        // Recorded before publishing (one worker per job, so never twice at once), in the store,
+        // so an operator restart never publishes an Event twice.
         let after = {
-            let mut map = self.published.lock().unwrap_or_else(|e| e.into_inner());
-            let after = map.get(&job_id).copied().unwrap_or(0);
-            if done {
-                map.remove(&job_id);
-            } else {
-                map.insert(job_id, last);
+            let mut store = self.engine.store();
+            let after = store.events_published(job_id).unwrap_or(0);
+            if let Err(e) = store.set_events_published(job_id, last) {
+                tracing::warn!(job_id, error = %e, "recording published Events failed");
             }
             after
         };
+        let _ = done;
         for event in crate::events::events_for(&history, after) {
             self.limiter.until_ready().await;
             self.engine.metrics.api_request("create_event");
@@ -223,8 +224,6 @@ impl Operator {
                     // come from the history); only a finished job's are lost.
                     if self.events_tx[worker].try_send(work).is_err() && done {
                         self.engine.metrics.events_dropped_total.inc();
-                        let mut map = self.published.lock().unwrap_or_else(|e| e.into_inner());
-                        map.remove(&row.id);
                     }
                 }
                 true

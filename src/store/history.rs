@@ -1,6 +1,6 @@
 //! The history of each job (`transitions`): one entry per change of phase or schedule state.
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::{Result, Store, StoreError};
 use crate::api::{JobPhase, ScheduleState};
@@ -65,6 +65,29 @@ fn parse_reason(job_id: i64, s: String) -> rusqlite::Result<Reason> {
 }
 
 impl Store {
+    /// The last history entry of the job whose Events were published (0: none).
+    pub fn events_published(&self, job_id: i64) -> Result<i64> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT seq FROM events_published WHERE job_id = ?1",
+                [job_id],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    /// Records that the job's Events up to history entry `seq` were published.
+    pub fn set_events_published(&mut self, job_id: i64, seq: i64) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO events_published (job_id, seq) VALUES (?1, ?2)
+             ON CONFLICT (job_id) DO UPDATE SET seq = max(seq, excluded.seq)",
+            params![job_id, seq],
+        )?;
+        Ok(())
+    }
+
     /// A job's history, oldest first.
     pub fn history(&self, id: i64) -> Result<Vec<HistoryEntry>> {
         self.history_after(id, 0)

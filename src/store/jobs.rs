@@ -517,6 +517,7 @@ impl Store {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute("DELETE FROM transitions WHERE job_id = ?1", [id])?;
         tx.execute("DELETE FROM pod_observations WHERE job_id = ?1", [id])?;
+        tx.execute("DELETE FROM events_published WHERE job_id = ?1", [id])?;
         tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
         tx.commit()?;
         Ok(())

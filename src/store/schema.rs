@@ -84,5 +84,15 @@ pub(super) fn migrations() -> Migrations<'static> {
         ALTER TABLE jobs ADD COLUMN unsynced_since_seq INTEGER NOT NULL DEFAULT 0;
         "#,
         ),
+        // The last history entry whose Events were published, per job: kept across operator
+        // restarts, so a restart never publishes an Event twice.
+        M::up(
+            r#"
+        CREATE TABLE events_published (
+            job_id INTEGER PRIMARY KEY,
+            seq INTEGER NOT NULL
+        );
+        "#,
+        ),
     ])
 }

@@ -29,7 +29,7 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
                     listed.insert(key);
                 }
             }
-            Ok(Event::InitDone) => mark_vanished(&engine, &listed),
+            Ok(Event::InitDone) => mark_vanished(&engine, &client, &listed).await,
             Ok(Event::Apply(p)) => {
                 record(&engine, &p, false);
             }
@@ -85,8 +85,9 @@ fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
 }
 
 /// After a (re)list: Pods we had seen that are no longer there were deleted while we were not
-/// watching.
-fn mark_vanished(engine: &Engine, listed: &HashSet<(i64, i32)>) {
+/// watching. Each is confirmed by a GET by name: a Pod whose labels were edited away is missing
+/// from the labelled list but not gone.
+async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<(i64, i32)>) {
     let live = engine.store().live_jobs().unwrap_or_default();
     for row in live.iter().filter(|r| r.executor == ExecutorKind::Pod) {
         if listed.contains(&(row.id, row.attempt)) {
@@ -96,6 +97,20 @@ fn mark_vanished(engine: &Engine, listed: &HashSet<(i64, i32)>) {
         if let Ok(Some(mut o)) = seen
             && !o.deleted
         {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &row.namespace);
+            let owned_by_job = |p: &Pod| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.uid == row.uid)
+            };
+            if let Ok(Some(p)) = api.get_opt(&o.pod_name).await
+                && owned_by_job(&p)
+            {
+                tracing::warn!(job_id = row.id, pod = %o.pod_name, "a job's Pod lost its labels; it is not taken as deleted");
+                continue;
+            }
             vanished(&mut o);
             let _ = engine.store().record_pod(&o);
             engine.wake_controller(row);
