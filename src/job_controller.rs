@@ -107,7 +107,14 @@ impl<E: Executor> JobController<E> {
                 create_is_idempotent: E::CREATE_IS_IDEMPOTENT,
                 backoff_base: self.backoff_base,
             };
-            match lifecycle::next_action(&row, observed.as_ref(), &cx) {
+            let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
+            // Nothing of a workload that never started needs a grace period.
+            let grace = if matches!(action, Action::RemoveThen(_)) {
+                Duration::ZERO
+            } else {
+                self.grace
+            };
+            match action {
                 Action::Exit => {
                     tracing::info!(phase = %row.phase, "job is done");
                     return Ok(());
@@ -134,8 +141,8 @@ impl<E: Executor> JobController<E> {
                         self.wait(None, POD_REPORT_WAIT).await;
                     }
                 }
-                Action::StopThen(t) => {
-                    if self.executor.stop(&row, self.grace).await? {
+                Action::StopThen(t) | Action::RemoveThen(t) => {
+                    if self.executor.stop(&row, grace).await? {
                         self.set(&row, &t)?;
                     } else {
                         // Not gone yet: woken when the watch sees it go.

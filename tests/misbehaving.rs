@@ -320,3 +320,64 @@ async fn nul_bytes_are_refused_at_the_api_naming_the_field() {
         );
     }
 }
+
+/// A Pod the kubelet can never start (an invalid image name) fails the job at once with
+/// FailedPrecheck and the kubelet's message, and the Pod is removed: no retry can help.
+#[tokio::test]
+async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "unstartable").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let (watch, names) = watch_pod_names(&client, &ns.name);
+    // Bound to a node nobody runs: the test plays its kubelet.
+    let yaml = pod_job("unstartable", "60s", 2).replace(
+        "      containers:",
+        "      nodeName: no-such-node\n      containers:",
+    );
+    support::create_yaml(&client, &ns.name, &yaml).await;
+    let id = support::wait_status(&client, &ns.name, "unstartable", T, "a job id", |s| {
+        s.job_id.is_some()
+    })
+    .await
+    .status
+    .unwrap()
+    .job_id
+    .unwrap();
+    let pod = format!("unstartable-{id}-1");
+    wait_pod(&client, &ns.name, &pod).await;
+    let patch = serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "main", "image": "BAD!", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": "InvalidImageName",
+            "message": "Failed to apply default image tag \"BAD!\": couldn't parse image name"}}
+    }]}});
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .patch_status(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("status patch");
+    let done = support::wait_status(&client, &ns.name, "unstartable", T, "FailedPrecheck", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = done.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::FailedPrecheck), "{:?}", s.message);
+    assert_eq!(s.failure_reason.as_deref(), Some("InvalidImageName"));
+    let message = s.message.unwrap_or_default();
+    assert!(
+        message.contains("container main") && message.contains("couldn't parse"),
+        "{message}"
+    );
+    assert_eq!((s.restart_count, s.attempt), (0, 1), "no retry");
+    let api = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let start = std::time::Instant::now();
+    while api.get_opt(&pod).await.unwrap().is_some() {
+        assert!(start.elapsed() < T, "the Pod was left behind");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    watch.abort();
+    assert_eq!(
+        names.lock().unwrap().clone(),
+        BTreeSet::from([pod]),
+        "one Pod"
+    );
+}

@@ -400,7 +400,7 @@ impl Model {
         let row = self.get(id);
         let action = lifecycle::next_action(&row, observed.as_ref(), &Model::context(&row));
         match &action {
-            Action::Apply(t) | Action::StopThen(t) => {
+            Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => {
                 let t = self.mutate(t.clone());
                 self.cas(id, t)?;
             }

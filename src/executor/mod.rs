@@ -50,6 +50,15 @@ pub enum Outcome {
         /// The node's message.
         message: String,
     },
+    /// The workload can never start as specified (an invalid image name, a container config
+    /// that references what does not exist): retrying cannot help, the job fails its precheck
+    /// and the workload is removed.
+    Invalid {
+        /// The kubelet's CamelCase reason, e.g. `InvalidImageName`.
+        reason: String,
+        /// What is wrong, naming the container.
+        message: String,
+    },
     /// The workload was taken away (preemption, eviction, node loss): a recovery, bounded by
     /// maxRecoveries.
     Lost {

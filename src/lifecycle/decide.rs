@@ -65,6 +65,9 @@ pub enum Action {
     },
     /// Stop every workload of the job, then write this transition (a cancel, a deadline).
     StopThen(Transition),
+    /// Remove every workload of the job at once (no grace: nothing of it ever ran), then write
+    /// this transition.
+    RemoveThen(Transition),
     /// Nothing to do until woken (a cancel, the Pod watch, the workload's end) or until
     /// `until_ms` (ms since epoch: a back-off's or a deadline's end).
     Wait {
@@ -164,6 +167,14 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
     }
     let wait = Action::Wait { until_ms: deadline };
     match observed.unwrap_or(&Observed::NotFound) {
+        // It cannot start and would wait forever: remove it, then fail.
+        Observed::Ended(outcome @ Outcome::Invalid { .. }) => Action::RemoveThen(t::after_outcome(
+            row,
+            attempt,
+            outcome,
+            cx.now_ms,
+            cx.backoff_base,
+        )),
         Observed::Ended(outcome) => Action::Apply(t::after_outcome(
             row,
             attempt,
@@ -326,7 +337,7 @@ mod tests {
 
     fn reason(a: &Action) -> Option<Reason> {
         match a {
-            Action::Apply(t) | Action::StopThen(t) => Some(t.change.reason),
+            Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => Some(t.change.reason),
             Action::Launch { intent, .. } => intent.as_ref().map(|t| t.change.reason),
             _ => None,
         }
@@ -500,6 +511,10 @@ mod tests {
             Just(Some(Observed::Ended(Outcome::Lost {
                 reason: "evicted".into()
             }))),
+            Just(Some(Observed::Ended(Outcome::Invalid {
+                reason: "InvalidImageName".into(),
+                message: "container main: bad".into()
+            }))),
         ]
     }
 
@@ -535,7 +550,7 @@ mod tests {
                 return Ok(());
             }
             let transitions: Vec<&Transition> = match &a {
-                Action::Apply(t) | Action::StopThen(t) => vec![t],
+                Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => vec![t],
                 Action::Launch { intent, .. } => intent.iter().collect(),
                 _ => vec![],
             };

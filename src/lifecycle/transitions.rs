@@ -468,6 +468,13 @@ pub fn after_outcome(
             c.failure_reason = Some(Some(reason.clone()));
             c
         }
+        Outcome::Invalid { reason, message } => {
+            let mut c = Change::because(Reason::Failed)
+                .to(JobPhase::FailedPrecheck, ScheduleState::Done)
+                .message(format!("attempt {attempt} cannot start: {message}"));
+            c.failure_reason = Some(Some(reason.clone()));
+            c
+        }
         Outcome::Lost { reason } => match row.spec.recovery.max_recoveries {
             Some(max) if row.recovery_count >= max => {
                 let mut c = Change::because(Reason::Failed)

@@ -161,13 +161,23 @@ impl Executor for PodExecutor {
         std::future::pending().await
     }
 
-    /// Deletes every attempt's Pod (each with its own grace period); true once none is left.
-    async fn stop(&mut self, job: &JobRow, _grace: Duration) -> anyhow::Result<bool> {
+    /// Deletes every attempt's Pod, each with its own grace period, or at once when `grace` is
+    /// zero (a Pod that never started: nothing to stop, and no kubelet may ever confirm); true
+    /// once none is left.
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<bool> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+        let params = if grace.is_zero() {
+            kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            }
+        } else {
+            kube::api::DeleteParams::default()
+        };
         let mut all_gone = true;
         for attempt in 1..=job.attempt.max(job.launched_attempt) {
             let name = pod_name(&job.name, job.id, attempt);
-            match api.delete(&name, &kube::api::DeleteParams::default()).await {
+            match api.delete(&name, &params).await {
                 Ok(_) => all_gone = false,
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {

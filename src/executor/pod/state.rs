@@ -25,13 +25,16 @@ pub enum PodState {
     SetupFailed,
     /// Phase Failed before any container ran: the node refused it (`OutOfcpu`...).
     Refused,
+    /// Pending with a container the kubelet can never start (`InvalidImageName`,
+    /// `ErrImageNeverPull`, `CreateContainerConfigError`).
+    Invalid,
     /// Taken away: evicted, preempted (`DisruptionTarget`), its node lost, or deleted.
     Lost,
 }
 
 impl PodState {
     /// Every state.
-    pub const ALL: [PodState; 8] = [
+    pub const ALL: [PodState; 9] = [
         PodState::Pending,
         PodState::Unschedulable,
         PodState::Running,
@@ -39,6 +42,7 @@ impl PodState {
         PodState::Failed,
         PodState::SetupFailed,
         PodState::Refused,
+        PodState::Invalid,
         PodState::Lost,
     ];
 
@@ -52,6 +56,7 @@ impl PodState {
             PodState::Failed => "failed",
             PodState::SetupFailed => "setup-failed",
             PodState::Refused => "refused",
+            PodState::Invalid => "invalid",
             PodState::Lost => "lost",
         }
     }
@@ -61,11 +66,16 @@ impl PodState {
         PodState::ALL.into_iter().find(|p| p.as_str() == s)
     }
 
-    /// The Pod's containers exited on their own (a deletion afterwards loses nothing).
+    /// The attempt's fate is decided by what the Pod showed (it exited, was refused, or can
+    /// never start): a deletion afterwards loses nothing.
     pub fn is_final_exit(self) -> bool {
         matches!(
             self,
-            PodState::Succeeded | PodState::Failed | PodState::SetupFailed | PodState::Refused
+            PodState::Succeeded
+                | PodState::Failed
+                | PodState::SetupFailed
+                | PodState::Refused
+                | PodState::Invalid
         )
     }
 }
@@ -183,6 +193,12 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
             }
         }
         "Running" => o.state = PodState::Running,
+        _ if never_starts(&status).is_some() => {
+            let (name, reason, message) = never_starts(&status).expect("checked");
+            o.state = PodState::Invalid;
+            o.reason = reason;
+            o.message = format!("container {name}: {message}");
+        }
         _ => {
             if let Some(c) = conditions
                 .iter()
@@ -202,6 +218,35 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         }
     }
     o
+}
+
+/// Waiting reasons of a container that the kubelet can never start as specified (retrying the
+/// Pod cannot help). `ErrImagePull`/`ImagePullBackOff` are not among them: a registry may heal.
+pub const UNSTARTABLE: [&str; 3] = [
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+];
+
+/// The first (container, reason, message) of a Pending Pod's containers, init containers first,
+/// waiting for a reason in [`UNSTARTABLE`].
+fn never_starts(
+    status: &k8s_openapi::api::core::v1::PodStatus,
+) -> Option<(String, String, String)> {
+    [&status.init_container_statuses, &status.container_statuses]
+        .into_iter()
+        .flat_map(|s| s.iter().flatten())
+        .find_map(|cs| {
+            let w = cs.state.as_ref()?.waiting.as_ref()?;
+            let reason = w.reason.clone()?;
+            UNSTARTABLE.contains(&reason.as_str()).then(|| {
+                (
+                    cs.name.clone(),
+                    reason,
+                    w.message.clone().unwrap_or_default(),
+                )
+            })
+        })
 }
 
 /// What the job controller's decision needs of an observation.
@@ -226,6 +271,10 @@ pub fn observed(o: &PodObservation) -> Observed {
             detail: (!o.message.is_empty()).then(|| o.message.clone()),
         }),
         PodState::Refused => Observed::Ended(Outcome::Refused {
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+        }),
+        PodState::Invalid => Observed::Ended(Outcome::Invalid {
             reason: o.reason.clone(),
             message: o.message.clone(),
         }),
