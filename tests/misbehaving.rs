@@ -8,15 +8,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
-use managed_jobs::api::{JobPhase, ManagedJobStatus};
+use managed_jobs::api::JobPhase;
 
 const T: Duration = Duration::from_secs(90);
-
-fn phase_is(p: JobPhase) -> impl Fn(&ManagedJobStatus) -> bool {
-    move |s| s.phase == Some(p)
-}
 
 fn pod_job(name: &str, complete_after: &str, restarts: i32) -> String {
     format!(
@@ -42,33 +38,6 @@ spec:
     )
 }
 
-/// Every Pod name seen through a watch of the namespace, until aborted.
-fn watch_pod_names(
-    client: &Client,
-    ns: &str,
-) -> (
-    tokio::task::JoinHandle<()>,
-    std::sync::Arc<std::sync::Mutex<BTreeSet<String>>>,
-) {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let names = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
-    let seen = names.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        while let Some(ev) = stream.next().await {
-            if let Ok(
-                watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p),
-            ) = ev
-            {
-                seen.lock().unwrap().insert(p.name_any());
-            }
-        }
-    });
-    (task, names)
-}
-
 async fn wait_pod(client: &Client, ns: &str, name: &str) -> Pod {
     let api = Api::<Pod>::namespaced(client.clone(), ns);
     let start = std::time::Instant::now();
@@ -90,7 +59,7 @@ async fn a_pod_the_node_refuses_is_a_failure_not_a_relaunch_loop() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "refused").await;
     let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let (watch, names) = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let mj = support::create_yaml(&client, &ns.name, &pod_job("refused", "60s", 1)).await;
     let _ = mj;
     let id = support::wait_status(&client, &ns.name, "refused", T, "a job id", |s| {
@@ -142,7 +111,7 @@ async fn a_relabelled_pod_is_not_taken_as_deleted() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "relabel").await;
     let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let (watch, names) = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     support::create_yaml(&client, &ns.name, &pod_job("relabel", "15s", 0)).await;
     let running = support::wait_status(
         &client,
@@ -150,7 +119,7 @@ async fn a_relabelled_pod_is_not_taken_as_deleted() {
         "relabel",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let id = running.status.unwrap().job_id.unwrap();
@@ -216,7 +185,7 @@ async fn a_job_with_the_longest_name_gets_its_events() {
         &name,
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let api = Api::<Event>::namespaced(client.clone(), &ns.name);
@@ -254,7 +223,7 @@ async fn an_oom_killed_container_fails_the_attempt_whatever_its_exit_code() {
         "oom",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let id = running.status.unwrap().job_id.unwrap();
@@ -329,7 +298,7 @@ async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "unstartable").await;
     let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let (watch, names) = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     // Bound to a node nobody runs: the test plays its kubelet.
     let yaml = pod_job("unstartable", "60s", 2).replace(
         "      containers:",

@@ -20,10 +20,6 @@ fn job(name: &str, body: &str) -> String {
     )
 }
 
-fn phase_is(p: JobPhase) -> impl Fn(&managed_jobs::api::ManagedJobStatus) -> bool {
-    move |s| s.phase == Some(p)
-}
-
 fn condition(mj: &ManagedJob, type_: &str) -> Option<String> {
     mj.status
         .as_ref()?
@@ -96,7 +92,7 @@ async fn failing_job_is_restarted_then_fails_with_its_exit_code() {
         "flaky",
         T,
         "Failed",
-        phase_is(JobPhase::Failed),
+        support::phase_is(JobPhase::Failed),
     )
     .await;
     let s = mj.status.clone().unwrap();
@@ -198,7 +194,7 @@ async fn cancel_while_pending_never_starts_a_process() {
         "blocker",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     support::create_yaml(
@@ -219,7 +215,7 @@ async fn cancel_while_pending_never_starts_a_process() {
         "queued",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     let s = mj.status.unwrap();
@@ -244,7 +240,7 @@ async fn cancel_while_pending_never_starts_a_process() {
         "blocker",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
 }
@@ -267,7 +263,7 @@ async fn cancel_while_running_stops_the_workload_process_group() {
         "long",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let pgid: i32 = mj
@@ -286,7 +282,7 @@ async fn cancel_while_running_stops_the_workload_process_group() {
         "long",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     assert!(
@@ -309,7 +305,7 @@ async fn delete_cleans_up_and_removes_the_finalizer() {
         "doomed",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let pgid: i32 = mj
@@ -359,7 +355,7 @@ async fn finalizer_is_set_at_create_and_restored_when_removed() {
         "held",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns.name);
@@ -408,7 +404,7 @@ async fn killed_job_controller_is_resumed_and_the_job_succeeds() {
         "sturdy",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let id = mj.status.unwrap().job_id.unwrap();
@@ -428,7 +424,7 @@ async fn killed_job_controller_is_resumed_and_the_job_succeeds() {
         "sturdy",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     assert_eq!(
@@ -463,7 +459,7 @@ async fn killed_operator_restarts_without_running_any_job_twice() {
         "job-0",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     op.kill();
@@ -476,7 +472,7 @@ async fn killed_operator_restarts_without_running_any_job_twice() {
             &format!("job-{i}"),
             T,
             "Succeeded",
-            phase_is(JobPhase::Succeeded),
+            support::phase_is(JobPhase::Succeeded),
         )
         .await;
     }
@@ -566,7 +562,7 @@ async fn valid_cases_behave_as_their_comments_say() {
         "cancel-at-birth",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     let id = mj.status.unwrap().job_id.unwrap();
@@ -579,7 +575,7 @@ async fn valid_cases_behave_as_their_comments_say() {
         "quoting",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let id = mj.status.unwrap().job_id.unwrap();
@@ -605,7 +601,7 @@ async fn metrics_health_and_events_are_published() {
         "observed",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     support::wait_status(
@@ -614,7 +610,7 @@ async fn metrics_health_and_events_are_published() {
         "observed-fail",
         T,
         "Failed",
-        phase_is(JobPhase::Failed),
+        support::phase_is(JobPhase::Failed),
     )
     .await;
 
@@ -747,7 +743,7 @@ async fn a_standby_takes_over_within_the_lease_and_runs_nothing_twice() {
         "before",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let (code, _) = tokio::task::spawn_blocking(move || support::http_get(p2, "/readyz"))
@@ -776,7 +772,7 @@ async fn a_standby_takes_over_within_the_lease_and_runs_nothing_twice() {
             name,
             T,
             "Succeeded",
-            phase_is(JobPhase::Succeeded),
+            support::phase_is(JobPhase::Succeeded),
         )
         .await;
     }
@@ -804,7 +800,7 @@ async fn a_lost_store_keeps_final_statuses_and_reruns_nothing() {
             "finished",
             T,
             "Failed",
-            phase_is(JobPhase::Failed),
+            support::phase_is(JobPhase::Failed),
         )
         .await;
     }
@@ -817,7 +813,7 @@ async fn a_lost_store_keeps_final_statuses_and_reruns_nothing() {
         "finished",
         T,
         "Failed",
-        phase_is(JobPhase::Failed),
+        support::phase_is(JobPhase::Failed),
     )
     .await;
     assert_eq!(mj.status.unwrap().exit_code, Some(4));

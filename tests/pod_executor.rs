@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use managed_jobs::api::{JobPhase, ManagedJobStatus};
+use managed_jobs::api::JobPhase;
 use managed_jobs::store::Store;
 
 const T: Duration = Duration::from_secs(60);
@@ -34,10 +34,6 @@ spec:
               memory: 64Mi
 "#
     )
-}
-
-fn phase_is(p: JobPhase) -> impl Fn(&ManagedJobStatus) -> bool {
-    move |s| s.phase == Some(p)
 }
 
 async fn pods_of(client: &Client, ns: &str, job: &str) -> Vec<Pod> {
@@ -65,7 +61,15 @@ async fn evict(client: &Client, ns: &str, pod: &str) {
 }
 
 async fn running_pod_name(client: &Client, ns: &str, job: &str) -> String {
-    let mj = support::wait_status(client, ns, job, T, "Running", phase_is(JobPhase::Running)).await;
+    let mj = support::wait_status(
+        client,
+        ns,
+        job,
+        T,
+        "Running",
+        support::phase_is(JobPhase::Running),
+    )
+    .await;
     mj.status
         .unwrap()
         .workload
@@ -119,7 +123,7 @@ async fn pod_job_succeeds_with_an_owned_labelled_pod_and_is_garbage_collected() 
         "pod-hello",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let s = mj.status.clone().unwrap();
@@ -175,7 +179,7 @@ async fn failing_pod_is_restarted_in_a_new_pod_then_fails() {
         "pod-failing",
         T,
         "Failed",
-        phase_is(JobPhase::Failed),
+        support::phase_is(JobPhase::Failed),
     )
     .await;
     let s = mj.status.unwrap();
@@ -218,7 +222,7 @@ async fn evicted_pod_is_recovered_in_a_new_pod() {
         "evicted",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let s = mj.status.unwrap();
@@ -243,7 +247,7 @@ async fn eviction_with_no_recovery_budget_fails_the_job() {
         "nobudget",
         T,
         "Failed",
-        phase_is(JobPhase::Failed),
+        support::phase_is(JobPhase::Failed),
     )
     .await;
     let s = mj.status.unwrap();
@@ -312,7 +316,7 @@ async fn node_loss_is_recovered_on_another_node() {
             "nodeloss",
             T,
             "Cancelled",
-            phase_is(JobPhase::Cancelled),
+            support::phase_is(JobPhase::Cancelled),
         )
         .await;
     } else {
@@ -377,7 +381,7 @@ spec:
         "after-big",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     // Cancel while Starting: no Pod left.
@@ -388,7 +392,7 @@ spec:
         "too-big",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     wait_no_pods(&client, &ns.name, "too-big").await;
@@ -412,7 +416,7 @@ async fn cancel_while_running_and_recovering_leaves_no_pod() {
         "runner",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     wait_no_pods(&client, &ns.name, "runner").await;
@@ -432,7 +436,7 @@ async fn cancel_while_running_and_recovering_leaves_no_pod() {
         "recoverer",
         T,
         "Cancelled",
-        phase_is(JobPhase::Cancelled),
+        support::phase_is(JobPhase::Cancelled),
     )
     .await;
     wait_no_pods(&client, &ns.name, "recoverer").await;
@@ -475,7 +479,7 @@ async fn killing_the_operator_and_job_controller_never_duplicates_a_pod() {
         "sturdy-pod",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     assert_eq!(mj.status.unwrap().attempt, 1);
@@ -513,7 +517,7 @@ async fn zero_pod_quota_is_failed_precheck_naming_the_quota() {
         "quota",
         T,
         "FailedPrecheck",
-        phase_is(JobPhase::FailedPrecheck),
+        support::phase_is(JobPhase::FailedPrecheck),
     )
     .await;
     let message = mj.status.unwrap().message.unwrap();

@@ -16,10 +16,6 @@ use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobStatus};
 
 const T: Duration = Duration::from_secs(90);
 
-fn phase_is(p: JobPhase) -> impl Fn(&ManagedJobStatus) -> bool {
-    move |s| s.phase == Some(p)
-}
-
 fn pod_job(name: &str, complete_after: &str) -> String {
     format!(
         r#"apiVersion: managedjobs.dev/v1alpha1
@@ -46,33 +42,6 @@ fn local_job(name: &str, run: &str) -> String {
     format!(
         "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  run: {run:?}\n"
     )
-}
-
-/// Every Pod name seen through a watch of the namespace until the handle is aborted or 5 min.
-fn watch_pod_names(client: &Client, ns: &str) -> tokio::task::JoinHandle<BTreeSet<String>> {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let names = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
-    let seen = names.clone();
-    tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        let deadline = tokio::time::sleep(Duration::from_secs(300));
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                _ = &mut deadline => break,
-                ev = stream.next() => match ev {
-                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p))) => {
-                        seen.lock().unwrap().insert(p.name_any());
-                    }
-                    Some(_) => {}
-                    None => break,
-                },
-            }
-        }
-        seen.lock().unwrap().clone()
-    })
 }
 
 async fn pod_names_so_far(client: &Client, ns: &str) -> BTreeSet<String> {
@@ -124,7 +93,7 @@ async fn five_operator_restarts_are_hand_overs() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "handover").await;
     let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let names = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let runs = tempfile::tempdir().unwrap();
     let runs_file = runs.path().join("runs.txt");
     support::create_yaml(&client, &ns.name, &pod_job("long-pod", "45s")).await;
@@ -137,7 +106,7 @@ async fn five_operator_restarts_are_hand_overs() {
             job,
             T,
             "Running",
-            phase_is(JobPhase::Running),
+            support::phase_is(JobPhase::Running),
         )
         .await;
     }
@@ -162,11 +131,9 @@ async fn five_operator_restarts_are_hand_overs() {
         assert_eq!((s.restart_count, s.recovery_count), (0, 0), "{job}");
         assert_eq!(s.attempt, 1, "{job}");
     }
-    names.abort();
+    watch.abort();
     let mut seen = pod_names_so_far(&client, &ns.name).await;
-    if let Ok(watched) = names.await {
-        seen.extend(watched);
-    }
+    seen.extend(names.lock().unwrap().iter().cloned());
     let id = status_of(&client, &ns.name, "long-pod")
         .await
         .job_id
@@ -204,7 +171,7 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "loststore").await;
     let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    let names = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     support::create_yaml(&client, &ns.name, &local_job("finished", "echo done")).await;
     support::create_yaml(&client, &ns.name, &pod_job("survivor", "30s")).await;
     let finished = support::wait_status(
@@ -213,7 +180,7 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
         "finished",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let running = support::wait_status(
@@ -222,7 +189,7 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
         "survivor",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let pod_id = running.status.unwrap().job_id.unwrap();
@@ -262,7 +229,7 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
         "newcomer",
         T,
         "Succeeded",
-        phase_is(JobPhase::Succeeded),
+        support::phase_is(JobPhase::Succeeded),
     )
     .await;
     let new_id = new.status.unwrap().job_id.unwrap();
@@ -270,11 +237,9 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
         old_ids.iter().all(|&old| new_id > old),
         "{new_id} vs {old_ids:?}"
     );
-    names.abort();
+    watch.abort();
     let mut seen = pod_names_so_far(&client, &ns.name).await;
-    if let Ok(watched) = names.await {
-        seen.extend(watched);
-    }
+    seen.extend(names.lock().unwrap().iter().cloned());
     assert_eq!(
         seen,
         BTreeSet::from([format!("survivor-{pod_id}-1")]),
@@ -298,7 +263,7 @@ async fn a_pod_with_a_jobs_labels_and_owner_but_not_its_name_changes_nothing() {
         "fenced",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let id = running.status.clone().unwrap().job_id.unwrap();
@@ -450,7 +415,7 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
     let state = root.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let mut op = start(&state, &log);
-    let names = watch_pod_names(&client, &ns.name);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
     support::create_yaml(&client, &ns.name, &pod_job("sturdy", "30s")).await;
     let running = support::wait_status(
         &client,
@@ -458,7 +423,7 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
         "sturdy",
         T,
         "Running",
-        phase_is(JobPhase::Running),
+        support::phase_is(JobPhase::Running),
     )
     .await;
     let id = running.status.unwrap().job_id.unwrap();
@@ -498,11 +463,9 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
         (s.job_id, s.attempt, s.recovery_count, s.restart_count),
         (Some(id), 1, 0, 0)
     );
-    names.abort();
+    watch.abort();
     let mut seen = pod_names_so_far(&client, &ns.name).await;
-    if let Ok(watched) = names.await {
-        seen.extend(watched);
-    }
+    seen.extend(names.lock().unwrap().iter().cloned());
     assert_eq!(
         seen,
         BTreeSet::from([format!("sturdy-{id}-1")]),

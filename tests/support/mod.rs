@@ -525,3 +525,39 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+/// A predicate on a status: its phase is `p` (for [`wait_status`]).
+pub fn phase_is(
+    p: managed_jobs::api::JobPhase,
+) -> impl Fn(&managed_jobs::api::ManagedJobStatus) -> bool {
+    move |s| s.phase == Some(p)
+}
+
+/// Every Pod name seen in namespace `ns` through a watch, from now until the task is aborted:
+/// what must never happen is counted over the whole test, not only at the end.
+pub fn watch_pod_names(
+    client: &Client,
+    ns: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+) {
+    use futures::StreamExt;
+    use kube::ResourceExt as _;
+    use kube::runtime::watcher;
+    let api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    let names = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let seen = names.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            if let Ok(
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p),
+            ) = ev
+            {
+                seen.lock().unwrap().insert(p.name_any());
+            }
+        }
+    });
+    (task, names)
+}
