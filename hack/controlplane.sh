@@ -121,10 +121,29 @@ bin_path() { # binary name -> path
   die "unknown binary $1"
 }
 
+# The command that proves a cached binary runs (prints its version and exits 0).
+version_args() {
+  case "$1" in
+    kubectl) echo "version --client" ;;
+    helm) echo "version" ;;
+    *) echo "--version" ;;
+  esac
+}
+
+# True when a binary of the tool is absent or does not run. A cache copied from another machine
+# (or cut short by a full disk) can hold a truncated binary that dies with no output at all, so
+# every cached binary must print its version before it is trusted.
 tool_missing() {
   local dir b
   dir="$(tool_bin_dir "$1")"
-  for b in $(tool_binaries "$1"); do [[ -x "$dir/$b" ]] || return 0; done
+  for b in $(tool_binaries "$1"); do
+    [[ -x "$dir/$b" ]] || return 0
+    # shellcheck disable=SC2046 # version_args is a word list
+    if ! timeout 60 "$dir/$b" $(version_args "$b") >/dev/null 2>&1; then
+      log "cached $dir/$b does not run (truncated or corrupt?); rebuilding $1"
+      return 0
+    fi
+  done
   return 1
 }
 
@@ -209,7 +228,8 @@ component_pid() {
   pid="$(<"$pf")"; bin="$(<"$cf")"
   [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
   local cmdline
-  cmdline="$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+  # The process may exit between the test above and this read; braces keep the shell quiet.
+  cmdline="$({ tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
   grep -qxF -- "$bin" <<<"$cmdline" || return 1
   printf '%s' "$pid"
 }
@@ -224,9 +244,13 @@ start_component() { # name binary args...
   # shellcheck disable=SC2016 # expanded by the inner shell
   setsid bash -c 'echo $$ >"$0"; exec "$@"' "$(pid_file "$name")" "$bin" "$@" \
     >"$RUN/logs/$name.log" 2>&1 </dev/null 9>&- &
+  LAUNCHED[$name]=$!
+  # A loaded machine can take a while to fork; wait up to 30 s for the pid file.
   local i
-  for ((i = 0; i < 50; i++)); do [[ -s "$(pid_file "$name")" ]] && break; sleep 0.02; done
+  for ((i = 0; i < 1500; i++)); do [[ -s "$(pid_file "$name")" ]] && return 0; sleep 0.02; done
+  die_with_logs "$name" "$name did not record its pid within 30 s"
 }
+declare -A LAUNCHED=() # component -> pid of the process this script started
 
 stop_component() {
   local name="$1" pid i
@@ -392,9 +416,20 @@ wait_component() { # component description timeout_s command...
 
 die_with_logs() { # component message
   log "$2"
-  if [[ -f "$RUN/logs/$1.log" ]]; then
+  local pid="${LAUNCHED[$1]:-}" rc
+  if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+    rc=0; wait "$pid" 2>/dev/null || rc=$?
+    if ((rc > 128)); then
+      log "$1 (pid $pid) was killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))"
+    else
+      log "$1 (pid $pid) exited with status $rc"
+    fi
+  fi
+  if [[ -s "$RUN/logs/$1.log" ]]; then
     log "last lines of $RUN/logs/$1.log:"
     tail -n 25 "$RUN/logs/$1.log" >&2
+  else
+    log "$RUN/logs/$1.log is empty"
   fi
   exit 1
 }
@@ -517,6 +552,22 @@ cmd_up() {
     stop_all
   fi
 
+  # A start that fails for a passing reason (a port taken between choosing and binding it, a
+  # component killed under memory pressure) is tried once more from scratch. Each try is a new
+  # process so that `set -e` holds inside it.
+  local try rc
+  for try in 1 2; do
+    rc=0
+    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" || rc=$?
+    ((rc == 0)) && return 0
+    ((try == 1)) && log "start failed (status $rc); trying once more with fresh ports and data"
+  done
+  die "the control plane did not start twice in a row (logs: $RUN/logs)"
+}
+
+# Starts a new instance (the caller holds the lock and has cleaned up); prints the kubeconfig path.
+start_instance() { # nodes start_ms
+  local nodes="$1" start="$2"
   # A failed start must not leave half an instance behind (the logs are kept).
   trap 'rc=$?; if ((rc != 0)); then log "up failed; stopping the partial instance (logs: $RUN/logs)"; stop_all; fi' EXIT
   rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home"
@@ -634,6 +685,7 @@ main() {
     kubectl) exec "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     helm) exec "$(bin_path helm)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     bin-dir) tool_bin_dir "${1:-kubernetes}"; echo ;;
+    __start-instance) start_instance "$@" ;; # internal: one try of `up` (see cmd_up)
     -h | --help | help | "") sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" ;;
     *) die "unknown command '$cmd' (try --help)" ;;
   esac
