@@ -75,6 +75,14 @@ pub struct ManagedJobSpec {
     /// Failed with reason DeadlineExceeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_deadline_seconds: Option<i64>,
+    /// Seconds an attempt's workload may take to start running once launched (a Pod bound to a
+    /// node but still pulling its image, waiting for a volume or running init containers;
+    /// counted from when the scheduler bound it if it first waited for a node). Past it the
+    /// workload is deleted, its launch slot released and the job requeued with back-off; after
+    /// the operator's `--max-launch-timeouts` in a row it ends FailedNoResource. Unset: the
+    /// operator's `--launch-timeout-seconds` (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_timeout_seconds: Option<i64>,
     /// Seconds after the job finished (Succeeded, Failed*, Cancelled) when the operator deletes
     /// the object. Unset keeps it forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -403,12 +411,13 @@ fn rule(rule: &str, message: &str) -> Value {
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 6] = [
+    const IMMUTABLE: [&str; 7] = [
         "run",
         "setup",
         "env",
         "template",
         "activeDeadlineSeconds",
+        "launchTimeoutSeconds",
         "ttlSecondsAfterFinished",
     ];
     let mut rules = vec![rule(
@@ -453,6 +462,7 @@ fn refine_spec_schema(spec: &mut Value) {
     props["priority"]["default"] = json!(0);
     props["cancel"]["default"] = json!(false);
     props["activeDeadlineSeconds"]["minimum"] = json!(1);
+    props["launchTimeoutSeconds"]["minimum"] = json!(1);
     props["ttlSecondsAfterFinished"]["minimum"] = json!(0);
 
     let env = &mut props["env"];
@@ -552,6 +562,9 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
     }
     if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
         return Err("spec.activeDeadlineSeconds must be >= 1".into());
+    }
+    if spec.launch_timeout_seconds.is_some_and(|s| s < 1) {
+        return Err("spec.launchTimeoutSeconds must be >= 1".into());
     }
     for (field, script) in [("spec.run", &spec.run), ("spec.setup", &spec.setup)] {
         if script.as_deref().is_some_and(|s| s.contains('\0')) {

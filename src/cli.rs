@@ -99,6 +99,14 @@ pub struct RunArgs {
     /// Job controller exits before the job is done that end it as FailedController.
     #[arg(long, env = "MJ_MAX_CONTROLLER_CRASHES", default_value_t = 3)]
     pub max_controller_crashes: i64,
+    /// Seconds a launched workload may take to start running (a Pod pulling its image, waiting
+    /// for a volume, running init containers) before it is removed and the job requeued with
+    /// back-off; a job's `spec.launchTimeoutSeconds` overrides it.
+    #[arg(long, env = "MJ_LAUNCH_TIMEOUT_SECONDS", default_value_t = 600.0)]
+    pub launch_timeout_seconds: f64,
+    /// Launch timeouts in a row after which a job ends FailedNoResource.
+    #[arg(long, env = "MJ_MAX_LAUNCH_TIMEOUTS", default_value_t = 3)]
+    pub max_launch_timeouts: i32,
     /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address (`none` to disable).
     #[arg(long, env = "MJ_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: String,

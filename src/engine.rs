@@ -48,6 +48,11 @@ pub struct Config {
     pub restart_backoff: Duration,
     /// Job controller exits before Done that end a job as FailedController.
     pub max_controller_crashes: i64,
+    /// How long a launched workload may take to start running (a job's
+    /// `spec.launchTimeoutSeconds` overrides it).
+    pub launch_timeout: Duration,
+    /// Launch timeouts in a row that end a job FailedNoResource (at least 1).
+    pub max_launch_timeouts: i32,
     /// The `managed-jobs` binary used to start job controllers.
     pub self_exe: PathBuf,
 }
@@ -102,6 +107,8 @@ impl Engine {
             cancel_grace_ms: cfg.cancel_grace.as_millis() as u64,
             restart_backoff_ms: cfg.restart_backoff.as_millis() as u64,
             caps: Some(caps),
+            launch_timeout_ms: cfg.launch_timeout.as_millis() as u64,
+            max_launch_timeouts: cfg.max_launch_timeouts,
         })?;
         tracing::info!(
             launch_cap = caps.launch,

@@ -94,6 +94,16 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "Recovering",
                 t.message.as_str().into(),
             )),
+            (Reason::PodTerminating, _) => events.push(event(
+                EventType::Warning,
+                "PodTerminating",
+                t.message.as_str().into(),
+            )),
+            (Reason::LaunchTimedOut, _) => events.push(event(
+                EventType::Warning,
+                "LaunchTimedOut",
+                t.message.as_str().into(),
+            )),
             (_, Some(JobPhase::Running)) if entered => {
                 let note = match waited_ms.take() {
                     Some(ms) => format!("{} (waited {} in the queue)", t.message, seconds(ms)),

@@ -17,9 +17,9 @@ use anyhow::Context as _;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{ExecutorKind, JobPhase};
-use crate::executor::Executor;
 use crate::executor::local::LocalExecutor;
 use crate::executor::pod::PodExecutor;
+use crate::executor::{Executor, Stop};
 use crate::lifecycle::{self, Action, Transition, decide::Context, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::{Cas, JobRow, Store};
@@ -32,6 +32,9 @@ pub const CACHE_KIB: u32 = 64;
 pub const OBSERVE_BACKSTOP: Duration = Duration::from_secs(30);
 /// Longest wait before re-reading the row while queued or stopping.
 pub const QUEUED_BACKSTOP: Duration = Duration::from_secs(5);
+/// How long a removal without grace ([`Action::RemoveThen`]) may take to be confirmed before
+/// the job controller decides again.
+pub const REMOVE_CONFIRM: Duration = Duration::from_secs(10);
 /// How long a pod job waits for the Pod watch to report a Pod it just created.
 pub const POD_REPORT_WAIT: Duration = Duration::from_secs(10);
 
@@ -43,6 +46,8 @@ struct JobController<E: Executor> {
     wake: Signal,
     grace: Duration,
     backoff_base: Duration,
+    launch_timeout: Duration,
+    max_launch_timeouts: i32,
     executors: Vec<ExecutorKind>,
 }
 
@@ -78,6 +83,8 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
                 wake,
                 grace: Duration::from_millis(settings.cancel_grace_ms),
                 backoff_base: Duration::from_millis(settings.restart_backoff_ms),
+                launch_timeout: Duration::from_millis(settings.launch_timeout_ms),
+                max_launch_timeouts: settings.max_launch_timeouts,
                 executors: settings.executors,
             }
             .drive()
@@ -106,6 +113,8 @@ impl<E: Executor> JobController<E> {
                 executor_enabled: self.executors.contains(&row.executor),
                 create_is_idempotent: E::CREATE_IS_IDEMPOTENT,
                 backoff_base: self.backoff_base,
+                launch_timeout: self.launch_timeout,
+                max_launch_timeouts: self.max_launch_timeouts,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             // Nothing of a workload that never started needs a grace period.
@@ -141,12 +150,35 @@ impl<E: Executor> JobController<E> {
                         self.wait(None, POD_REPORT_WAIT).await;
                     }
                 }
-                Action::StopThen(t) | Action::RemoveThen(t) => {
-                    if self.executor.stop(&row, grace).await? {
-                        self.set(&row, &t)?;
-                    } else {
+                Action::StopThen(t) => match self.executor.stop(&row, grace).await? {
+                    Stop::Gone { forced } => {
+                        self.set(&row, &lifecycle::with_notes(t, &forced))?;
+                    }
+                    Stop::Stopping { waiting_on } => {
+                        if let Some(w) = waiting_on {
+                            let t = lifecycle::stopping(&row, &w);
+                            if t.change.message.as_ref() != Some(&row.message) {
+                                self.set(&row, &t)?;
+                            }
+                        }
                         // Not gone yet: woken when the watch sees it go.
                         self.wait(None, QUEUED_BACKSTOP).await;
+                    }
+                },
+                Action::RemoveThen(t) => {
+                    // A removal without grace completes at once: confirm it and write the
+                    // decision taken before it. Deciding again would see the removed workload
+                    // as lost (a recovery) instead of what the decision was (a launch timeout).
+                    let start = std::time::Instant::now();
+                    loop {
+                        if let Stop::Gone { forced } = self.executor.stop(&row, grace).await? {
+                            self.set(&row, &lifecycle::with_notes(t, &forced))?;
+                            break;
+                        }
+                        if start.elapsed() >= REMOVE_CONFIRM {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
                 Action::Wait { until_ms } => {

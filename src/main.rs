@@ -29,6 +29,14 @@ fn main() -> anyhow::Result<()> {
                 cancel_grace: cli::seconds(args.cancel_grace_seconds)?,
                 restart_backoff: cli::seconds(args.restart_backoff_seconds)?,
                 max_controller_crashes: args.max_controller_crashes.max(1),
+                launch_timeout: {
+                    anyhow::ensure!(
+                        args.launch_timeout_seconds > 0.0,
+                        "--launch-timeout-seconds must be > 0"
+                    );
+                    cli::seconds(args.launch_timeout_seconds)?
+                },
+                max_launch_timeouts: args.max_launch_timeouts.max(1),
                 self_exe: std::env::current_exe()?,
             };
             tokio::runtime::Builder::new_multi_thread()

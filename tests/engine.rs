@@ -22,6 +22,8 @@ fn config(dir: &Path, caps: Caps) -> Config {
         cancel_grace: Duration::from_secs(2),
         restart_backoff: Duration::from_millis(100),
         max_controller_crashes: 3,
+        launch_timeout: managed_jobs::lifecycle::DEFAULT_LAUNCH_TIMEOUT,
+        max_launch_timeouts: managed_jobs::lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
         self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
     }
 }

@@ -350,3 +350,313 @@ async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
         "one Pod"
     );
 }
+
+/// A Pod bound to a node that never starts it (here a node that does not exist, then an image
+/// that cannot be pulled) holds its launch slot only until its launch deadline: with a launch cap
+/// of 1, another job launches meanwhile; the stuck attempt's Pod is removed and the job requeued
+/// with back-off, and the second timeout in a row (`--max-launch-timeouts 2`) ends it
+/// FailedNoResource naming what it waited on. Neither a restart nor a recovery is counted.
+#[tokio::test]
+async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resource() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "neverstarts").await;
+    let _op = support::OperatorProcess::start(
+        cp,
+        &ns.name,
+        &["--launch-cap", "1", "--max-launch-timeouts", "2"],
+    );
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
+    let stuck = pod_job("stuck", "60s", 3)
+        .replace(
+            "spec:\n  recovery:",
+            "spec:\n  launchTimeoutSeconds: 3\n  recovery:",
+        )
+        .replace(
+            "      containers:",
+            "      nodeName: no-such-node\n      containers:",
+        );
+    support::create_yaml(&client, &ns.name, &stuck).await;
+    let id = support::wait_status(&client, &ns.name, "stuck", T, "Starting", |s| {
+        s.phase == Some(JobPhase::Starting)
+    })
+    .await
+    .status
+    .unwrap()
+    .job_id
+    .unwrap();
+    // The only launch slot is held by the stuck job; this one must still get it.
+    support::create_yaml(&client, &ns.name, &pod_job("quick", "1s", 0)).await;
+    // The second attempt's Pod plays a kubelet that cannot pull the image.
+    let second = format!("stuck-{id}-2");
+    wait_pod(&client, &ns.name, &second).await;
+    let patch = serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff",
+            "message": "Back-off pulling image \"busybox\""}}
+    }]}});
+    Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .patch_status(&second, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("status patch");
+    let done = support::wait_status(&client, &ns.name, "stuck", T, "FailedNoResource", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = done.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::FailedNoResource), "{:?}", s.message);
+    assert_eq!(s.failure_reason.as_deref(), Some("ImagePullBackOff"));
+    let message = s.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("did not start within 3 s")
+            && message.contains("Back-off pulling image")
+            && message.contains("2 launch timeouts in a row"),
+        "{message}"
+    );
+    assert_eq!((s.attempt, s.restart_count, s.recovery_count), (2, 0, 0));
+    let quick = support::wait_status(
+        &client,
+        &ns.name,
+        "quick",
+        T,
+        "Succeeded",
+        support::phase_is(JobPhase::Succeeded),
+    )
+    .await
+    .status
+    .unwrap();
+    assert!(
+        quick.started_at.unwrap().0 < s.finished_at.unwrap().0,
+        "the other job launched while the stuck one waited"
+    );
+    // Both stuck Pods are removed; each attempt had one Pod.
+    let api = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    for pod in [format!("stuck-{id}-1"), second.clone()] {
+        let start = std::time::Instant::now();
+        while api.get_opt(&pod).await.unwrap().is_some() {
+            assert!(start.elapsed() < T, "{pod} was left behind");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // A Warning Event says why the first attempt was abandoned.
+    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
+    let start = std::time::Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let timed_out = list.iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("stuck")
+                && e.reason.as_deref() == Some("LaunchTimedOut")
+        });
+        if let Some(e) = timed_out {
+            let note = e.message.clone().unwrap_or_default();
+            assert!(note.contains("no-such-node"), "{note}");
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            break;
+        }
+        assert!(start.elapsed() < T, "no LaunchTimedOut Event");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    watch.abort();
+    let seen: BTreeSet<String> = names
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with("stuck-"))
+        .cloned()
+        .collect();
+    assert_eq!(seen, BTreeSet::from([format!("stuck-{id}-1"), second]));
+}
+
+/// A Node nobody runs (no kwok annotation), marked NotReady: Pods bound to it never start and,
+/// once deleted, stay Terminating (pod-fates.md). Deleted when dropped, even if the test fails.
+struct DeadNode {
+    cp: &'static support::ControlPlane,
+    name: String,
+}
+
+impl DeadNode {
+    async fn create(client: &Client, cp: &'static support::ControlPlane, prefix: &str) -> DeadNode {
+        use k8s_openapi::api::core::v1::Node;
+        let name = format!("{prefix}-{}", std::process::id());
+        let api = Api::<Node>::all(client.clone());
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"managedjobs.dev/test": "dead-node"}},
+        }))
+        .unwrap();
+        let _ = api.delete(&name, &Default::default()).await;
+        api.create(&Default::default(), &node).await.expect("node");
+        let now = jiff::Timestamp::now().to_string();
+        let not_ready = serde_json::json!({"status": {"conditions": [{
+            "type": "Ready", "status": "False", "reason": "KubeletStopped",
+            "message": "the test plays a dead kubelet", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}]}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&not_ready))
+            .await
+            .expect("node status");
+        DeadNode { cp, name }
+    }
+}
+
+impl Drop for DeadNode {
+    fn drop(&mut self) {
+        let _ = support::kubectl(self.cp, &["delete", "node", &self.name, "--wait=false"]);
+    }
+}
+
+/// A Pod deleted on a node that never confirms (NotReady) stays Terminating. It no longer
+/// counts as running: the job shows Recovering naming the Pod and its node, and once the Pod
+/// outlives its grace period plus the margin it is force-deleted and the job recovers (one new
+/// Pod). Cancel and delete finish the same way instead of waiting forever, and the Events say so.
+#[tokio::test]
+async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "terminating").await;
+    let node = DeadNode::create(&client, cp, "mj-dead-node").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
+    let on_dead_node = |name: &str| {
+        pod_job(name, "600s", 0).replace(
+            "      containers:",
+            &format!(
+                "      nodeName: {}\n      terminationGracePeriodSeconds: 1\n      containers:",
+                node.name
+            ),
+        )
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let mut ids = Vec::new();
+    for name in ["evicted", "cancelled"] {
+        support::create_yaml(&client, &ns.name, &on_dead_node(name)).await;
+        let id = support::wait_status(&client, &ns.name, name, T, "a job id", |s| {
+            s.job_id.is_some()
+        })
+        .await
+        .status
+        .unwrap()
+        .job_id
+        .unwrap();
+        // Play the kubelet once: the Pod runs.
+        let pod = format!("{name}-{id}-1");
+        wait_pod(&client, &ns.name, &pod).await;
+        let running = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
+            "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+            "state": {"running": {"startedAt": jiff::Timestamp::now().to_string()}}}]}});
+        pods.patch_status(&pod, &PatchParams::default(), &Patch::Merge(&running))
+            .await
+            .expect("status patch");
+        support::wait_status(
+            &client,
+            &ns.name,
+            name,
+            T,
+            "Running",
+            support::phase_is(JobPhase::Running),
+        )
+        .await;
+        ids.push(id);
+    }
+    let (evicted, cancelled) = (ids[0], ids[1]);
+
+    // Someone else deletes the running Pod: nobody confirms, it stays Terminating.
+    let first = format!("evicted-{evicted}-1");
+    pods.delete(&first, &Default::default())
+        .await
+        .expect("delete");
+    support::cancel(&client, &ns.name, "cancelled").await;
+    let shown = support::wait_status(&client, &ns.name, "evicted", T, "Recovering", |s| {
+        s.phase == Some(JobPhase::Recovering)
+    })
+    .await
+    .status
+    .unwrap();
+    let message = shown.message.unwrap_or_default();
+    assert!(
+        message.contains(&first) && message.contains(&node.name) && message.contains("terminating"),
+        "{message}"
+    );
+    let cancelling = support::wait_status(&client, &ns.name, "cancelled", T, "Cancelling", |s| {
+        s.message
+            .as_deref()
+            .is_some_and(|m| m.contains("to terminate"))
+    })
+    .await
+    .status
+    .unwrap();
+    assert_eq!(cancelling.phase, Some(JobPhase::Cancelling));
+    assert!(
+        cancelling.message.unwrap().contains(&node.name),
+        "the message names the node"
+    );
+
+    // Past grace + margin on a node that is not Ready: forced, then recovered with one new Pod.
+    let second = format!("evicted-{evicted}-2");
+    wait_pod(&client, &ns.name, &second).await;
+    let s = support::wait_status(&client, &ns.name, "evicted", T, "recovery 1", |s| {
+        s.recovery_count == 1
+    })
+    .await
+    .status
+    .unwrap();
+    assert_eq!(s.attempt, 2);
+    assert!(
+        pods.get_opt(&first).await.unwrap().is_none(),
+        "{first} was forced"
+    );
+    let done = support::wait_status(
+        &client,
+        &ns.name,
+        "cancelled",
+        T,
+        "Cancelled",
+        support::phase_is(JobPhase::Cancelled),
+    )
+    .await
+    .status
+    .unwrap();
+    assert!(
+        done.message.unwrap_or_default().contains("force-deleted"),
+        "the final message says the Pod was forced"
+    );
+
+    // Deleting the object ends the same way: its new Pod (never started) is removed too.
+    support::delete(&client, &ns.name, "evicted").await;
+    support::wait_gone(&client, &ns.name, "evicted", T).await;
+
+    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
+    let start = std::time::Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let note = |object: &str, reason: &str| {
+            list.iter()
+                .filter(|e| {
+                    e.involved_object.name.as_deref() == Some(object)
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .filter_map(|e| e.message.clone())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let terminating = note("evicted", "PodTerminating");
+        let recovered = note("evicted", "Recovering");
+        let cancel = note("cancelled", "Cancelled");
+        if terminating.contains(&first)
+            && recovered.contains("force-deleted")
+            && cancel.contains("force-deleted")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < T,
+            "Events: PodTerminating {terminating:?}, Recovering {recovered:?}, Cancelled {cancel:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    watch.abort();
+    let seen = names.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        BTreeSet::from([first, second, format!("cancelled-{cancelled}-1")]),
+        "one Pod per attempt"
+    );
+}

@@ -103,6 +103,9 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         ("update", "pods", "no"),
         ("get", "secrets", "no"),
         ("delete", "nodes", "no"),
+        // Is the node of a Pod stuck terminating Ready? (cluster-wide installs only)
+        ("get", "nodes", "yes"),
+        ("list", "nodes", "no"),
         ("create", "managedjobs.managedjobs.dev", "no"),
     ] {
         let (_, answer) = support::kubectl(

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::{Executor, Outcome, Refused};
+use super::{Executor, Outcome, Refused, Stop};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::process;
 use crate::state_dir::StateDir;
@@ -237,11 +237,11 @@ impl Executor for LocalExecutor {
         }
     }
 
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<bool> {
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
         if job.attempt > 0 {
             self.stop_attempt(job.id, job.attempt, grace).await;
         }
-        Ok(true)
+        Ok(Stop::Gone { forced: vec![] })
     }
 }
 

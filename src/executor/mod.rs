@@ -76,6 +76,22 @@ pub struct Refused {
     pub message: String,
 }
 
+/// Where a stop ([`Executor::stop`]) stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Every workload of the job is gone. `forced`: what had to be forced, one sentence each
+    /// (e.g. a Pod stuck terminating on a node that is not Ready, force-deleted).
+    Gone {
+        /// Sentences for the job's final message and Event.
+        forced: Vec<String>,
+    },
+    /// Some are still terminating; `waiting_on` names one when known.
+    Stopping {
+        /// E.g. "Pod x-1-1 on node n1 to terminate".
+        waiting_on: Option<String>,
+    },
+}
+
 /// One way of running a job's attempts. Implemented by [`local::LocalExecutor`] and
 /// [`pod::PodExecutor`]; the job controller drives one of them.
 pub trait Executor {
@@ -104,8 +120,8 @@ pub trait Executor {
     /// executor whose changes come through the operator's watch (a SIGUSR1) never resolves.
     fn changed(&mut self) -> impl Future<Output = ()>;
 
-    /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL);
-    /// true once all are gone, false while some are still terminating.
+    /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL; a
+    /// zero `grace` removes at once). Called again until it returns [`Stop::Gone`].
     fn stop(&mut self, job: &JobRow, grace: Duration)
-    -> impl Future<Output = anyhow::Result<bool>>;
+    -> impl Future<Output = anyhow::Result<Stop>>;
 }

@@ -16,13 +16,36 @@ pub enum Observed {
     /// without a recorded end.
     NotFound,
     /// Created, not running yet (a Pod being scheduled, pulling its image...).
-    Pending,
+    Pending {
+        /// `pod/NAME`.
+        workload: String,
+        /// CamelCase reason of what it waits on (e.g. `ImagePullBackOff`), empty when nothing
+        /// says.
+        reason: String,
+        /// What it waits on, naming the container (e.g. "container main: Back-off pulling
+        /// image ..."), or where it is bound; may be empty.
+        message: String,
+    },
     /// Its Pod waits for a node; `message` is the scheduler's reason.
     Unschedulable {
         /// `pod/NAME`.
         workload: String,
         /// E.g. "0/4 nodes are available: ...".
         message: String,
+    },
+    /// It was deleted (by someone else: a user, a controller, an eviction) but is not gone yet,
+    /// and had not exited: it no longer counts as running.
+    Terminating {
+        /// `pod/NAME`.
+        workload: String,
+        /// E.g. "Pod x-1-1 on node n1 is terminating".
+        message: String,
+        /// When it has outlived its grace period plus a margin (ms since epoch): past it, on a
+        /// node that is not Ready, it is force-deleted.
+        force_at_ms: Option<i64>,
+        /// Whether its node is Ready, when asked (past `force_at_ms`); None: not asked or
+        /// unknown (never forced then).
+        node_ready: Option<bool>,
     },
     /// It runs.
     Running {
@@ -46,7 +69,19 @@ pub struct Context {
     pub create_is_idempotent: bool,
     /// First restart back-off.
     pub backoff_base: Duration,
+    /// How long a launched workload may take to start running (`--launch-timeout-seconds`),
+    /// unless its spec says otherwise (`spec.launchTimeoutSeconds`).
+    pub launch_timeout: Duration,
+    /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
+    pub max_launch_timeouts: i32,
 }
+
+/// Default of `--launch-timeout-seconds`: 10 minutes. Kueue's waitForPodsReady defaults to 5;
+/// ours is longer because ML images of several GB often take minutes to pull, and a timeout
+/// costs the whole launch again.
+pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default of `--max-launch-timeouts`.
+pub const DEFAULT_MAX_LAUNCH_TIMEOUTS: i32 = 3;
 
 /// The job controller's next step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,9 +117,32 @@ pub fn observes(row: &JobRow) -> bool {
     !row.cancel_requested
         && match row.schedule_state {
             ScheduleState::Launching => true,
-            ScheduleState::Alive => row.phase != JobPhase::Recovering,
+            ScheduleState::Alive => !in_backoff(row),
             _ => false,
         }
+}
+
+/// True while `row` waits out a back-off between attempts: Recovering + Alive with its next
+/// attempt not launched yet. (A relaunched attempt whose Pod waits for a node is Recovering +
+/// Alive too, but launched: it is observed, not relaunched.)
+pub fn in_backoff(row: &JobRow) -> bool {
+    row.schedule_state == ScheduleState::Alive
+        && row.phase == JobPhase::Recovering
+        && row.launched_attempt < current_attempt(row)
+}
+
+/// The launch deadline of `row`'s current attempt (ms since epoch): its launch clock plus
+/// `spec.launchTimeoutSeconds` or the operator's default. None while the clock is stopped.
+pub fn launch_deadline_ms(row: &JobRow, cx: &Context) -> Option<i64> {
+    let timeout = launch_timeout(row, cx);
+    Some(row.launched_at_ms? + timeout.as_millis() as i64)
+}
+
+fn launch_timeout(row: &JobRow, cx: &Context) -> Duration {
+    match row.spec.launch_timeout_seconds {
+        Some(s) if s > 0 => Duration::from_secs(s as u64),
+        _ => cx.launch_timeout,
+    }
 }
 
 /// When `row` runs past `spec.activeDeadlineSeconds` (ms since epoch), counted from when its
@@ -125,7 +183,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
     };
     match row.schedule_state {
         ScheduleState::Launching => {}
-        ScheduleState::Alive if row.phase == JobPhase::Recovering => {
+        ScheduleState::Alive if in_backoff(row) => {
             // A back-off: wait it out, then ask for a launch slot.
             return match row.backoff_until_ms {
                 Some(until) if until > cx.now_ms => Action::Wait {
@@ -227,7 +285,69 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 wait
             }
         }
-        Observed::Pending => wait,
+        Observed::Terminating {
+            workload,
+            message,
+            force_at_ms,
+            node_ready,
+        } => {
+            if force_at_ms.is_some_and(|f| f <= cx.now_ms) && *node_ready == Some(false) {
+                // As the pod GC does for a node that is gone: nobody will ever confirm.
+                return Action::RemoveThen(t::after_outcome(
+                    row,
+                    attempt,
+                    &Outcome::Lost {
+                        reason: format!(
+                            "{message} past its grace period on a node that is not Ready; it was force-deleted"
+                        ),
+                    },
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            let waiting = format!("{message}; relaunching once it is gone");
+            if row.message != waiting {
+                return Action::Apply(t::terminating(row, workload.clone(), waiting));
+            }
+            Action::Wait {
+                until_ms: sooner(force_at_ms.filter(|f| *f > cx.now_ms)),
+            }
+        }
+        Observed::Pending {
+            workload,
+            reason,
+            message,
+        } => {
+            let launch_deadline = launch_deadline_ms(row, cx);
+            if launch_deadline.is_some_and(|d| d <= cx.now_ms) {
+                // Removed at once: nothing of it ran, and a node that never started it would
+                // never confirm a graceful delete either.
+                return Action::RemoveThen(t::launch_timed_out(
+                    row,
+                    attempt,
+                    reason,
+                    message,
+                    launch_timeout(row, cx),
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
+            let waiting = match (reason.is_empty(), message.is_empty()) {
+                (true, true) => format!("waiting for Pod {pod} to start"),
+                (true, false) => format!("waiting for Pod {pod} to start: {message}"),
+                (false, _) => format!("waiting for Pod {pod} to start: {reason}: {message}"),
+            };
+            // The clock stopped while the Pod waited for a node starts again once it is bound;
+            // a new reason to wait is worth a status message (not every Pending report is).
+            if row.launched_at_ms.is_none() || (!reason.is_empty() && row.message != waiting) {
+                return Action::Apply(t::waiting_to_start(row, waiting));
+            }
+            Action::Wait {
+                until_ms: sooner(launch_deadline),
+            }
+        }
     }
 }
 
@@ -323,6 +443,8 @@ mod tests {
             created_at_ms: 1_000,
             changed_seq: 0,
             unsynced_since_seq: 0,
+            launched_at_ms: None,
+            launch_timeouts: 0,
         }
     }
 
@@ -332,6 +454,8 @@ mod tests {
             executor_enabled: true,
             create_is_idempotent,
             backoff_base: Duration::from_secs(1),
+            launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
+            max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
         }
     }
 
@@ -455,6 +579,192 @@ mod tests {
         }
     }
 
+    fn pending(reason: &str) -> Observed {
+        Observed::Pending {
+            workload: "pod/j-1-1".into(),
+            reason: reason.into(),
+            message: if reason.is_empty() {
+                String::new()
+            } else {
+                "container main: Back-off pulling image \"nope\"".into()
+            },
+        }
+    }
+
+    /// A launched Pod that does not start within its launch deadline (2 s here) is removed at
+    /// once and the job requeued with a back-off, as a new attempt that is neither a restart nor
+    /// a recovery; the last timeout allowed in a row ends it FailedNoResource naming the reason.
+    #[test]
+    fn a_pod_that_never_starts_times_out_its_launch_then_fails_no_resource() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Launching);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.launched_at_ms = Some(9_000);
+        r.spec.launch_timeout_seconds = Some(2);
+        // Within the deadline: a new reason to wait is shown, then the deadline is awaited.
+        let a = next_action(&r, Some(&pending("ImagePullBackOff")), &cx(true));
+        assert_eq!(reason(&a), Some(Reason::WaitingToStart), "{a:?}");
+        let Action::Apply(t) = &a else { unreachable!() };
+        r.message = t.change.message.clone().unwrap();
+        assert!(r.message.contains("ImagePullBackOff"), "{}", r.message);
+        assert_eq!(
+            next_action(&r, Some(&pending("ImagePullBackOff")), &cx(true)),
+            Action::Wait {
+                until_ms: Some(11_000)
+            }
+        );
+        // Past it: removed (no grace), requeued as attempt 2 after a back-off.
+        r.launched_at_ms = Some(7_000);
+        let a = next_action(&r, Some(&pending("ImagePullBackOff")), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::LaunchTimedOut);
+        assert_eq!(t.change.phase, Some(JobPhase::Recovering));
+        assert_eq!(t.change.schedule, Some(ScheduleState::Alive));
+        assert_eq!(t.change.attempt, Some(2));
+        assert_eq!(t.change.launch_timeouts, Some(1));
+        assert_eq!(t.change.restart_count, None);
+        assert_eq!(t.change.recovery_count, None);
+        assert_eq!(t.change.backoff_until_ms, Some(Some(11_000)));
+        assert!(check_edge(&r, &t.change).is_ok());
+        // The last timeout allowed in a row: FailedNoResource, naming what it waited on.
+        r.launch_timeouts = DEFAULT_MAX_LAUNCH_TIMEOUTS - 1;
+        let a = next_action(&r, Some(&pending("ImagePullBackOff")), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
+        assert_eq!(
+            t.change.failure_reason,
+            Some(Some("ImagePullBackOff".into()))
+        );
+        let message = t.change.message.clone().unwrap();
+        assert!(
+            message.contains("did not start within 2 s") && message.contains("Back-off pulling"),
+            "{message}"
+        );
+        // Nothing known of why: LaunchTimeout.
+        let a = next_action(&r, Some(&pending("")), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.failure_reason, Some(Some("LaunchTimeout".into())));
+        // The operator's default applies without spec.launchTimeoutSeconds.
+        r.spec.launch_timeout_seconds = None;
+        assert_eq!(
+            next_action(&r, Some(&pending("")), &cx(true)),
+            Action::Wait {
+                until_ms: Some(7_000 + DEFAULT_LAUNCH_TIMEOUT.as_millis() as i64)
+            }
+        );
+    }
+
+    /// A Pod waiting for a node stops the launch clock (it holds no launch slot; an autoscaler
+    /// may take long); once bound it starts again. A relaunched attempt that waits for a node is
+    /// observed, never relaunched again in a loop through the launch queue.
+    #[test]
+    fn the_launch_clock_stops_while_a_pod_waits_for_a_node() {
+        let mut r = row(JobPhase::Recovering, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 2;
+        r.launched_attempt = 2;
+        r.launched_at_ms = None;
+        r.message = "waiting for a node for Pod j-1-2: 0/4 nodes are available".into();
+        assert!(observes(&r) && !in_backoff(&r));
+        let unschedulable = Observed::Unschedulable {
+            workload: "pod/j-1-2".into(),
+            message: "0/4 nodes are available".into(),
+        };
+        assert_eq!(
+            next_action(&r, Some(&unschedulable), &cx(true)),
+            Action::Wait { until_ms: None }
+        );
+        let a = next_action(&r, Some(&pending("")), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::WaitingToStart);
+        assert_eq!(
+            t.change.launch_clock,
+            Some(crate::lifecycle::LaunchClock::Start)
+        );
+        // Waiting for a node, the clock is cleared.
+        let mut launching = row(JobPhase::Starting, ScheduleState::Launching);
+        launching.attempt = 1;
+        launching.launched_attempt = 1;
+        launching.launched_at_ms = Some(1);
+        let a = next_action(&launching, Some(&unschedulable), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            t.change.launch_clock,
+            Some(crate::lifecycle::LaunchClock::Clear)
+        );
+    }
+
+    /// A running Pod deleted by someone else no longer counts as running: the job shows
+    /// Recovering naming the Pod and its node, waits for it to go, and past its grace period
+    /// plus the margin on a node that is not Ready removes it at once and recovers.
+    #[test]
+    fn a_terminating_pod_is_not_running_and_is_forced_only_on_a_node_that_is_not_ready() {
+        let mut r = row(JobPhase::Running, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        let terminating = |force_at_ms, node_ready| Observed::Terminating {
+            workload: "pod/j-1-1".into(),
+            message: "Pod j-1-1 on node n1 is terminating".into(),
+            force_at_ms: Some(force_at_ms),
+            node_ready,
+        };
+        let a = next_action(&r, Some(&terminating(40_000, None)), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::PodTerminating);
+        assert_eq!(t.change.phase, Some(JobPhase::Recovering));
+        let message = t.change.message.clone().unwrap();
+        assert!(
+            message.contains("j-1-1") && message.contains("n1"),
+            "{message}"
+        );
+        r.phase = JobPhase::Recovering;
+        r.message = message;
+        assert!(
+            observes(&r),
+            "a terminating attempt is watched, not a back-off"
+        );
+        assert_eq!(
+            next_action(&r, Some(&terminating(40_000, None)), &cx(true)),
+            Action::Wait {
+                until_ms: Some(40_000)
+            }
+        );
+        // Past the margin on a Ready node (or one that cannot be read): keep waiting.
+        for ready in [Some(true), None] {
+            assert_eq!(
+                next_action(&r, Some(&terminating(5_000, ready)), &cx(true)),
+                Action::Wait { until_ms: None }
+            );
+        }
+        // On a node that is not Ready: removed at once, then recovered.
+        let a = next_action(&r, Some(&terminating(5_000, Some(false))), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::Recovering);
+        assert_eq!(t.change.recovery_count, Some(1));
+        assert!(
+            t.change.message.as_ref().unwrap().contains("force-deleted"),
+            "{:?}",
+            t.change.message
+        );
+        assert!(check_edge(&r, &t.change).is_ok());
+    }
+
     #[test]
     fn a_controller_exit_resumes_until_the_crash_limit() {
         let ran = ExitSeen::WhileOperatorRan;
@@ -494,7 +804,23 @@ mod tests {
         prop_oneof![
             Just(None),
             Just(Some(Observed::NotFound)),
-            Just(Some(Observed::Pending)),
+            Just(Some(Observed::Terminating {
+                workload: "pod/p".into(),
+                message: "Pod p on node n is terminating".into(),
+                force_at_ms: Some(5_000),
+                node_ready: Some(false),
+            })),
+            Just(Some(Observed::Terminating {
+                workload: "pod/p".into(),
+                message: "Pod p on node n is terminating".into(),
+                force_at_ms: Some(50_000),
+                node_ready: None,
+            })),
+            Just(Some(Observed::Pending {
+                workload: "pod/p".into(),
+                reason: "ImagePullBackOff".into(),
+                message: "container main: back-off".into(),
+            })),
             Just(Some(Observed::Running {
                 workload: "pod/p".into()
             })),
@@ -533,6 +859,9 @@ mod tests {
             recoveries in prop::option::of(0i32..2),
             observed in observed(),
             idempotent in any::<bool>(),
+            launched_at in prop::option::of(0i64..20_000),
+            launch_timeouts in 0i32..3,
+            launch_timeout_s in prop::option::of(1i64..20),
         ) {
             // Rows the state machines allow.
             prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
@@ -544,6 +873,9 @@ mod tests {
             r.launched_attempt = launched;
             r.spec.recovery.max_restarts_on_errors = restarts;
             r.spec.recovery.max_recoveries = recoveries;
+            r.launched_at_ms = launched_at;
+            r.launch_timeouts = launch_timeouts;
+            r.spec.launch_timeout_seconds = launch_timeout_s;
             let a = next_action(&r, observed.as_ref(), &cx(idempotent));
             if schedule == ScheduleState::Done {
                 prop_assert_eq!(a, Action::Exit);

@@ -26,7 +26,8 @@ pub mod restore;
 pub mod transitions;
 
 pub use decide::{
-    Action, ControllerExit, ExitSeen, Observed, controller_exited, next_action, observes,
+    Action, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS, ExitSeen,
+    Observed, controller_exited, in_backoff, launch_deadline_ms, next_action, observes,
 };
 pub use reason::{FailureReason, Reason};
 pub use restore::{Restored, restore};

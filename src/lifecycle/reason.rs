@@ -29,6 +29,14 @@ pub enum Reason {
     Running,
     /// The attempt's Pod waits for a node: the launch slot is released, the run slot kept.
     Unschedulable,
+    /// The workload exists but does not run yet (what it waits for changed).
+    WaitingToStart,
+    /// The workload was deleted by someone else and is terminating: no longer running.
+    PodTerminating,
+    /// A stop waits for the workload to go (the message says what it waits for).
+    Stopping,
+    /// The workload did not start within its launch deadline and was removed; requeued.
+    LaunchTimedOut,
     /// A restart back-off ended: ask for a launch slot (Alive -> AliveWaiting).
     WaitingForLaunchSlot,
     /// The workload failed with restarts left (-> Recovering + Alive during the back-off).
@@ -47,7 +55,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 22] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -59,6 +67,10 @@ impl Reason {
         Reason::Launch,
         Reason::Running,
         Reason::Unschedulable,
+        Reason::WaitingToStart,
+        Reason::PodTerminating,
+        Reason::Stopping,
+        Reason::LaunchTimedOut,
         Reason::WaitingForLaunchSlot,
         Reason::Restarting,
         Reason::Recovering,
@@ -82,6 +94,10 @@ impl Reason {
             Reason::Launch => "Launch",
             Reason::Running => "Running",
             Reason::Unschedulable => "Unschedulable",
+            Reason::WaitingToStart => "WaitingToStart",
+            Reason::PodTerminating => "PodTerminating",
+            Reason::Stopping => "Stopping",
+            Reason::LaunchTimedOut => "LaunchTimedOut",
             Reason::WaitingForLaunchSlot => "WaitingForLaunchSlot",
             Reason::Restarting => "Restarting",
             Reason::Recovering => "Recovering",
@@ -119,6 +135,10 @@ pub enum FailureReason {
     PodRejected,
     /// The job ran past `spec.activeDeadlineSeconds`.
     DeadlineExceeded,
+    /// The workload did not start within its launch deadline, `--max-launch-timeouts` times in
+    /// a row, and nothing said why (otherwise the failure reason is what it waited on, e.g.
+    /// `ImagePullBackOff`).
+    LaunchTimeout,
     /// The workload was lost once more than `spec.recovery.maxRecoveries` allows.
     RecoveryBudgetSpent,
     /// The job controller process kept exiting before the job was Done.
@@ -136,6 +156,7 @@ impl FailureReason {
             FailureReason::LaunchFailed => "LaunchFailed",
             FailureReason::PodRejected => "PodRejected",
             FailureReason::DeadlineExceeded => "DeadlineExceeded",
+            FailureReason::LaunchTimeout => "LaunchTimeout",
             FailureReason::RecoveryBudgetSpent => "RecoveryBudgetSpent",
             FailureReason::ControllerCrashed => "ControllerCrashed",
             FailureReason::ControllerStartFailed => "ControllerStartFailed",

@@ -84,6 +84,10 @@ pub struct Change {
     pub backoff_until_ms: Option<Option<i64>>,
     /// Set started_at (only if still unset).
     pub started_now: bool,
+    /// Start (now) or clear the current attempt's launch clock (`launched_at_ms`).
+    pub launch_clock: Option<LaunchClock>,
+    /// New launch-timeouts-in-a-row count.
+    pub launch_timeouts: Option<i32>,
     /// Count one more job controller start.
     pub controller_started: bool,
     /// Count one more job controller crash.
@@ -110,6 +114,8 @@ impl Change {
             workload: None,
             backoff_until_ms: None,
             started_now: false,
+            launch_clock: None,
+            launch_timeouts: None,
             controller_started: false,
             controller_crashed: false,
             reset_crashes: false,
@@ -131,6 +137,17 @@ impl Change {
 }
 
 /// A named transition: its guard and its change.
+/// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
+/// the launch deadline counts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchClock {
+    /// Start it now: the attempt is launched, or its Pod was bound after waiting for a node.
+    Start,
+    /// Stop it: the Pod waits for a node (no deadline while it does: a cluster autoscaler may
+    /// take long, and it holds no launch slot).
+    Clear,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {
     /// The state the writer read the job in.
@@ -324,6 +341,7 @@ pub fn starting(row: &JobRow, attempt: i32) -> Transition {
     change.phase = Some(JobPhase::Starting);
     change.attempt = Some(attempt);
     change.launched_attempt = Some(attempt);
+    change.launch_clock = Some(LaunchClock::Start);
     Transition::new(Expect::exactly(row.phase, ScheduleState::Launching), change)
 }
 
@@ -332,6 +350,7 @@ pub fn starting(row: &JobRow, attempt: i32) -> Transition {
 pub fn launch_intent(row: &JobRow, attempt: i32) -> Transition {
     let mut change = Change::because(Reason::Launch);
     change.launched_attempt = Some(attempt);
+    change.launch_clock = Some(LaunchClock::Start);
     Transition::new(Expect::unchanged(row), change)
 }
 
@@ -351,6 +370,9 @@ pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
     // Progress: crashes counted before it belong to an earlier incarnation of trouble, so a job
     // that runs for weeks is never failed by crashes spread over them.
     change.reset_crashes = row.controller_crashes > 0;
+    if row.launch_timeouts > 0 {
+        change.launch_timeouts = Some(0);
+    }
     Transition::new(Expect::unchanged(row), change)
 }
 
@@ -360,6 +382,111 @@ pub fn unschedulable(row: &JobRow, workload: String, message: String) -> Transit
     let mut change = Change::because(Reason::Unschedulable).message(message);
     change.schedule = Some(ScheduleState::Alive);
     change.workload = Some(Some(workload));
+    change.launch_clock = Some(LaunchClock::Clear);
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// The attempt's workload was deleted by someone else and is terminating: it no longer counts
+/// as running (a running job shows Recovering); it is relaunched once it is gone.
+pub fn terminating(row: &JobRow, workload: String, message: String) -> Transition {
+    let mut change = Change::because(Reason::PodTerminating).message(message);
+    if row.schedule_state == ScheduleState::Alive {
+        change.phase = Some(JobPhase::Recovering);
+    }
+    change.workload = Some(Some(workload));
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// A stop waits for `waiting_on` (e.g. "Pod x-1-1 on node n1 is terminating"): say so in the
+/// job's message; nothing else changes.
+pub fn stopping(row: &JobRow, waiting_on: &str) -> Transition {
+    let verb = if row.phase == JobPhase::Cancelling {
+        "cancelling"
+    } else {
+        "stopping"
+    };
+    Transition::new(
+        Expect::unchanged(row),
+        Change::because(Reason::Stopping).message(format!("{verb}: waiting for {waiting_on}")),
+    )
+}
+
+/// `t` with `notes` (what the stop had to force) appended to its message.
+pub fn with_notes(mut t: Transition, notes: &[String]) -> Transition {
+    if !notes.is_empty()
+        && let Some(m) = &mut t.change.message
+    {
+        m.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    t
+}
+
+/// The attempt's workload exists but does not run yet; `message` says what it waits for (e.g.
+/// "Pod x-1-1: container main: ImagePullBackOff: ..."). Starts the launch clock when it was
+/// stopped (the Pod was bound after waiting for a node).
+pub fn waiting_to_start(row: &JobRow, message: String) -> Transition {
+    let mut change = Change::because(Reason::WaitingToStart).message(message);
+    if row.launched_at_ms.is_none() {
+        change.launch_clock = Some(LaunchClock::Start);
+    }
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// The attempt's workload did not start within its launch deadline (`timeout`); it has been
+/// removed. The job goes back to the launch queue after a back-off (a new attempt; neither a
+/// restart nor a recovery is counted), or, at the `max_timeouts`-th timeout in a row, ends
+/// FailedNoResource. `reason`/`message` are what the workload last waited on (e.g.
+/// `ImagePullBackOff` and the kubelet's message; empty when unknown): the failure reason names
+/// it, else `LaunchTimeout`.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_timed_out(
+    row: &JobRow,
+    attempt: i32,
+    reason: &str,
+    message: &str,
+    timeout: Duration,
+    max_timeouts: i32,
+    now_ms: i64,
+    backoff_base: Duration,
+) -> Transition {
+    let timeouts = row.launch_timeouts + 1;
+    let waited_on = match (reason.is_empty(), message.is_empty()) {
+        (true, true) => String::new(),
+        (false, true) => format!(" (last: {reason})"),
+        (true, false) => format!(" (last: {message})"),
+        (false, false) => format!(" (last: {reason}: {message})"),
+    };
+    let what = format!(
+        "attempt {attempt} did not start within {} s{waited_on}",
+        timeout.as_secs()
+    );
+    let mut change = if timeouts >= max_timeouts {
+        let mut c = Change::because(Reason::Failed)
+            .to(JobPhase::FailedNoResource, ScheduleState::Done)
+            .message(format!(
+                "{what}; {timeouts} launch timeouts in a row, giving up"
+            ));
+        let failure = if reason.is_empty() {
+            FailureReason::LaunchTimeout.as_str()
+        } else {
+            reason
+        };
+        c.failure_reason = Some(Some(failure.into()));
+        c
+    } else {
+        let wait = backoff(backoff_base, timeouts);
+        let mut c = Change::because(Reason::LaunchTimedOut)
+            .to(JobPhase::Recovering, ScheduleState::Alive)
+            .message(format!(
+                "{what}; its workload was removed, relaunching in {:.1} s (launch timeout {timeouts} of {max_timeouts})",
+                wait.as_secs_f64()
+            ));
+        c.attempt = Some(attempt + 1);
+        c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
+        c
+    };
+    change.launch_timeouts = Some(timeouts);
+    change.launch_clock = Some(LaunchClock::Clear);
     Transition::new(Expect::unchanged(row), change)
 }
 

@@ -125,6 +125,9 @@ pub async fn rebuild_if_empty(
                     message: "no Pod of this attempt was found when the lost store was rebuilt"
                         .into(),
                     deleted: true,
+                    node: String::new(),
+                    terminating_since_ms: None,
+                    grace_seconds: None,
                 }
             }
         };

@@ -8,7 +8,7 @@ use super::row::JOB_COLUMNS;
 use super::{JobRow, Result, Store, StoreError};
 use crate::api::{JobPhase, ManagedJobSpec, ScheduleState};
 use crate::capacity::SlotUsage;
-use crate::lifecycle::{self, Change, Reason, Transition, now_ms};
+use crate::lifecycle::{self, Change, LaunchClock, Reason, Transition, now_ms};
 
 /// What a compare-and-set found.
 #[derive(Debug)]
@@ -330,6 +330,14 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     if let Some(b) = change.backoff_until_ms {
         after.backoff_until_ms = b;
     }
+    match change.launch_clock {
+        Some(LaunchClock::Start) => after.launched_at_ms = Some(now),
+        Some(LaunchClock::Clear) => after.launched_at_ms = None,
+        None => {}
+    }
+    if let Some(n) = change.launch_timeouts {
+        after.launch_timeouts = n;
+    }
     if change.started_now && after.started_at_ms.is_none() {
         after.started_at_ms = Some(now);
     }
@@ -352,7 +360,8 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
                 recovery_count = ?9, restart_count = ?10, exit_code = ?11, failure_reason = ?12,
                 workload = ?13, backoff_until_ms = ?14, started_at_ms = ?15, finished_at_ms = ?16,
                 phase_changed_at_ms = ?17, controller_starts = ?18, controller_crashes = ?19,
-                queue_position = ?20, status_version = ?21
+                queue_position = ?20, status_version = ?21, launched_at_ms = ?22,
+                launch_timeouts = ?23
              WHERE id = ?1",
         params![
             id,
@@ -376,6 +385,8 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
             after.controller_crashes,
             after.queue_position,
             after.status_version,
+            after.launched_at_ms,
+            after.launch_timeouts,
         ],
     )?;
     if before.phase != after.phase || before.schedule_state != after.schedule_state {

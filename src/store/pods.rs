@@ -11,15 +11,18 @@ impl Store {
     pub fn record_pod(&mut self, o: &PodObservation) -> Result<bool> {
         let changed = self.conn.execute(
             "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
-                message, deleted, observed_at_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                message, deleted, observed_at_ms, node, terminating_since_ms, grace_seconds)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
              ON CONFLICT (job_id, attempt) DO UPDATE SET pod_name = excluded.pod_name,
                 state = excluded.state, exit_code = excluded.exit_code, reason = excluded.reason,
                 message = excluded.message, deleted = excluded.deleted,
-                observed_at_ms = excluded.observed_at_ms
+                observed_at_ms = excluded.observed_at_ms, node = excluded.node,
+                terminating_since_ms = excluded.terminating_since_ms,
+                grace_seconds = excluded.grace_seconds
              WHERE state != excluded.state OR exit_code IS NOT excluded.exit_code
                 OR reason != excluded.reason OR message != excluded.message
-                OR deleted != excluded.deleted",
+                OR deleted != excluded.deleted OR node != excluded.node
+                OR terminating_since_ms IS NOT excluded.terminating_since_ms",
             params![
                 o.job_id,
                 o.attempt,
@@ -29,7 +32,10 @@ impl Store {
                 o.reason,
                 o.message,
                 o.deleted,
-                now_ms()
+                now_ms(),
+                o.node,
+                o.terminating_since_ms,
+                o.grace_seconds,
             ],
         )?;
         Ok(changed > 0)
@@ -40,7 +46,8 @@ impl Store {
         Ok(self
             .conn
             .query_row(
-                "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted
+                "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted,
+                    node, terminating_since_ms, grace_seconds
                  FROM pod_observations WHERE job_id = ?1 AND attempt = ?2",
                 params![job_id, attempt],
                 |r| {
@@ -63,6 +70,9 @@ impl Store {
                         reason: r.get(5)?,
                         message: r.get(6)?,
                         deleted: r.get(7)?,
+                        node: r.get(8)?,
+                        terminating_since_ms: r.get(9)?,
+                        grace_seconds: r.get(10)?,
                     })
                 },
             )

@@ -80,6 +80,13 @@ pub struct JobRow {
     /// or older: the status writer never lets a job's taking of a slot reach the API before an
     /// earlier release of one (see `operator::status_loop`).
     pub unsynced_since_seq: i64,
+    /// When the current attempt's launch clock started (ms since epoch): its launch intent, or
+    /// the binding of its Pod after it waited for a node. None while it waits for a node (or
+    /// before any launch). The launch deadline counts from here.
+    pub launched_at_ms: Option<i64>,
+    /// Launch timeouts in a row (reset when an attempt runs); the
+    /// `--max-launch-timeouts`-th ends the job FailedNoResource.
+    pub launch_timeouts: i32,
 }
 
 /// Every column of `jobs`, in the order the SELECTs list them.
@@ -88,7 +95,8 @@ pub(super) const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, exec
     controller_pid, controller_start_time, controller_starts, controller_crashes, attempt, \
     launched_attempt, recovery_count, restart_count, exit_code, failure_reason, workload, \
     backoff_until_ms, submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms, \
-    status_version, synced_version, created_at_ms, changed_seq, unsynced_since_seq";
+    status_version, synced_version, created_at_ms, changed_seq, unsynced_since_seq, \
+    launched_at_ms, launch_timeouts";
 
 fn corrupt(job_id: i64, what: impl Into<String>) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
@@ -147,6 +155,8 @@ impl JobRow {
             created_at_ms: row.get("created_at_ms")?,
             changed_seq: row.get("changed_seq")?,
             unsynced_since_seq: row.get("unsynced_since_seq")?,
+            launched_at_ms: row.get("launched_at_ms")?,
+            launch_timeouts: row.get("launch_timeouts")?,
         })
     }
 

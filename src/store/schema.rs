@@ -94,5 +94,18 @@ pub(super) fn migrations() -> Migrations<'static> {
         );
         "#,
         ),
+        // The launch deadline (lifecycle::decide): when the current attempt's launch clock
+        // started (its launch intent, or its Pod's binding after it waited for a node), and the
+        // launch timeouts in a row so far. A Pod's node, and when it started terminating with
+        // which grace period (a Pod stuck terminating on a node that is not Ready is forced).
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN launched_at_ms INTEGER;
+        ALTER TABLE jobs ADD COLUMN launch_timeouts INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE pod_observations ADD COLUMN node TEXT NOT NULL DEFAULT '';
+        ALTER TABLE pod_observations ADD COLUMN terminating_since_ms INTEGER;
+        ALTER TABLE pod_observations ADD COLUMN grace_seconds INTEGER;
+        "#,
+        ),
     ])
 }

@@ -23,6 +23,20 @@ pub struct Settings {
     pub restart_backoff_ms: u64,
     /// Caps in force (None before an operator wrote them).
     pub caps: Option<Caps>,
+    /// How long a launched workload may take to start running, ms (`--launch-timeout-seconds`).
+    #[serde(default = "default_launch_timeout_ms")]
+    pub launch_timeout_ms: u64,
+    /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
+    #[serde(default = "default_max_launch_timeouts")]
+    pub max_launch_timeouts: i32,
+}
+
+fn default_launch_timeout_ms() -> u64 {
+    crate::lifecycle::DEFAULT_LAUNCH_TIMEOUT.as_millis() as u64
+}
+
+fn default_max_launch_timeouts() -> i32 {
+    crate::lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS
 }
 
 impl Default for Settings {
@@ -33,6 +47,8 @@ impl Default for Settings {
             cancel_grace_ms: 5_000,
             restart_backoff_ms: 1_000,
             caps: None,
+            launch_timeout_ms: default_launch_timeout_ms(),
+            max_launch_timeouts: default_max_launch_timeouts(),
         }
     }
 }
@@ -80,6 +96,8 @@ mod tests {
                 launch: 8,
                 run: 100,
             }),
+            launch_timeout_ms: 2_000,
+            max_launch_timeouts: 2,
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);

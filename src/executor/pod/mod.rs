@@ -11,10 +11,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::{Executor, Refused};
+use super::{Executor, Refused, Stop};
 use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::store::{JobRow, Store};
@@ -114,6 +114,43 @@ impl PodExecutor {
         }
         Ok(self.client.clone().expect("set above"))
     }
+
+    /// Whether `node` is Ready: Some(false) when it is gone or its Ready condition is not True;
+    /// None when it cannot be read (e.g. a namespaced install may not read Nodes): then a Pod
+    /// stuck terminating there is never forced.
+    async fn node_ready(&mut self, node: &str) -> Option<bool> {
+        if node.is_empty() {
+            return Some(false);
+        }
+        let api: kube::Api<Node> = kube::Api::all(self.client().await.ok()?);
+        match api.get_opt(node).await {
+            Ok(None) => Some(false),
+            Ok(Some(n)) => Some(node_is_ready(&n)),
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot read the node of a terminating Pod; it is not forced");
+                None
+            }
+        }
+    }
+}
+
+/// True when the Node's Ready condition is True.
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// True when `pod` is terminating and has outlived its grace period plus
+/// [`state::TERMINATING_MARGIN`] at `now_ms`.
+pub fn terminating_too_long(pod: &Pod, now_ms: i64) -> bool {
+    pod.metadata.deletion_timestamp.as_ref().is_some_and(|at| {
+        // The deletionTimestamp is when the grace period ends.
+        at.0.as_millisecond() + state::TERMINATING_MARGIN.as_millis() as i64 <= now_ms
+    })
 }
 
 impl Executor for PodExecutor {
@@ -125,10 +162,22 @@ impl Executor for PodExecutor {
         job: &JobRow,
         attempt: i32,
     ) -> anyhow::Result<Observed> {
-        Ok(match store.pod_observation(job.id, attempt)? {
+        let mut observed = match store.pod_observation(job.id, attempt)? {
             None => Observed::NotFound,
             Some(o) => state::observed(&o),
-        })
+        };
+        // Past its grace and margin, a terminating Pod's node decides whether it is forced.
+        if let Some(o) = store.pod_observation(job.id, attempt)?
+            && let Observed::Terminating {
+                force_at_ms: Some(at),
+                node_ready,
+                ..
+            } = &mut observed
+            && *at <= crate::lifecycle::now_ms()
+        {
+            *node_ready = self.node_ready(&o.node).await;
+        }
+        Ok(observed)
     }
 
     /// Creates the attempt's Pod; AlreadyExists adopts it. Refused for good on 400, 403, 404
@@ -162,9 +211,11 @@ impl Executor for PodExecutor {
     }
 
     /// Deletes every attempt's Pod, each with its own grace period, or at once when `grace` is
-    /// zero (a Pod that never started: nothing to stop, and no kubelet may ever confirm); true
-    /// once none is left.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<bool> {
+    /// zero (a Pod that never started: nothing to stop, and no kubelet may ever confirm). A Pod
+    /// that has been terminating for longer than its grace period plus
+    /// [`state::TERMINATING_MARGIN`] on a node that is not Ready is force-deleted, as the pod GC
+    /// does for a node that is gone. Gone once none is left.
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
         let params = if grace.is_zero() {
             kube::api::DeleteParams {
@@ -174,11 +225,50 @@ impl Executor for PodExecutor {
         } else {
             kube::api::DeleteParams::default()
         };
+        let force = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
         let mut all_gone = true;
+        let mut waiting_on = None;
+        let mut forced = Vec::new();
         for attempt in 1..=job.attempt.max(job.launched_attempt) {
             let name = pod_name(&job.name, job.id, attempt);
-            match api.delete(&name, &params).await {
-                Ok(_) => all_gone = false,
+            // The API answers with the Pod while it terminates, with a Status once deleted.
+            match api.delete(&name, &params).await.map(|r| r.left()) {
+                Ok(None) => {}
+                Ok(Some(pod)) => {
+                    let node = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default();
+                    let on = if node.is_empty() {
+                        format!("Pod {name}")
+                    } else {
+                        format!("Pod {name} on node {node}")
+                    };
+                    if !grace.is_zero()
+                        && terminating_too_long(&pod, crate::lifecycle::now_ms())
+                        && self.node_ready(&node).await == Some(false)
+                    {
+                        match api.delete(&name, &force).await {
+                            Ok(_) => {
+                                tracing::warn!(pod = %name, node, "force-deleted a Pod stuck terminating on a node that is not Ready");
+                                forced.push(format!(
+                                    "{on} was stuck terminating on a node that is not Ready and was force-deleted"
+                                ));
+                                continue;
+                            }
+                            Err(kube::Error::Api(e)) if e.code == 404 => continue,
+                            Err(e) => {
+                                tracing::warn!(pod = %name, error = %e, "force-deleting the Pod failed")
+                            }
+                        }
+                    }
+                    all_gone = false;
+                    waiting_on.get_or_insert(format!("{on} to terminate"));
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {
                     tracing::warn!(pod = %name, error = %e, "deleting the Pod failed");
@@ -186,7 +276,11 @@ impl Executor for PodExecutor {
                 }
             }
         }
-        Ok(all_gone)
+        Ok(if all_gone {
+            Stop::Gone { forced }
+        } else {
+            Stop::Stopping { waiting_on }
+        })
     }
 }
 

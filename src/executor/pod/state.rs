@@ -28,13 +28,22 @@ pub enum PodState {
     /// Pending with a container the kubelet can never start (`InvalidImageName`,
     /// `ErrImageNeverPull`, `CreateContainerConfigError`).
     Invalid,
+    /// Deleted (it has a `deletionTimestamp`) but not gone, and it had not exited: no longer
+    /// counted as running. Relaunched once gone, or force-deleted when it outlives its grace
+    /// period plus [`TERMINATING_MARGIN`] on a node that is not Ready.
+    Terminating,
     /// Taken away: evicted, preempted (`DisruptionTarget`), its node lost, or deleted.
     Lost,
 }
 
+/// How long past its grace period a terminating Pod may stay on a node that is not Ready before
+/// it is force-deleted (the kubelet cannot confirm; the node lifecycle controller's default
+/// grace for an unresponsive node is 40 s, and its eviction waits longer still).
+pub const TERMINATING_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl PodState {
     /// Every state.
-    pub const ALL: [PodState; 9] = [
+    pub const ALL: [PodState; 10] = [
         PodState::Pending,
         PodState::Unschedulable,
         PodState::Running,
@@ -43,6 +52,7 @@ impl PodState {
         PodState::SetupFailed,
         PodState::Refused,
         PodState::Invalid,
+        PodState::Terminating,
         PodState::Lost,
     ];
 
@@ -57,6 +67,7 @@ impl PodState {
             PodState::SetupFailed => "setup-failed",
             PodState::Refused => "refused",
             PodState::Invalid => "invalid",
+            PodState::Terminating => "terminating",
             PodState::Lost => "lost",
         }
     }
@@ -106,6 +117,13 @@ pub struct PodObservation {
     pub message: String,
     /// The Pod is gone from the API.
     pub deleted: bool,
+    /// The node it is bound to (empty before it is scheduled).
+    pub node: String,
+    /// When it started terminating (ms since epoch: its `deletionTimestamp` minus its grace
+    /// period), while [`PodState::Terminating`].
+    pub terminating_since_ms: Option<i64>,
+    /// Its deletion grace period, seconds (`deletionGracePeriodSeconds`).
+    pub grace_seconds: Option<i64>,
 }
 
 /// What a Pod's state means for its attempt. `deleted` is true for a watch Delete event.
@@ -125,6 +143,13 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         reason: String::new(),
         message: String::new(),
         deleted,
+        node: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        terminating_since_ms: None,
+        grace_seconds: None,
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
     // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
@@ -207,17 +232,93 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
                 o.state = PodState::Unschedulable;
                 o.reason = c.reason.clone().unwrap_or_else(|| "Unschedulable".into());
                 o.message = c.message.clone().unwrap_or_default();
+            } else if let Some((reason, message)) = waiting_on(pod, &status) {
+                o.reason = reason;
+                o.message = message;
             }
         }
     }
     if deleted && !o.state.is_final_exit() {
         o.state = PodState::Lost;
-        if o.reason.is_empty() {
+        if o.reason.is_empty() || o.reason == "Terminating" {
             o.reason = "PodDeleted".into();
             o.message = "the Pod was deleted".into();
         }
+    } else if let Some(at) = &pod.metadata.deletion_timestamp
+        && !o.state.is_final_exit()
+        && o.state != PodState::Lost
+    {
+        // Being deleted: whatever it was doing, it no longer counts as running. (A Pod that
+        // exited, or was disrupted, keeps that fate.)
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        o.state = PodState::Terminating;
+        o.reason = "Terminating".into();
+        o.message = if o.node.is_empty() {
+            format!("Pod {} is terminating", o.pod_name)
+        } else {
+            format!("Pod {} on node {} is terminating", o.pod_name, o.node)
+        };
+        // The deletionTimestamp is when the grace period ends.
+        o.terminating_since_ms = Some(at.0.as_millisecond() - grace * 1000);
+        o.grace_seconds = Some(grace);
     }
     o
+}
+
+/// Waiting reasons every Pod passes through on its way to Running: not worth reporting.
+const ROUTINE_WAITING: [&str; 2] = ["ContainerCreating", "PodInitializing"];
+
+/// What a Pending (bound, not unschedulable) Pod waits on, as (CamelCase reason, sentence naming
+/// the container or node): a container's waiting reason (`ErrImagePull`, `ImagePullBackOff`,
+/// `CreateContainerError`...), an init container still running, or a node that has not started
+/// it. The reason is empty when nothing abnormal is known.
+fn waiting_on(
+    pod: &Pod,
+    status: &k8s_openapi::api::core::v1::PodStatus,
+) -> Option<(String, String)> {
+    let statuses = || {
+        [
+            (&status.init_container_statuses, "init container"),
+            (&status.container_statuses, "container"),
+        ]
+        .into_iter()
+        .flat_map(|(s, kind)| s.iter().flatten().map(move |cs| (cs, kind)))
+    };
+    let abnormal = statuses().find_map(|(cs, kind)| {
+        let w = cs.state.as_ref()?.waiting.as_ref()?;
+        let reason = w.reason.clone()?;
+        (!ROUTINE_WAITING.contains(&reason.as_str())).then(|| {
+            let detail = w.message.clone().unwrap_or_default();
+            let message = if detail.is_empty() {
+                format!("{kind} {}", cs.name)
+            } else {
+                format!("{kind} {}: {detail}", cs.name)
+            };
+            (reason, message)
+        })
+    });
+    if abnormal.is_some() {
+        return abnormal;
+    }
+    let init_running = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|cs| cs.state.as_ref().is_some_and(|s| s.running.is_some()));
+    if let Some(cs) = init_running {
+        return Some((
+            String::new(),
+            format!("init container {} is still running", cs.name),
+        ));
+    }
+    let node = pod.spec.as_ref()?.node_name.as_ref()?;
+    let reported = statuses().next().is_some();
+    (!reported).then(|| {
+        (
+            String::new(),
+            format!("bound to node {node}, which has not started it"),
+        )
+    })
 }
 
 /// Waiting reasons of a container that the kubelet can never start as specified (retrying the
@@ -253,7 +354,11 @@ fn never_starts(
 pub fn observed(o: &PodObservation) -> Observed {
     let workload = format!("pod/{}", o.pod_name);
     match o.state {
-        PodState::Pending => Observed::Pending,
+        PodState::Pending => Observed::Pending {
+            workload,
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+        },
         PodState::Unschedulable => Observed::Unschedulable {
             workload,
             message: o.message.clone(),
@@ -278,6 +383,14 @@ pub fn observed(o: &PodObservation) -> Observed {
             reason: o.reason.clone(),
             message: o.message.clone(),
         }),
+        PodState::Terminating => Observed::Terminating {
+            workload,
+            message: o.message.clone(),
+            force_at_ms: o.terminating_since_ms.map(|since| {
+                since + o.grace_seconds.unwrap_or(0) * 1000 + TERMINATING_MARGIN.as_millis() as i64
+            }),
+            node_ready: None,
+        },
         PodState::Lost => Observed::Ended(Outcome::Lost {
             reason: if o.message.is_empty() {
                 format!("Pod {}: {}", o.pod_name, o.reason)
@@ -291,6 +404,45 @@ pub fn observed(o: &PodObservation) -> Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn running_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    /// A Pod with a deletionTimestamp that had not exited is Terminating (no longer running),
+    /// with when it started and its grace; one that exited keeps its exit; once gone, it is lost.
+    #[test]
+    fn a_deleted_pod_that_has_not_exited_is_terminating() {
+        let mut pod = running_pod();
+        pod.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::from_millisecond(100_000).unwrap(),
+            ));
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        let o = observe(&pod, 1, 1, false);
+        assert_eq!(o.state, PodState::Terminating);
+        assert_eq!(o.terminating_since_ms, Some(70_000));
+        assert_eq!(o.message, "Pod j-1-1 on node n1 is terminating");
+        match observed(&o) {
+            Observed::Terminating { force_at_ms, .. } => assert_eq!(
+                force_at_ms,
+                Some(100_000 + TERMINATING_MARGIN.as_millis() as i64)
+            ),
+            other => panic!("{other:?}"),
+        }
+        let gone = observe(&pod, 1, 1, true);
+        assert_eq!(
+            (gone.state, gone.reason.as_str()),
+            (PodState::Lost, "PodDeleted")
+        );
+        pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert_eq!(observe(&pod, 1, 1, false).state, PodState::Succeeded);
+    }
 
     #[test]
     fn pod_states_round_trip() {
