@@ -27,6 +27,13 @@ pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 /// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
 pub const MAX_SCRIPT_BYTES: usize = 65_536;
 
+/// Most bytes of `spec.env` names and values in all. Each value may hold 32 KiB, but 256 of them
+/// would make an 8 MiB object: past etcd's 1.5 MiB limit on a stored object (so the job's status
+/// could never be written) and Linux's 2 MiB default `ARG_MAX` for a process' argv and
+/// environment together (so it could never start). 256 KiB leaves room for the scripts, the
+/// status and the finalizer. Enforced by a CEL rule at the API, and by [`validate_spec`].
+pub const MAX_ENV_BYTES: usize = 262_144;
+
 /// What the user asks for. Immutable after creation except `priority` and `cancel`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -435,6 +442,14 @@ fn refine_spec_schema(spec: &mut Value) {
         "message": "spec.recovery is immutable after creation (only spec.priority and spec.cancel may change)",
     }));
     rules.push(rule(
+        &format!(
+            "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() <= {MAX_ENV_BYTES}"
+        ),
+        &format!(
+            "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
+        ),
+    ));
+    rules.push(rule(
         "!oldSelf.cancel || self.cancel",
         "spec.cancel cannot be set back to false once a job is cancelled",
     ));
@@ -572,6 +587,12 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
                 "{field} contains a NUL byte, which no process can receive"
             ));
         }
+    }
+    let env_bytes: usize = spec.env.iter().map(|v| v.name.len() + v.value.len()).sum();
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(format!(
+            "spec.env holds {env_bytes} bytes of names and values, more than {MAX_ENV_BYTES} in all"
+        ));
     }
     for (i, var) in spec.env.iter().enumerate() {
         if !is_shell_identifier(&var.name) {

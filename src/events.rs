@@ -157,7 +157,7 @@ pub fn event_name(name: &str, nanos: i128) -> String {
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
-fn truncate(s: &str, max: usize) -> String {
+pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }

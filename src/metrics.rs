@@ -75,6 +75,9 @@ pub struct Metrics {
     pub events_dropped_total: Counter,
     /// Events the API server refused (logged at warn with its reason).
     pub events_refused_total: Counter,
+    /// Status writes the API server refused or that failed (each retried with a per-job
+    /// back-off).
+    pub status_write_failures_total: Counter,
     /// From a job's terminal transition in the store to the API server accepting the status
     /// write that carries it, seconds.
     pub terminal_status_lag_seconds: Histogram,
@@ -105,6 +108,7 @@ impl Metrics {
             api_requests_total: Family::default(),
             events_dropped_total: Counter::default(),
             events_refused_total: Counter::default(),
+            status_write_failures_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
@@ -165,6 +169,11 @@ impl Metrics {
             "events_refused",
             "Events the API server refused",
             m.events_refused_total.clone(),
+        );
+        registry.register(
+            "status_write_failures",
+            "Status writes that failed (retried with a per-job back-off)",
+            m.status_write_failures_total.clone(),
         );
         registry.register(
             "terminal_status_lag_seconds",

@@ -660,3 +660,170 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
         "one Pod per attempt"
     );
 }
+
+/// An object too big to hold its status is refused at `kubectl apply`, naming the field: the
+/// env's names and values are bounded in all (256 KiB), not only one by one.
+#[tokio::test]
+async fn an_object_too_big_for_its_status_is_refused_at_the_api() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "toobig").await;
+    let api = Api::<managed_jobs::api::ManagedJob>::namespaced(client.clone(), &ns.name);
+    let job = |name: &str, vars: usize| {
+        let spec = managed_jobs::api::ManagedJobSpec {
+            run: Some("true".into()),
+            env: (0..vars)
+                .map(|i| managed_jobs::api::EnvVar {
+                    name: format!("V{i}"),
+                    value: "x".repeat(32_000),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        managed_jobs::api::ManagedJob::new(name, spec)
+    };
+    let err = api
+        .create(&Default::default(), &job("big", 9))
+        .await
+        .expect_err("288 KB of env must be refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("spec.env") && text.contains("262144"),
+        "{text}"
+    );
+    api.create(&Default::default(), &job("fits", 8))
+        .await
+        .expect("256 KB of env fits");
+}
+
+/// A ValidatingAdmissionPolicy that refuses one object's status writes (cluster-scoped: deleted
+/// when dropped, even if the test fails).
+struct RefuseStatus {
+    cp: &'static support::ControlPlane,
+    name: String,
+}
+
+impl RefuseStatus {
+    fn create(cp: &'static support::ControlPlane, ns: &str, object: &str) -> RefuseStatus {
+        let name = format!("mj-test-refuse-status-{ns}");
+        let yaml = format!(
+            r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {name}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["managedjobs.dev"]
+        apiVersions: ["*"]
+        operations: ["UPDATE"]
+        resources: ["managedjobs/status"]
+  validations:
+    - expression: "object.metadata.name != '{object}'"
+      message: "this test refuses the status of {object}"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {name}
+spec:
+  policyName: {name}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {ns}
+"#
+        );
+        let path = std::env::temp_dir().join(format!("{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let (ok, out) = support::kubectl(cp, &["apply", "-f", path.to_str().unwrap()]);
+        assert!(ok, "{out}");
+        RefuseStatus {
+            cp,
+            name: name.clone(),
+        }
+    }
+}
+
+impl Drop for RefuseStatus {
+    fn drop(&mut self) {
+        for kind in [
+            "validatingadmissionpolicybinding",
+            "validatingadmissionpolicy",
+        ] {
+            let _ = support::kubectl(self.cp, &["delete", kind, &self.name, "--wait=false"]);
+        }
+    }
+}
+
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, body) = support::http_get(port, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A status the API keeps refusing is retried with a per-job back-off (never faster), says so
+/// in a Warning Event, and holds back no other job's status.
+#[tokio::test]
+async fn a_status_the_api_refuses_backs_off_and_says_so() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "refusestatus").await;
+    let _policy = RefuseStatus::create(cp, &ns.name, "refused");
+    // Admission policies take a moment to load.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _op = support::OperatorProcess::start(cp, &ns.name, &["--metrics-addr", &addr]);
+    let local = |name: &str| {
+        format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  run: \"sleep 1\"\n"
+        )
+    };
+    support::create_yaml(&client, &ns.name, &local("refused")).await;
+    support::create_yaml(&client, &ns.name, &local("fine")).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "fine",
+        T,
+        "Succeeded",
+        support::phase_is(JobPhase::Succeeded),
+    )
+    .await;
+    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
+    let start = std::time::Instant::now();
+    loop {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let reported = list.iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("refused")
+                && e.reason.as_deref() == Some("StatusWriteFailed")
+        });
+        if let Some(e) = reported {
+            let note = e.message.clone().unwrap_or_default();
+            assert!(note.contains("this test refuses"), "{note}");
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            break;
+        }
+        assert!(start.elapsed() < T, "no StatusWriteFailed Event");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Back-off 1, 2, 4, 8... s: at most 5 more tries in 16 s (a fixed 1.3 s retry made 12).
+    let before = metric(port, "managedjobs_status_write_failures_total");
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let tries = metric(port, "managedjobs_status_write_failures_total") - before;
+    assert!(tries <= 5.0, "{tries} status writes in 16 s");
+    let s = Api::<managed_jobs::api::ManagedJob>::namespaced(client.clone(), &ns.name)
+        .get("refused")
+        .await
+        .unwrap()
+        .status;
+    assert!(
+        s.and_then(|s| s.phase).is_none_or(|p| !p.is_terminal()),
+        "the refused status was never written"
+    );
+}

@@ -29,6 +29,61 @@ pub const FIRST_STATUS_DELAY: Duration = Duration::from_millis(500);
 /// write.
 pub const STATUS_COALESCE: Duration = Duration::from_millis(20);
 
+/// First back-off after a job's status write failed; doubles per failure in a row up to
+/// [`STATUS_RETRY_MAX`].
+pub const STATUS_RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest back-off between two status writes of one job.
+pub const STATUS_RETRY_MAX: Duration = Duration::from_secs(300);
+/// Failures in a row after which a job's status write is reported in a Warning Event (once).
+pub const STATUS_FAILURES_REPORTED: u32 = 2;
+
+/// How one status write went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Written (or there is nothing to write to any more).
+    Done,
+    /// Failed; retry this job after its back-off. `error`: what the API said. `global`: the
+    /// API could not be reached at all (every write would fail: pause them all briefly).
+    Failed {
+        /// The error, for the log and the Event.
+        error: String,
+        /// Not this job's fault.
+        global: bool,
+    },
+}
+
+/// Status write failures in a row per job, and when each may be retried.
+#[derive(Debug, Default)]
+pub struct RetrySchedule {
+    failing: std::collections::HashMap<i64, (u32, i64)>,
+}
+
+impl RetrySchedule {
+    /// Records a failure of `job_id`'s write at `now_ms`; returns the failures in a row and the
+    /// back-off (STATUS_RETRY_BASE doubling per failure, at most STATUS_RETRY_MAX).
+    pub fn failed(&mut self, job_id: i64, now_ms: i64) -> (u32, Duration) {
+        let entry = self.failing.entry(job_id).or_insert((0, now_ms));
+        entry.0 += 1;
+        let wait =
+            crate::lifecycle::backoff(STATUS_RETRY_BASE, entry.0 as i32).min(STATUS_RETRY_MAX);
+        entry.1 = now_ms + wait.as_millis() as i64;
+        (entry.0, wait)
+    }
+
+    /// A write of `job_id` succeeded: it is no longer failing.
+    pub fn succeeded(&mut self, job_id: i64) {
+        self.failing.remove(&job_id);
+    }
+
+    /// When `job_id` may be written again (ms since epoch), if it is backing off at `now_ms`.
+    pub fn retry_at(&self, job_id: i64, now_ms: i64) -> Option<i64> {
+        self.failing
+            .get(&job_id)
+            .map(|&(_, at)| at)
+            .filter(|&at| at > now_ms)
+    }
+}
+
 /// The slot a job's status shows it holding: 0 none, 1 a run slot, 2 a run and a launch slot.
 pub fn slot_rank(row: &JobRow) -> usize {
     match row.schedule_state {
@@ -58,6 +113,7 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
     // When to read the store next; after a failed write, not before a pause.
     let mut refill_at = Some(Instant::now());
     let mut paused_until = Instant::now();
+    let mut retries = RetrySchedule::default();
     loop {
         let now = Instant::now();
         if refill_at.is_some_and(|t| t <= now) && paused_until <= now {
@@ -67,7 +123,25 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
                     Ok(rows) => {
                         let now_ms = now_ms();
                         let room = STATUS_WRITERS - flying.len();
+                        // A job whose write keeps failing waits out its own back-off, and does
+                        // not hold back anyone else's status meanwhile (its stale one may then
+                        // show it holding a slot it gave back: the Warning Event says why).
+                        let mut backing_off: Option<i64> = None;
+                        let rows: Vec<JobRow> = rows
+                            .into_iter()
+                            .filter(|r| match retries.retry_at(r.id, now_ms) {
+                                Some(at) => {
+                                    backing_off = Some(backing_off.map_or(at, |b| b.min(at)));
+                                    false
+                                }
+                                None => true,
+                            })
+                            .collect();
                         let (rows, later) = writable(rows, &flying, room, now_ms);
+                        let later = match (later, backing_off) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
                         if let Some(at) = later {
                             let at = now + Duration::from_millis((at - now_ms).max(0) as u64);
                             refill_at = Some(refill_at.map_or(at, |t| t.min(at)));
@@ -88,11 +162,22 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
         }
         let wake_at = refill_at.map(|t| t.max(paused_until));
         tokio::select! {
-            Some((id, ok)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((id, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 flying.remove(&id);
-                if !ok {
-                    // Retried after a pause, not in a tight loop against a failing API.
-                    paused_until = Instant::now() + Duration::from_secs(1);
+                match outcome {
+                    WriteOutcome::Done => retries.succeeded(id),
+                    WriteOutcome::Failed { error, global } => {
+                        op.engine.metrics.status_write_failures_total.inc();
+                        let (failures, wait) = retries.failed(id, now_ms());
+                        tracing::warn!(job_id = id, failures, retry_in = ?wait, %error, "status write failed; retrying after a back-off");
+                        if global {
+                            // Not in a tight loop against an API that cannot be reached.
+                            paused_until = Instant::now() + STATUS_RETRY_BASE;
+                        } else if failures == STATUS_FAILURES_REPORTED {
+                            let op = op.clone();
+                            tokio::spawn(async move { op.report_status_failure(id, &error, wait).await });
+                        }
+                    }
                 }
                 refill_at = Some(Instant::now());
             }
@@ -200,8 +285,47 @@ impl Operator {
         }
     }
 
-    /// Writes one row's status; true when the row needs no retry.
-    async fn write_status(&self, row: &JobRow) -> bool {
+    /// Publishes a Warning Event `StatusWriteFailed` on job `job_id`'s object: its status cannot
+    /// be written (e.g. the object is too big for etcd to store it with a status).
+    async fn report_status_failure(&self, job_id: i64, error: &str, wait: Duration) {
+        let Some(publisher) = &self.events else {
+            return;
+        };
+        let Ok(Some(row)) = self.engine.store().find(job_id) else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("managedjobs.dev/v1alpha1".into()),
+            kind: Some("ManagedJob".into()),
+            name: Some(row.name.clone()),
+            namespace: Some(row.namespace.clone()),
+            uid: Some(row.uid.clone()),
+            ..Default::default()
+        };
+        let event = crate::events::JobEvent {
+            type_: crate::events::EventType::Warning,
+            reason: "StatusWriteFailed",
+            note: crate::events::truncate(
+                &format!(
+                    "the API refused this job's status ({error}); the job is {} ({}); retrying with back-off, next in {} s",
+                    row.phase,
+                    row.message,
+                    wait.as_secs()
+                ),
+                crate::events::MAX_NOTE_BYTES,
+            ),
+            at_ms: now_ms(),
+        };
+        self.limiter.until_ready().await;
+        self.engine.metrics.api_request("create_event");
+        if let Err(e) = publisher.publish(&reference, &event).await {
+            self.engine.metrics.events_refused_total.inc();
+            tracing::warn!(job_id, error = %e, "the API refused a StatusWriteFailed Event");
+        }
+    }
+
+    /// Writes one row's status.
+    async fn write_status(&self, row: &JobRow) -> WriteOutcome {
         self.limiter.until_ready().await;
         let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &row.namespace);
         let patch = crate::status::merge_patch(row);
@@ -226,7 +350,7 @@ impl Operator {
                         self.engine.metrics.events_dropped_total.inc();
                     }
                 }
-                true
+                WriteOutcome::Done
             }
             // Gone, or replaced by a new object of the same name: nothing to write to, once a
             // GET confirms it (a status subresource can answer 404 for a moment while its CRD
@@ -234,26 +358,59 @@ impl Operator {
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
                 self.engine.metrics.api_request("get");
                 match api.get_opt(&row.name).await {
-                    Ok(None) => true,
-                    Ok(Some(mj)) if mj.metadata.uid.as_deref() != Some(row.uid.as_str()) => true,
-                    Ok(Some(_)) => {
-                        tracing::warn!(job_id = row.id, job = %row.key(), code = e.code, "status write refused though the object exists; retrying");
-                        false
+                    Ok(None) => WriteOutcome::Done,
+                    Ok(Some(mj)) if mj.metadata.uid.as_deref() != Some(row.uid.as_str()) => {
+                        WriteOutcome::Done
                     }
-                    Err(e) => {
-                        tracing::warn!(job_id = row.id, job = %row.key(), error = %e, "status write failed and the object could not be read; retrying");
-                        false
-                    }
+                    Ok(Some(_)) => WriteOutcome::Failed {
+                        error: format!("{} ({}) though the object exists", e.message, e.code),
+                        global: false,
+                    },
+                    Err(e) => WriteOutcome::Failed {
+                        error: format!("the object could not be read: {e}"),
+                        global: !matches!(e, kube::Error::Api(_)),
+                    },
                 }
             }
-            Err(e) => {
-                tracing::warn!(job_id = row.id, job = %row.key(), error = %e, "status write failed");
-                false
-            }
+            Err(kube::Error::Api(e)) => WriteOutcome::Failed {
+                error: format!("{} ({})", e.message, e.code),
+                global: false,
+            },
+            Err(e) => WriteOutcome::Failed {
+                error: e.to_string(),
+                global: true,
+            },
         };
-        if done && let Err(e) = self.engine.store().mark_synced(row.id, row.status_version) {
+        if done == WriteOutcome::Done
+            && let Err(e) = self.engine.store().mark_synced(row.id, row.status_version)
+        {
             tracing::error!(job_id = row.id, error = %e, "marking status synced failed");
         }
         done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failing job's writes back off 1 s, 2 s, 4 s... up to 300 s, only for that job, and a
+    /// success forgets its failures.
+    #[test]
+    fn a_failing_status_write_backs_off_per_job() {
+        let mut r = RetrySchedule::default();
+        assert_eq!(r.failed(1, 0), (1, Duration::from_secs(1)));
+        assert_eq!(r.retry_at(1, 0), Some(1_000));
+        assert_eq!(r.retry_at(2, 0), None, "other jobs are not held back");
+        assert_eq!(r.failed(1, 1_000), (2, Duration::from_secs(2)));
+        assert_eq!(r.failed(1, 3_000), (3, Duration::from_secs(4)));
+        assert_eq!(r.retry_at(1, 7_000), None, "due");
+        for _ in 0..20 {
+            r.failed(1, 0);
+        }
+        assert_eq!(r.failed(1, 0).1, STATUS_RETRY_MAX);
+        r.succeeded(1);
+        assert_eq!(r.retry_at(1, 0), None);
+        assert_eq!(r.failed(1, 0).0, 1);
     }
 }
