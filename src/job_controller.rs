@@ -71,6 +71,13 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
         .with_context(|| format!("opening the store in {}", dir.root().display()))?;
     let settings = store.settings()?;
     let executor = store.get(job_id)?.executor;
+    // A local attempt's detached processes are reparented to this process when their parent
+    // exits, so that the attempt's end finds and stops them (executor::contain).
+    if executor == ExecutorKind::Local && !crate::executor::contain::become_subreaper() {
+        tracing::warn!(
+            "cannot become a child subreaper; detached processes are found by their environment mark instead"
+        );
+    }
     tracing::info!(job_id, pid = std::process::id(), %executor, "job controller started");
     let waker = OperatorWaker::new(&dir);
     macro_rules! drive {
@@ -113,6 +120,7 @@ impl<E: Executor> JobController<E> {
                 executor_enabled: self.executors.contains(&row.executor),
                 create_is_idempotent: E::CREATE_IS_IDEMPOTENT,
                 backoff_base: self.backoff_base,
+                stop_after_exit: E::STOPS_AFTER_EXIT,
                 launch_timeout: self.launch_timeout,
                 max_launch_timeouts: self.max_launch_timeouts,
             };

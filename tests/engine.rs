@@ -525,3 +525,100 @@ async fn a_job_that_ends_at_once_still_records_that_it_ran() {
         assert!(phases.contains(&"Running".to_string()), "{phases:?}");
     }
 }
+
+/// Processes still marked as `job`'s `attempt` (its environment mark, executor::contain).
+fn marked(dir: &Path, job: i64, attempt: i32) -> Vec<i32> {
+    let scope = managed_jobs::state_dir::StateDir::new(dir).exit_file(job, attempt);
+    managed_jobs::executor::contain::with_scope(&scope.to_string_lossy())
+}
+
+/// Every process a local attempt starts, however it detaches (a background child in its group,
+/// `setsid -f` into a session of its own), is stopped when the attempt ends: on success, on
+/// failure, on cancel and on the deadline. The run slot is never released while they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_escape_their_attempt_are_stopped_when_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let escape = "sleep 300 & setsid -f sleep 301";
+    let succeeds = submit(&engine, "succeeds", &spec(&format!("{escape}; exit 0")));
+    let fails = submit(&engine, "fails", &spec(&format!("{escape}; exit 3")));
+    let cancelled = submit(&engine, "cancelled", &spec(&format!("{escape}; sleep 300")));
+    let mut deadline = spec(&format!("{escape}; sleep 300"));
+    deadline.active_deadline_seconds = Some(2);
+    let deadline = submit(&engine, "deadline", &deadline);
+    wait_for(
+        &engine,
+        cancelled,
+        "Running",
+        Duration::from_secs(30),
+        |r| r.phase == JobPhase::Running,
+    )
+    .await;
+    // Both escapees exist while the attempt runs.
+    let start = Instant::now();
+    while marked(dir.path(), cancelled, 1).len() < 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            marked(dir.path(), cancelled, 1)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let row = engine.store().get(cancelled).unwrap();
+    engine.cancel(row, false).unwrap();
+    for (id, phase) in [
+        (succeeds, JobPhase::Succeeded),
+        (fails, JobPhase::Failed),
+        (cancelled, JobPhase::Cancelled),
+        (deadline, JobPhase::Failed),
+    ] {
+        let row = wait_done(&engine, id).await;
+        assert_eq!(row.phase, phase, "{}", row.message);
+        assert_eq!(
+            marked(dir.path(), id, 1),
+            Vec::<i32>::new(),
+            "{phase}: processes of the attempt outlived it"
+        );
+        if matches!(phase, JobPhase::Succeeded) {
+            assert!(
+                row.message
+                    .contains("stopped 2 processes the attempt left running"),
+                "{}",
+                row.message
+            );
+        }
+    }
+}
+
+/// The same after a hand-over: the job controller that started the attempt is killed, the
+/// detached process is reparented away from it, and the job controller that adopts the attempt
+/// still stops it when the attempt ends (found by its environment mark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escapee_is_stopped_after_a_job_controller_hand_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let id = submit(
+        &engine,
+        "handover",
+        &spec("setsid -f sleep 304; sleep 3; exit 0"),
+    );
+    let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let start = Instant::now();
+    while marked(dir.path(), id, 1).len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(row.controller_pid.unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let row = wait_done(&engine, id).await;
+    assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+    assert_eq!(row.attempt, 1, "adopted, not relaunched");
+    assert_eq!(row.controller_starts, 2);
+    assert_eq!(marked(dir.path(), id, 1), Vec::<i32>::new());
+}

@@ -387,6 +387,7 @@ impl Model {
             executor_enabled: true,
             create_is_idempotent: true,
             backoff_base: Duration::from_millis(1),
+            stop_after_exit: false,
             launch_timeout: lifecycle::DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::{Executor, Outcome, Refused, Stop};
+use super::{Executor, Outcome, Refused, Stop, contain};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::process;
 use crate::state_dir::StateDir;
@@ -141,6 +141,7 @@ impl LocalExecutor {
             .env("MANAGEDJOB_NAME", &job.name)
             .env("MANAGEDJOB_NAMESPACE", &job.namespace)
             .env("MANAGEDJOB_ATTEMPT", attempt.to_string())
+            .env(contain::SCOPE_VAR, &exit_file)
             .current_dir(&work_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -162,23 +163,43 @@ impl LocalExecutor {
         })
     }
 
-    /// Stops the attempt's process group (SIGTERM, `grace`, SIGKILL) if it runs.
-    pub async fn stop_attempt(&mut self, job_id: i64, attempt: i32, grace: Duration) {
-        if let Some((a, mut w)) = self.current.take() {
-            if a == attempt {
-                w.stop(grace).await;
-                return;
-            }
-            self.current = Some((a, w));
+    /// Stops every process of the attempt, however it detached ([`contain`]): its process
+    /// group, and the processes found by this job controller's descendants (when it started
+    /// the attempt itself) or by the attempt's environment mark (when it adopted it, or is not
+    /// its job controller at all). SIGTERM, `grace`, SIGKILL. Returns how many processes
+    /// other than the wrapper were still there.
+    pub async fn stop_attempt(&mut self, job_id: i64, attempt: i32, grace: Duration) -> usize {
+        let held = match self.current.take() {
+            Some((a, w)) if a == attempt => Some(w),
+            _ => None,
+        };
+        let (pgid, mut child) = match held {
+            Some(w) => (Some(w.pid), w.child),
+            None => match self.find(job_id, attempt) {
+                Found::Running(w) => (Some(w.pid), None),
+                _ => (None, None),
+            },
+        };
+        let wrapper = pgid;
+        // Its own children are in this process' tree (escapees reparented to it, a subreaper);
+        // otherwise, and where the kernel cannot list children, the environment mark tells.
+        let mut pids = match child.is_some() {
+            true => contain::descendants_of_self(),
+            false => None,
         }
-        if let Found::Running(w) = self.find(job_id, attempt) {
-            process::stop_group(w.pid, grace).await;
+        .unwrap_or_else(|| contain::with_scope(&self.exit_file(job_id, attempt).to_string_lossy()));
+        pids.retain(|p| Some(*p) != wrapper);
+        let left = contain::stop_all(pgid, &pids, grace, wrapper).await;
+        if let Some(child) = child.as_mut() {
+            let _ = child.wait().await;
         }
+        left
     }
 }
 
 impl Executor for LocalExecutor {
     const CREATE_IS_IDEMPOTENT: bool = false;
+    const STOPS_AFTER_EXIT: bool = true;
 
     /// The attempt held (started or adopted) and still running; else its exit file; else, once
     /// its launch intent is recorded, its process group found by its marker (a resumed
@@ -199,7 +220,10 @@ impl Executor for LocalExecutor {
                     workload: w.describe(),
                 });
             }
-            self.current = None;
+            // Ended: kept (its group and child) for the stop that sweeps what it left behind.
+            if *a != attempt {
+                self.current = None;
+            }
         }
         if job.launched_attempt < attempt {
             return Ok(Observed::NotFound);
@@ -237,11 +261,21 @@ impl Executor for LocalExecutor {
         }
     }
 
+    /// Stops the current attempt's processes; after an attempt that ended on its own, says
+    /// how many it had left running.
     async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
+        let mut forced = Vec::new();
         if job.attempt > 0 {
-            self.stop_attempt(job.id, job.attempt, grace).await;
+            let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
+            let left = self.stop_attempt(job.id, job.attempt, grace).await;
+            if ended && left > 0 {
+                forced.push(format!(
+                    "stopped {left} process{} the attempt left running",
+                    if left == 1 { "" } else { "es" }
+                ));
+            }
         }
-        Ok(Stop::Gone { forced: vec![] })
+        Ok(Stop::Gone { forced })
     }
 }
 

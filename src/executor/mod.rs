@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::lifecycle::{FailureReason, Observed};
 use crate::store::{JobRow, Store};
 
+pub mod contain;
 pub mod local;
 pub mod pod;
 
@@ -99,6 +100,12 @@ pub trait Executor {
     /// name), so an attempt not observed after its launch intent is created again instead of
     /// counted lost.
     const CREATE_IS_IDEMPOTENT: bool;
+
+    /// True when an attempt that ended may leave processes behind (a local script's background
+    /// or detached children): the job controller then [`stop`](Executor::stop)s the job's
+    /// workloads before it records the outcome. False for Pods (their containers end with
+    /// them, and a finished Pod is kept for its logs).
+    const STOPS_AFTER_EXIT: bool;
 
     /// What exists now of `attempt` of `job`. `store` holds what the operator's Pod watch saw.
     fn observe(

@@ -69,6 +69,9 @@ pub struct Context {
     pub create_is_idempotent: bool,
     /// First restart back-off.
     pub backoff_base: Duration,
+    /// An attempt that ended may leave processes behind (the local executor): stop the job's
+    /// workloads before recording its outcome, so nothing of it outlives it.
+    pub stop_after_exit: bool,
     /// How long a launched workload may take to start running (`--launch-timeout-seconds`),
     /// unless its spec says otherwise (`spec.launchTimeoutSeconds`).
     pub launch_timeout: Duration,
@@ -233,13 +236,14 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             cx.now_ms,
             cx.backoff_base,
         )),
-        Observed::Ended(outcome) => Action::Apply(t::after_outcome(
-            row,
-            attempt,
-            outcome,
-            cx.now_ms,
-            cx.backoff_base,
-        )),
+        Observed::Ended(outcome) => {
+            let t = t::after_outcome(row, attempt, outcome, cx.now_ms, cx.backoff_base);
+            if cx.stop_after_exit {
+                Action::StopThen(t)
+            } else {
+                Action::Apply(t)
+            }
+        }
         Observed::NotFound if row.launched_attempt < attempt => {
             if !launching {
                 // Alive without a launch of this attempt cannot happen through the transitions;
@@ -454,6 +458,7 @@ mod tests {
             executor_enabled: true,
             create_is_idempotent,
             backoff_base: Duration::from_secs(1),
+            stop_after_exit: !create_is_idempotent,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
         }

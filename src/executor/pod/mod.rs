@@ -155,6 +155,7 @@ pub fn terminating_too_long(pod: &Pod, now_ms: i64) -> bool {
 
 impl Executor for PodExecutor {
     const CREATE_IS_IDEMPOTENT: bool = true;
+    const STOPS_AFTER_EXIT: bool = false;
 
     async fn observe(
         &mut self,

@@ -1,0 +1,190 @@
+//! Containment of a local attempt's processes: however they detach, every process an attempt
+//! started is stopped when the attempt ends, whether it succeeded, failed, was cancelled or ran
+//! past its deadline (DESIGN.md section 9), and across job-controller hand-overs.
+//!
+//! Three nets, the cheapest first:
+//! 1. **The attempt's process group.** The wrapper leads it; `cmd &` children stay in it.
+//! 2. **The job controller is a child subreaper** (`PR_SET_CHILD_SUBREAPER`). A process that
+//!    leaves the group (`setsid -f`, a daemon's double fork) is reparented to the job controller
+//!    when its parent exits, so the job controller's descendants are exactly its attempts'
+//!    processes: one read of `/proc/self/task/*/children` per level finds them.
+//! 3. **An environment mark.** Every process of an attempt inherits
+//!    [`SCOPE_VAR`]`=<scope>` (the attempt's exit file path: unique per state dir, job and
+//!    attempt). A job controller that did not start the attempt itself (it adopted it after a
+//!    hand-over: the escapees were reparented to init when the old one exited), and the
+//!    operator when it gives a job up, find them by scanning `/proc/*/environ`; this costs a
+//!    read per process on the node, so only those rare paths pay it.
+//!
+//! Why not a cgroup per job: it needs a delegated, writable cgroup v2 subtree, which neither a
+//! laptop session nor a default container has; these nets need nothing but /proc.
+//!
+//! Limits: a process that clears or rewrites its environment (`env -i`, `exec -c`) *and* leaves
+//! the job controller's tree before a hand-over, or one whose environment cannot be read (a
+//! setuid program, another user), escapes the third net. Every signal goes to a pid checked
+//! against its start time, so a reused pid is never signalled.
+
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+
+use crate::process;
+
+/// The environment variable that marks every process of an attempt: `<scope>` is the attempt's
+/// exit file path.
+pub const SCOPE_VAR: &str = "MANAGEDJOB_ATTEMPT_SCOPE";
+
+/// How long after SIGKILL to wait for the processes to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Makes the calling process a child subreaper: orphaned descendants are reparented to it
+/// instead of init. False where the kernel refuses (older than 3.4).
+pub fn become_subreaper() -> bool {
+    nix::sys::prctl::set_child_subreaper(true).is_ok()
+}
+
+/// Every descendant of the calling process (children, their children...), from
+/// `/proc/<pid>/task/*/children`; None where the kernel does not provide those files
+/// (`CONFIG_PROC_CHILDREN`).
+pub fn descendants_of_self() -> Option<Vec<i32>> {
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    let mut queue = children(me)?;
+    while let Some(pid) = queue.pop() {
+        if found.contains(&pid) {
+            continue;
+        }
+        found.push(pid);
+        queue.extend(children(pid).unwrap_or_default());
+    }
+    Some(found)
+}
+
+/// Direct children of `pid`, from each of its threads' `children` file.
+fn children(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    let mut supported = false;
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            supported = true;
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    supported.then_some(out)
+}
+
+/// Pids of the processes whose environment holds `SCOPE_VAR=scope` exactly.
+pub fn with_scope(scope: &str) -> Vec<i32> {
+    let entry = format!("{SCOPE_VAR}={scope}");
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == entry.as_bytes()))
+        })
+        .collect()
+}
+
+/// Stops process group `pgid` (when given) and every process of `pids`: SIGTERM (and SIGCONT,
+/// so a stopped process can act on it), up to `grace` for them to exit, then SIGKILL, then up
+/// to 10 s more. Reaps those that are the caller's children (reparented escapees), except
+/// `keep_unreaped` (a child another handle will reap). Returns how many of `pids` were alive
+/// when it started (the caller's own process is never among them).
+pub async fn stop_all(
+    pgid: Option<i32>,
+    pids: &[i32],
+    grace: Duration,
+    keep_unreaped: Option<i32>,
+) -> usize {
+    let me = std::process::id() as i32;
+    let targets: Vec<(i32, u64)> = pids
+        .iter()
+        .filter(|&&p| p != me)
+        .filter_map(|&p| Some((p, process::start_time(p)?)))
+        .collect();
+    let alive = targets.len();
+    let reap = |targets: &[(i32, u64)]| {
+        for &(pid, _) in targets {
+            if Some(pid) != keep_unreaped {
+                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+    };
+    let all_gone = |targets: &[(i32, u64)]| {
+        pgid.is_none_or(|g| !process::group_exists(g))
+            && targets.iter().all(|&(p, t)| !process::is_alive(p, t))
+    };
+    let signal = |sig: Signal| {
+        if let Some(g) = pgid {
+            let _ = killpg(Pid::from_raw(g), sig);
+        }
+        for &(pid, started) in &targets {
+            process::signal_if_alive(pid, started, sig);
+        }
+    };
+    if all_gone(&targets) {
+        reap(&targets);
+        return alive;
+    }
+    signal(Signal::SIGTERM);
+    signal(Signal::SIGCONT);
+    let deadline = tokio::time::Instant::now() + grace;
+    while !all_gone(&targets) && tokio::time::Instant::now() < deadline {
+        reap(&targets);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if !all_gone(&targets) {
+        signal(Signal::SIGKILL);
+        let deadline = tokio::time::Instant::now() + KILL_WAIT;
+        while !all_gone(&targets) && tokio::time::Instant::now() < deadline {
+            reap(&targets);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    reap(&targets);
+    alive
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process marked with a scope is found by it, and stopped with everything else given.
+    #[tokio::test]
+    async fn a_marked_process_is_found_and_stopped() {
+        let scope = format!("/tmp/contain-test-{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env(SCOPE_VAR, &scope)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let start = std::time::Instant::now();
+        while !with_scope(&scope).contains(&pid) {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "not found by its mark"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !with_scope(&format!("{scope}x")).contains(&pid),
+            "exact match only"
+        );
+        if let Some(all) = descendants_of_self() {
+            assert!(all.contains(&pid), "a child is a descendant");
+        }
+        let stopped = stop_all(None, &[pid], Duration::from_secs(2), None).await;
+        assert_eq!(stopped, 1);
+        // Reaped by stop_all: the child handle finds nothing to wait for, or its status.
+        let _ = child.try_wait();
+        assert!(process::start_time(pid).is_none(), "still alive");
+    }
+}
