@@ -24,6 +24,12 @@ pub const MAX_RUN_CAP: usize = 10_000;
 pub const DEFAULT_JOB_MEMORY_MIB: u64 = 16;
 /// Default memory kept for the operator itself and the host, in MiB.
 pub const DEFAULT_RESERVED_MEMORY_MIB: u64 = 512;
+/// File descriptors the operator keeps for itself: the store, the API connections (up to
+/// [`crate::operator::status_writer::STATUS_WRITERS`] status writes in flight), the watches, the
+/// wake-up socket, logs.
+pub const NOFILE_RESERVE: u64 = 96;
+/// File descriptors the operator holds per live job: its job controller's pidfd.
+pub const FDS_PER_JOB: u64 = 1;
 
 /// Slots in use and queue lengths, counted from the store (DESIGN.md section 4's invariants).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,6 +68,9 @@ pub struct Capacity {
     pub derived: Caps,
     /// Caps in force (overrides applied, ceilings enforced).
     pub caps: Caps,
+    /// The operator's soft limit on open files (after raising it to the hard limit), when
+    /// known; it bounds the run cap ([`limit_by_open_files`]).
+    pub open_files: Option<u64>,
 }
 
 impl fmt::Display for Capacity {
@@ -78,8 +87,48 @@ impl fmt::Display for Capacity {
             self.memory_mib,
             self.reserved_mib,
             self.job_memory_mib
-        )
+        )?;
+        if let Some(n) = self.open_files {
+            let bound = open_files_bound(n);
+            if bound <= self.caps.run {
+                write!(
+                    f,
+                    "; bound by open files: {bound} = ({n} - {NOFILE_RESERVE} reserved) / {FDS_PER_JOB} per job"
+                )?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// The run cap that `open_files` (the operator's soft RLIMIT_NOFILE) allows: every live job
+/// costs the operator [`FDS_PER_JOB`], and it keeps [`NOFILE_RESERVE`]; at least 1.
+pub fn open_files_bound(open_files: u64) -> usize {
+    (open_files.saturating_sub(NOFILE_RESERVE) / FDS_PER_JOB).max(1) as usize
+}
+
+/// `c` with its run cap (derived and in force, an override included) bounded by the open files
+/// the operator may hold: past it, starting a job controller would fail with EMFILE.
+pub fn limit_by_open_files(mut c: Capacity, open_files: Option<u64>) -> Capacity {
+    if let Some(n) = open_files {
+        let bound = open_files_bound(n);
+        c.derived.run = c.derived.run.min(bound);
+        c.caps.run = c.caps.run.min(bound);
+    }
+    c.open_files = open_files;
+    c
+}
+
+/// Raises this process' soft RLIMIT_NOFILE to its hard limit (as the Go runtime does for every
+/// Go program: the soft default of 1,024 is a relic of select(2)); returns the soft limit now in
+/// force, or None when it cannot be read.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
 }
 
 /// Overrides from flags.
@@ -119,6 +168,7 @@ pub fn compute(cpus: usize, memory_mib: u64, o: Overrides) -> Capacity {
         job_memory_mib,
         derived,
         caps,
+        open_files: None,
     }
 }
 
@@ -144,9 +194,11 @@ pub fn usable_memory_mib() -> u64 {
     bytes / (1024 * 1024)
 }
 
-/// Caps for this machine (or container) with the given overrides.
+/// Caps for this machine (or container) with the given overrides, after raising the open-files
+/// limit of this process (the operator) as far as it goes.
 pub fn detect(o: Overrides) -> Capacity {
-    compute(usable_cpus(), usable_memory_mib(), o)
+    let open_files = raise_open_files_limit();
+    limit_by_open_files(compute(usable_cpus(), usable_memory_mib(), o), open_files)
 }
 
 #[cfg(test)]
@@ -170,5 +222,28 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(compute(2, 100, o).caps.run, MAX_RUN_CAP);
+    }
+
+    /// Under a hard limit of 256 open files the run cap leaves the operator its reserve, even
+    /// when a flag asks for more; a generous limit does not bind.
+    #[test]
+    fn open_files_bound_the_run_cap() {
+        let c = limit_by_open_files(compute(2, 24 * 1024, Overrides::default()), Some(256));
+        assert_eq!(c.caps.run, 160);
+        assert!(c.to_string().contains("bound by open files: 160"), "{c}");
+        let o = Overrides {
+            run_cap: Some(5_000),
+            ..Default::default()
+        };
+        assert_eq!(
+            limit_by_open_files(compute(2, 24 * 1024, o), Some(256))
+                .caps
+                .run,
+            160
+        );
+        let free = limit_by_open_files(compute(2, 8 * 1024, Overrides::default()), Some(1 << 20));
+        assert_eq!(free.caps.run, (8 * 1024 - 512) / 16);
+        assert!(!free.to_string().contains("open files"));
+        assert_eq!(open_files_bound(10), 1);
     }
 }

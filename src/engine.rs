@@ -67,7 +67,29 @@ pub struct Engine {
     pub status_changed: Notify,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// Jobs whose job controller could not be started for lack of resources, with the failures
+    /// in a row (each retried after a back-off).
+    spawn_retries: Mutex<std::collections::HashMap<i64, i32>>,
     _lock: Flock<std::fs::File>,
+}
+
+/// First back-off before starting a job controller again after the node lacked the resources
+/// (EMFILE, ENFILE, EAGAIN, ENOMEM); doubles per failure in a row up to
+/// [`crate::lifecycle::MAX_BACKOFF`].
+pub const SPAWN_RETRY_BASE: Duration = Duration::from_millis(500);
+
+/// True when `e` says the node lacked the resources to start a process (open files, processes,
+/// memory): the job is not at fault and must not fail for it. SkyPilot's first managed-jobs
+/// scheduler failed jobs for exactly this (controller resources).
+pub fn lacks_resources(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| {
+            matches!(
+                io.raw_os_error(),
+                Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
+            )
+        })
 }
 
 /// Takes the state dir's exclusive lock, or fails naming the holder's lock file.
@@ -127,6 +149,7 @@ impl Engine {
             schedule: Notify::new(),
             status_changed: Notify::new(),
             metrics: Arc::new(Metrics::new()),
+            spawn_retries: Mutex::new(Default::default()),
             _lock: lock,
         });
         engine.metrics.launch_cap.set(caps_gauge.0);
@@ -196,12 +219,41 @@ impl Engine {
     fn spawn_controller(self: &Arc<Self>, row: &JobRow) {
         match self.try_spawn(row) {
             Ok((pid, start, child)) => {
+                self.spawn_retries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&row.id);
                 let op = self.clone();
                 let id = row.id;
                 tokio::spawn(async move {
                     let mut child = child;
                     let _ = child.wait().await;
                     op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
+                });
+            }
+            Err(e) if lacks_resources(&e) => {
+                // Not the job's fault: it keeps its place (and slots) and is started again after
+                // a back-off; never a failure phase.
+                let failures = {
+                    let mut retries = self.spawn_retries.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = retries.entry(row.id).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                let wait = lifecycle::backoff(SPAWN_RETRY_BASE, failures);
+                tracing::warn!(job_id = row.id, error = %e, failures, retry_in = ?wait, "the node lacks the resources to start a job controller; retrying");
+                self.metrics.controller_spawns_deferred_total.inc();
+                let op = self.clone();
+                let id = row.id;
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    let row = op.store().find(id).ok().flatten();
+                    if let Some(row) = row
+                        && row.schedule_state.holds_run_slot()
+                        && row.controller_pid.is_none()
+                    {
+                        op.spawn_controller(&row);
+                    }
                 });
             }
             Err(e) => {

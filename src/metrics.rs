@@ -75,6 +75,9 @@ pub struct Metrics {
     pub events_dropped_total: Counter,
     /// Events the API server refused (logged at warn with its reason).
     pub events_refused_total: Counter,
+    /// Job controller starts put off because the node lacked resources (EMFILE, EAGAIN,
+    /// ENOMEM); each is retried after a back-off, never failing the job.
+    pub controller_spawns_deferred_total: Counter,
     /// Status writes the API server refused or that failed (each retried with a per-job
     /// back-off).
     pub status_write_failures_total: Counter,
@@ -109,6 +112,7 @@ impl Metrics {
             events_dropped_total: Counter::default(),
             events_refused_total: Counter::default(),
             status_write_failures_total: Counter::default(),
+            controller_spawns_deferred_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
@@ -169,6 +173,11 @@ impl Metrics {
             "events_refused",
             "Events the API server refused",
             m.events_refused_total.clone(),
+        );
+        registry.register(
+            "controller_spawns_deferred",
+            "Job controller starts put off because the node lacked resources",
+            m.controller_spawns_deferred_total.clone(),
         );
         registry.register(
             "status_write_failures",

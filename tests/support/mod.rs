@@ -173,20 +173,34 @@ impl Drop for TestNamespace {
         };
         // Finalizers of ManagedJobs whose operator is gone would hold the namespace: drop them.
         let (_, names) = kubectl(&cp, &["-n", &self.name, "get", "managedjobs", "-o", "name"]);
-        for name in names.lines().filter(|l| l.starts_with("managedjob")) {
-            kubectl(
-                &cp,
-                &[
-                    "-n",
-                    &self.name,
-                    "patch",
-                    name,
-                    "--type=merge",
-                    "-p",
-                    r#"{"metadata":{"finalizers":null}}"#,
-                ],
-            );
-        }
+        let names: Vec<&str> = names
+            .lines()
+            .filter(|l| l.starts_with("managedjob"))
+            .collect();
+        // Sixteen at a time: a test with hundreds of jobs must not spend minutes here.
+        let chunk = names.len().div_ceil(16).max(1);
+        std::thread::scope(|scope| {
+            for part in names.chunks(chunk) {
+                let cp = &cp;
+                let ns = &self.name;
+                scope.spawn(move || {
+                    for name in part {
+                        kubectl(
+                            cp,
+                            &[
+                                "-n",
+                                ns,
+                                "patch",
+                                name,
+                                "--type=merge",
+                                "-p",
+                                r#"{"metadata":{"finalizers":null}}"#,
+                            ],
+                        );
+                    }
+                });
+            }
+        });
         kubectl(&cp, &["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
@@ -200,6 +214,8 @@ pub struct OperatorProcess {
     namespace: String,
     extra: Vec<String>,
     shared_dir: Option<PathBuf>,
+    /// (soft, hard) RLIMIT_NOFILE to start it with, as `ulimit -Sn`/`-Hn` would.
+    open_files: Option<(u64, u64)>,
 }
 
 /// The `managed-jobs` binary under test.
@@ -217,6 +233,28 @@ impl OperatorProcess {
             namespace: namespace.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: None,
+            open_files: None,
+        };
+        op.spawn();
+        op
+    }
+
+    /// [`OperatorProcess::start`] under a (soft, hard) limit on open files.
+    pub fn start_with_open_files(
+        cp: &ControlPlane,
+        namespace: &str,
+        extra: &[&str],
+        soft: u64,
+        hard: u64,
+    ) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: None,
+            open_files: Some((soft, hard)),
         };
         op.spawn();
         op
@@ -236,6 +274,7 @@ impl OperatorProcess {
             namespace: namespace.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: Some(other.state_path()),
+            open_files: None,
         };
         op.spawn();
         op
@@ -254,7 +293,22 @@ impl OperatorProcess {
             .append(true)
             .open(self.state_dir.path().join("operator.log"))
             .unwrap();
-        let child = Command::new(binary())
+        let mut cmd = Command::new(binary());
+        if let Some((soft, hard)) = self.open_files {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(
+                        nix::sys::resource::Resource::RLIMIT_NOFILE,
+                        soft,
+                        hard,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = cmd
             .arg("run")
             .arg("--state-dir")
             .arg(self.state_path())
