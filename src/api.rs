@@ -27,6 +27,10 @@ pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 /// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
 pub const MAX_SCRIPT_BYTES: usize = 65_536;
 
+/// Most bytes of one `spec.env` value (the kernel takes at most 128 KiB per environment string,
+/// MAX_ARG_STRLEN; a value of 32,768 characters may be 4 times as many bytes).
+pub const MAX_ENV_VALUE_BYTES: usize = 32_768;
+
 /// Most bytes of `spec.env` names and values in all. Each value may hold 32 KiB, but 256 of them
 /// would make an 8 MiB object: past etcd's 1.5 MiB limit on a stored object (so the job's status
 /// could never be written) and Linux's 2 MiB default `ARG_MAX` for a process' argv and
@@ -443,7 +447,7 @@ fn refine_spec_schema(spec: &mut Value) {
     }));
     rules.push(rule(
         &format!(
-            "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() <= {MAX_ENV_BYTES}"
+            "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(bytes(e.value)) : 0)).sum() <= {MAX_ENV_BYTES}"
         ),
         &format!(
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
@@ -467,10 +471,19 @@ fn refine_spec_schema(spec: &mut Value) {
     // A NUL byte cannot reach a process (argv and the environment are C strings): refuse it at
     // the API, naming the field, instead of failing the job later.
     const NO_NUL: &str = "^[^\\x00]*$";
+    // Lengths are in characters for the schema, in bytes for the kernel (one argument or
+    // environment string is at most 128 KiB, MAX_ARG_STRLEN): the byte bounds are CEL rules.
     for field in ["run", "setup"] {
         props[field]["minLength"] = json!(1);
         props[field]["maxLength"] = json!(MAX_SCRIPT_BYTES);
         props[field]["pattern"] = json!(NO_NUL);
+        props[field]["x-kubernetes-validations"]
+            .as_array_mut()
+            .expect("set above")
+            .push(rule(
+                &format!("size(bytes(self)) <= {MAX_SCRIPT_BYTES}"),
+                &format!("spec.{field} holds more than {MAX_SCRIPT_BYTES} bytes"),
+            ));
     }
     props["priority"]["minimum"] = json!(-1000);
     props["priority"]["maximum"] = json!(1000);
@@ -488,8 +501,12 @@ fn refine_spec_schema(spec: &mut Value) {
     item["required"] = json!(["name"]);
     item["properties"]["name"]["pattern"] = json!("^[A-Za-z_][A-Za-z0-9_]*$");
     item["properties"]["name"]["maxLength"] = json!(256);
-    item["properties"]["value"]["maxLength"] = json!(32_768);
+    item["properties"]["value"]["maxLength"] = json!(MAX_ENV_VALUE_BYTES);
     item["properties"]["value"]["pattern"] = json!(NO_NUL);
+    item["properties"]["value"]["x-kubernetes-validations"] = json!([rule(
+        &format!("size(bytes(self)) <= {MAX_ENV_VALUE_BYTES}"),
+        &format!("spec.env[].value holds more than {MAX_ENV_VALUE_BYTES} bytes"),
+    )]);
 
     let recovery = &mut props["recovery"];
     recovery["default"] = json!({});
@@ -582,6 +599,14 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
         return Err("spec.launchTimeoutSeconds must be >= 1".into());
     }
     for (field, script) in [("spec.run", &spec.run), ("spec.setup", &spec.setup)] {
+        if let Some(s) = script
+            && s.len() > MAX_SCRIPT_BYTES
+        {
+            return Err(format!(
+                "{field} holds {} bytes, more than {MAX_SCRIPT_BYTES}",
+                s.len()
+            ));
+        }
         if script.as_deref().is_some_and(|s| s.contains('\0')) {
             return Err(format!(
                 "{field} contains a NUL byte, which no process can receive"
@@ -599,6 +624,13 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
             return Err(format!(
                 "spec.env[{i}].name {:?} is not a valid variable name",
                 var.name
+            ));
+        }
+        if var.value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(format!(
+                "spec.env[{i}].value (variable {}) holds {} bytes, more than {MAX_ENV_VALUE_BYTES}",
+                var.name,
+                var.value.len()
             ));
         }
         if var.value.contains('\0') {

@@ -622,3 +622,45 @@ async fn an_escapee_is_stopped_after_a_job_controller_hand_over() {
     assert_eq!(row.controller_starts, 2);
     assert_eq!(marked(dir.path(), id, 1), Vec::<i32>::new());
 }
+
+/// A workload that ignores SIGTERM and keeps forking detached processes while it is being
+/// stopped: every one is caught (each look for processes is repeated while the stop waits), and
+/// a stop of processes that exit at once takes no longer than they do (the wrapper's zombie is
+/// reaped, not waited on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_forked_while_the_attempt_is_stopped_are_stopped_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let forker = submit(
+        &engine,
+        "forker",
+        &spec(
+            "trap '' TERM; for i in $(seq 1 40); do setsid -f sleep 306; sleep 0.2; done; sleep 100",
+        ),
+    );
+    let quick = submit(&engine, "quick", &spec("sleep 100"));
+    for id in [forker, quick] {
+        wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+            r.phase == JobPhase::Running
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in [forker, quick] {
+        let row = engine.store().get(id).unwrap();
+        engine.cancel(row, false).unwrap();
+    }
+    let started = Instant::now();
+    let row = wait_done(&engine, quick).await;
+    assert_eq!(row.phase, JobPhase::Cancelled);
+    // `sleep` exits on SIGTERM at once: the stop must not wait out the 2 s grace and then the
+    // 10 s after SIGKILL (12 s) for a zombie; 7 s leaves room for a loaded machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "a stop of a process that exits at once took {:?}",
+        started.elapsed()
+    );
+    let row = wait_done(&engine, forker).await;
+    assert_eq!(row.phase, JobPhase::Cancelled);
+    assert_eq!(marked(dir.path(), forker, 1), Vec::<i32>::new());
+}

@@ -694,6 +694,36 @@ async fn an_object_too_big_for_its_status_is_refused_at_the_api() {
     api.create(&Default::default(), &job("fits", 8))
         .await
         .expect("256 KB of env fits");
+    // Bounds are in bytes (what the kernel and etcd count), not characters.
+    let refused = |mut mj: managed_jobs::api::ManagedJob, field: &'static str| {
+        let api = api.clone();
+        async move {
+            mj.metadata.name = Some(format!("u{}", field.len()));
+            let err = api
+                .create(&Default::default(), &mj)
+                .await
+                .expect_err("must be refused");
+            let text = err.to_string();
+            assert!(text.contains(field), "{field}: {text}");
+        }
+    };
+    let mut wide = job("wide", 0);
+    wide.spec.env = (0..9)
+        .map(|i| managed_jobs::api::EnvVar {
+            name: format!("V{i}"),
+            value: "é".repeat(16_000),
+        })
+        .collect();
+    refused(wide, "262144").await;
+    let mut one = job("one", 0);
+    one.spec.env = vec![managed_jobs::api::EnvVar {
+        name: "E".into(),
+        value: "😀".repeat(32_768),
+    }];
+    refused(one, "spec.env[].value").await;
+    let mut script = job("script", 0);
+    script.spec.run = Some("é".repeat(40_000));
+    refused(script, "spec.run").await;
 }
 
 /// A ValidatingAdmissionPolicy that refuses one object's status writes (cluster-scoped: deleted

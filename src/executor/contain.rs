@@ -92,64 +92,96 @@ pub fn with_scope(scope: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Stops process group `pgid` (when given) and every process of `pids`: SIGTERM (and SIGCONT,
-/// so a stopped process can act on it), up to `grace` for them to exit, then SIGKILL, then up
-/// to 10 s more. Reaps those that are the caller's children (reparented escapees), except
-/// `keep_unreaped` (a child another handle will reap). Returns how many of `pids` were alive
-/// when it started (the caller's own process is never among them).
+/// How often the processes are looked for again while a stop waits: a process that forks
+/// while it is being stopped (or ignores SIGTERM and keeps forking) is caught by the next look.
+const RESCAN_EVERY: Duration = Duration::from_millis(200);
+
+/// Stops process group `pgid` (when given) and every process `find` returns: SIGTERM (and
+/// SIGCONT, so a stopped process can act on it), up to `grace` for them to exit, then SIGKILL,
+/// then up to 10 s more. `find` is asked again every 200 ms and once more after all seemed
+/// gone, so processes forked meanwhile are signalled too (with SIGKILL once the grace is over).
+/// `wrapper`, the group leader when the caller started it, is reaped through its handle (its
+/// zombie would keep the group alive); other children of the caller (reparented escapees) are
+/// reaped here. Returns how many processes other than `pgid`'s leader it found alive.
 pub async fn stop_all(
     pgid: Option<i32>,
-    pids: &[i32],
+    find: impl Fn() -> Vec<i32>,
     grace: Duration,
-    keep_unreaped: Option<i32>,
+    mut wrapper: Option<&mut tokio::process::Child>,
 ) -> usize {
     let me = std::process::id() as i32;
-    let targets: Vec<(i32, u64)> = pids
-        .iter()
-        .filter(|&&p| p != me)
-        .filter_map(|&p| Some((p, process::start_time(p)?)))
-        .collect();
-    let alive = targets.len();
-    let reap = |targets: &[(i32, u64)]| {
+    let mut targets: Vec<(i32, u64)> = Vec::new();
+    let look = |targets: &mut Vec<(i32, u64)>| -> Vec<(i32, u64)> {
+        let new: Vec<(i32, u64)> = find()
+            .into_iter()
+            .filter(|&p| p != me && Some(p) != pgid)
+            .filter(|p| !targets.iter().any(|(t, _)| t == p))
+            .filter_map(|p| Some((p, process::start_time(p)?)))
+            .collect();
+        targets.extend(&new);
+        new
+    };
+    let reap = |targets: &[(i32, u64)], wrapper: &mut Option<&mut tokio::process::Child>| {
+        if let Some(child) = wrapper.as_mut() {
+            let _ = child.try_wait();
+        }
         for &(pid, _) in targets {
-            if Some(pid) != keep_unreaped {
-                let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-            }
+            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
     };
     let all_gone = |targets: &[(i32, u64)]| {
         pgid.is_none_or(|g| !process::group_exists(g))
             && targets.iter().all(|&(p, t)| !process::is_alive(p, t))
     };
-    let signal = |sig: Signal| {
+    let signal = |targets: &[(i32, u64)], sig: Signal| {
         if let Some(g) = pgid {
             let _ = killpg(Pid::from_raw(g), sig);
         }
-        for &(pid, started) in &targets {
+        for &(pid, started) in targets {
             process::signal_if_alive(pid, started, sig);
         }
     };
-    if all_gone(&targets) {
-        reap(&targets);
-        return alive;
-    }
-    signal(Signal::SIGTERM);
-    signal(Signal::SIGCONT);
-    let deadline = tokio::time::Instant::now() + grace;
-    while !all_gone(&targets) && tokio::time::Instant::now() < deadline {
-        reap(&targets);
+    look(&mut targets);
+    let mut sig = Signal::SIGTERM;
+    let mut deadline = tokio::time::Instant::now() + grace;
+    let mut signalled = false;
+    let mut looked = tokio::time::Instant::now();
+    loop {
+        reap(&targets, &mut wrapper);
+        if all_gone(&targets) {
+            // Anything forked at the last moment?
+            let late = look(&mut targets);
+            if late.is_empty() || late.iter().all(|&(p, t)| !process::is_alive(p, t)) {
+                break;
+            }
+            signal(&late, sig);
+            continue;
+        }
+        if !signalled {
+            signal(&targets, sig);
+            signal(&targets, Signal::SIGCONT);
+            signalled = true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            if sig == Signal::SIGKILL {
+                break;
+            }
+            sig = Signal::SIGKILL;
+            deadline = tokio::time::Instant::now() + KILL_WAIT;
+            signal(&targets, sig);
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if !all_gone(&targets) {
-        signal(Signal::SIGKILL);
-        let deadline = tokio::time::Instant::now() + KILL_WAIT;
-        while !all_gone(&targets) && tokio::time::Instant::now() < deadline {
-            reap(&targets);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if looked.elapsed() >= RESCAN_EVERY {
+            looked = tokio::time::Instant::now();
+            let new = look(&mut targets);
+            if !new.is_empty() {
+                signal(&new, sig);
+                signal(&new, Signal::SIGCONT);
+            }
         }
     }
-    reap(&targets);
-    alive
+    reap(&targets, &mut wrapper);
+    targets.len()
 }
 
 #[cfg(test)]
@@ -181,7 +213,7 @@ mod tests {
         if let Some(all) = descendants_of_self() {
             assert!(all.contains(&pid), "a child is a descendant");
         }
-        let stopped = stop_all(None, &[pid], Duration::from_secs(2), None).await;
+        let stopped = stop_all(None, || vec![pid], Duration::from_secs(2), None).await;
         assert_eq!(stopped, 1);
         // Reaped by stop_all: the child handle finds nothing to wait for, or its status.
         let _ = child.try_wait();

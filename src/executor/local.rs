@@ -180,16 +180,21 @@ impl LocalExecutor {
                 _ => (None, None),
             },
         };
-        let wrapper = pgid;
         // Its own children are in this process' tree (escapees reparented to it, a subreaper);
         // otherwise, and where the kernel cannot list children, the environment mark tells.
-        let mut pids = match child.is_some() {
-            true => contain::descendants_of_self(),
-            false => None,
-        }
-        .unwrap_or_else(|| contain::with_scope(&self.exit_file(job_id, attempt).to_string_lossy()));
-        pids.retain(|p| Some(*p) != wrapper);
-        let left = contain::stop_all(pgid, &pids, grace, wrapper).await;
+        let own = child.is_some() && contain::descendants_of_self().is_some();
+        let scope = self
+            .exit_file(job_id, attempt)
+            .to_string_lossy()
+            .into_owned();
+        let find = || {
+            if own {
+                contain::descendants_of_self().unwrap_or_default()
+            } else {
+                contain::with_scope(&scope)
+            }
+        };
+        let left = contain::stop_all(pgid, find, grace, child.as_mut()).await;
         if let Some(child) = child.as_mut() {
             let _ = child.wait().await;
         }

@@ -83,6 +83,9 @@ pub struct Context {
 /// ours is longer because ML images of several GB often take minutes to pull, and a timeout
 /// costs the whole launch again.
 pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long a launched Pod may wait without a reason (its node has not reported yet) before
+/// the job's message says what it waits on.
+pub const PENDING_QUIET: Duration = Duration::from_secs(10);
 /// Default of `--max-launch-timeouts`.
 pub const DEFAULT_MAX_LAUNCH_TIMEOUTS: i32 = 3;
 
@@ -302,7 +305,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                     attempt,
                     &Outcome::Lost {
                         reason: format!(
-                            "{message} past its grace period on a node that is not Ready; it was force-deleted"
+                            "{message} past its grace period on a node that is not Ready (or gone); it was force-deleted"
                         ),
                     },
                     cx.now_ms,
@@ -343,13 +346,25 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 (true, false) => format!("waiting for Pod {pod} to start: {message}"),
                 (false, _) => format!("waiting for Pod {pod} to start: {reason}: {message}"),
             };
-            // The clock stopped while the Pod waited for a node starts again once it is bound;
-            // a new reason to wait is worth a status message (not every Pending report is).
-            if row.launched_at_ms.is_none() || (!reason.is_empty() && row.message != waiting) {
+            // The clock stopped while the Pod waited for a node starts again once it is bound.
+            // A reason to wait is worth a status message at once; what a Pod that is merely slow
+            // waits on (a node that has not reported yet) only after PENDING_QUIET: most Pods run
+            // sooner, and the write would be wasted.
+            let quiet_over = row
+                .launched_at_ms
+                .map(|at| at + PENDING_QUIET.as_millis() as i64);
+            let worth = !reason.is_empty()
+                || (!message.is_empty() && quiet_over.is_some_and(|q| q <= cx.now_ms));
+            if row.launched_at_ms.is_none() || (worth && row.message != waiting) {
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
+            let show_at = quiet_over.filter(|q| *q > cx.now_ms && !message.is_empty());
+            let next = match (launch_deadline, show_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             Action::Wait {
-                until_ms: sooner(launch_deadline),
+                until_ms: sooner(next),
             }
         }
     }
@@ -663,6 +678,37 @@ mod tests {
             Action::Wait {
                 until_ms: Some(7_000 + DEFAULT_LAUNCH_TIMEOUT.as_millis() as i64)
             }
+        );
+    }
+
+    /// What a slow Pod waits on (its node has not reported) reaches the message only after
+    /// PENDING_QUIET, so a Pod that runs soon costs no extra status write.
+    #[test]
+    fn a_quiet_pending_pod_is_described_after_a_while() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Launching);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.launched_at_ms = Some(9_000);
+        let bound = Observed::Pending {
+            workload: "pod/j-1-1".into(),
+            reason: String::new(),
+            message: "bound to node n9, which has not started it".into(),
+        };
+        assert_eq!(
+            next_action(&r, Some(&bound), &cx(true)),
+            Action::Wait {
+                until_ms: Some(9_000 + PENDING_QUIET.as_millis() as i64)
+            }
+        );
+        r.launched_at_ms = Some(-5_000);
+        let a = next_action(&r, Some(&bound), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            t.change.message.as_deref(),
+            Some("waiting for Pod j-1-1 to start: bound to node n9, which has not started it")
         );
     }
 

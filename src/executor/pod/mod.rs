@@ -257,7 +257,7 @@ impl Executor for PodExecutor {
                             Ok(_) => {
                                 tracing::warn!(pod = %name, node, "force-deleted a Pod stuck terminating on a node that is not Ready");
                                 forced.push(format!(
-                                    "{on} was stuck terminating on a node that is not Ready and was force-deleted"
+                                    "{on} was stuck terminating on a node that is not Ready (or gone) and was force-deleted"
                                 ));
                                 continue;
                             }
