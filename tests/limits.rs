@@ -89,6 +89,9 @@ async fn run_all(soft: u64, hard: u64) {
 async fn a_low_open_files_limit_never_fails_a_job() {
     let (_, hard) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
-    run_all(256, hard.max(4_096)).await;
+    // Only as high as this process may go (raising a hard limit needs privileges).
+    if hard > 256 {
+        run_all(256, hard).await;
+    }
     run_all(256, 256).await;
 }
