@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use managed_jobs::api::JobPhase;
 
 const T: Duration = Duration::from_secs(90);
@@ -38,6 +38,18 @@ spec:
     )
 }
 
+/// Plays the kubelet: Pod `pod`'s container `main` waits with `reason` and `message`.
+async fn play_waiting(client: &Client, ns: &str, pod: &str, reason: &str, message: &str) {
+    let patch = serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [{
+        "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": reason, "message": message}}
+    }]}});
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("status patch");
+}
+
 async fn wait_pod(client: &Client, ns: &str, name: &str) -> Pod {
     let api = Api::<Pod>::namespaced(client.clone(), ns);
     let start = std::time::Instant::now();
@@ -62,14 +74,7 @@ async fn a_pod_the_node_refuses_is_a_failure_not_a_relaunch_loop() {
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let mj = support::create_yaml(&client, &ns.name, &pod_job("refused", "60s", 1)).await;
     let _ = mj;
-    let id = support::wait_status(&client, &ns.name, "refused", T, "a job id", |s| {
-        s.job_id.is_some()
-    })
-    .await
-    .status
-    .unwrap()
-    .job_id
-    .unwrap();
+    let id = support::wait_job_id(&client, &ns.name, "refused", T).await;
     let api = Api::<Pod>::namespaced(client.clone(), &ns.name);
     let refuse = serde_json::json!({"status": {"phase": "Failed", "reason": "OutOfcpu",
         "message": "Pod was rejected: Node didn't have enough resource: cpu", "containerStatuses": null}});
@@ -188,24 +193,7 @@ async fn a_job_with_the_longest_name_gets_its_events() {
         support::phase_is(JobPhase::Succeeded),
     )
     .await;
-    let api = Api::<Event>::namespaced(client.clone(), &ns.name);
-    let start = std::time::Instant::now();
-    loop {
-        let events = api.list(&ListParams::default()).await.unwrap().items;
-        let reasons: BTreeSet<String> = events
-            .iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
-            .filter_map(|e| e.reason.clone())
-            .collect();
-        if reasons.contains("Succeeded") {
-            break;
-        }
-        assert!(
-            start.elapsed() < T,
-            "no Succeeded Event for the long name: {reasons:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::wait_event(&client, &ns.name, &name, "Succeeded", T).await;
 }
 
 /// A container the kernel OOM-killed fails the attempt whatever its exit code, even in a Pod
@@ -305,25 +293,17 @@ async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
         "      nodeName: no-such-node\n      containers:",
     );
     support::create_yaml(&client, &ns.name, &yaml).await;
-    let id = support::wait_status(&client, &ns.name, "unstartable", T, "a job id", |s| {
-        s.job_id.is_some()
-    })
-    .await
-    .status
-    .unwrap()
-    .job_id
-    .unwrap();
+    let id = support::wait_job_id(&client, &ns.name, "unstartable", T).await;
     let pod = format!("unstartable-{id}-1");
     wait_pod(&client, &ns.name, &pod).await;
-    let patch = serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [{
-        "name": "main", "image": "BAD!", "imageID": "", "ready": false, "restartCount": 0,
-        "state": {"waiting": {"reason": "InvalidImageName",
-            "message": "Failed to apply default image tag \"BAD!\": couldn't parse image name"}}
-    }]}});
-    Api::<Pod>::namespaced(client.clone(), &ns.name)
-        .patch_status(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("status patch");
+    play_waiting(
+        &client,
+        &ns.name,
+        &pod,
+        "InvalidImageName",
+        "Failed to apply default image tag \"BAD!\": couldn't parse image name",
+    )
+    .await;
     let done = support::wait_status(&client, &ns.name, "unstartable", T, "FailedPrecheck", |s| {
         s.phase.is_some_and(|p| p.is_terminal())
     })
@@ -390,15 +370,14 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     // The second attempt's Pod plays a kubelet that cannot pull the image.
     let second = format!("stuck-{id}-2");
     wait_pod(&client, &ns.name, &second).await;
-    let patch = serde_json::json!({"status": {"phase": "Pending", "containerStatuses": [{
-        "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
-        "state": {"waiting": {"reason": "ImagePullBackOff",
-            "message": "Back-off pulling image \"busybox\""}}
-    }]}});
-    Api::<Pod>::namespaced(client.clone(), &ns.name)
-        .patch_status(&second, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("status patch");
+    play_waiting(
+        &client,
+        &ns.name,
+        &second,
+        "ImagePullBackOff",
+        "Back-off pulling image \"busybox\"",
+    )
+    .await;
     let done = support::wait_status(&client, &ns.name, "stuck", T, "FailedNoResource", |s| {
         s.phase.is_some_and(|p| p.is_terminal())
     })
@@ -439,23 +418,10 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
         }
     }
     // A Warning Event says why the first attempt was abandoned.
-    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
-    let start = std::time::Instant::now();
-    loop {
-        let list = events.list(&ListParams::default()).await.unwrap().items;
-        let timed_out = list.iter().find(|e| {
-            e.involved_object.name.as_deref() == Some("stuck")
-                && e.reason.as_deref() == Some("LaunchTimedOut")
-        });
-        if let Some(e) = timed_out {
-            let note = e.message.clone().unwrap_or_default();
-            assert!(note.contains("no-such-node"), "{note}");
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-            break;
-        }
-        assert!(start.elapsed() < T, "no LaunchTimedOut Event");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let e = support::wait_event(&client, &ns.name, "stuck", "LaunchTimedOut", T).await;
+    let note = e.message.clone().unwrap_or_default();
+    assert!(note.contains("no-such-node"), "{note}");
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
     watch.abort();
     let seen: BTreeSet<String> = names
         .lock()
@@ -528,14 +494,7 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
     let mut ids = Vec::new();
     for name in ["evicted", "cancelled"] {
         support::create_yaml(&client, &ns.name, &on_dead_node(name)).await;
-        let id = support::wait_status(&client, &ns.name, name, T, "a job id", |s| {
-            s.job_id.is_some()
-        })
-        .await
-        .status
-        .unwrap()
-        .job_id
-        .unwrap();
+        let id = support::wait_job_id(&client, &ns.name, name, T).await;
         // Play the kubelet once: the Pod runs.
         let pod = format!("{name}-{id}-1");
         wait_pod(&client, &ns.name, &pod).await;
@@ -623,23 +582,21 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
     support::delete(&client, &ns.name, "evicted").await;
     support::wait_gone(&client, &ns.name, "evicted", T).await;
 
-    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
     let start = std::time::Instant::now();
     loop {
-        let list = events.list(&ListParams::default()).await.unwrap().items;
-        let note = |object: &str, reason: &str| {
-            list.iter()
-                .filter(|e| {
-                    e.involved_object.name.as_deref() == Some(object)
-                        && e.reason.as_deref() == Some(reason)
-                })
+        let evicted = support::events_about(&client, &ns.name, "evicted").await;
+        let cancelled = support::events_about(&client, &ns.name, "cancelled").await;
+        let note = |events: &[Event], reason: &str| {
+            events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
                 .filter_map(|e| e.message.clone())
                 .collect::<Vec<_>>()
                 .join(" | ")
         };
-        let terminating = note("evicted", "PodTerminating");
-        let recovered = note("evicted", "Recovering");
-        let cancel = note("cancelled", "Cancelled");
+        let terminating = note(&evicted, "PodTerminating");
+        let recovered = note(&evicted, "Recovering");
+        let cancel = note(&cancelled, "Cancelled");
         if terminating.contains(&first)
             && recovered.contains("force-deleted")
             && cancel.contains("force-deleted")
@@ -825,23 +782,10 @@ async fn a_status_the_api_refuses_backs_off_and_says_so() {
         support::phase_is(JobPhase::Succeeded),
     )
     .await;
-    let events = Api::<Event>::namespaced(client.clone(), &ns.name);
-    let start = std::time::Instant::now();
-    loop {
-        let list = events.list(&ListParams::default()).await.unwrap().items;
-        let reported = list.iter().find(|e| {
-            e.involved_object.name.as_deref() == Some("refused")
-                && e.reason.as_deref() == Some("StatusWriteFailed")
-        });
-        if let Some(e) = reported {
-            let note = e.message.clone().unwrap_or_default();
-            assert!(note.contains("this test refuses"), "{note}");
-            assert_eq!(e.type_.as_deref(), Some("Warning"));
-            break;
-        }
-        assert!(start.elapsed() < T, "no StatusWriteFailed Event");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let e = support::wait_event(&client, &ns.name, "refused", "StatusWriteFailed", T).await;
+    let note = e.message.clone().unwrap_or_default();
+    assert!(note.contains("this test refuses"), "{note}");
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
     // Back-off 1, 2, 4, 8... s: at most 5 more tries in 16 s (a fixed 1.3 s retry made 12).
     let before = metric(port, "managedjobs_status_write_failures_total");
     tokio::time::sleep(Duration::from_secs(16)).await;

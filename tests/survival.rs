@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobStatus};
@@ -65,26 +65,15 @@ async fn status_of(client: &Client, ns: &str, name: &str) -> ManagedJobStatus {
 }
 
 async fn event_reasons(client: &Client, ns: &str, name: &str) -> Vec<String> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
+    support::events_about(client, ns, name)
         .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .filter_map(|e| e.reason.clone())
+        .into_iter()
+        .filter_map(|e| e.reason)
         .collect()
 }
 
 async fn events_about(client: &Client, ns: &str, name: &str) -> usize {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .count()
+    support::events_about(client, ns, name).await.len()
 }
 
 #[tokio::test]

@@ -183,10 +183,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
     if deadline.is_some_and(|d| d <= cx.now_ms) {
         return Action::StopThen(t::deadline_exceeded(row));
     }
-    let sooner = |until: Option<i64>| match (until, deadline) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let sooner = |until: Option<i64>| super::earliest(until, deadline);
     match row.schedule_state {
         ScheduleState::Launching => {}
         ScheduleState::Alive if in_backoff(row) => {
@@ -341,10 +338,9 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 ));
             }
             let pod = workload.strip_prefix("pod/").unwrap_or(workload);
-            let waiting = match (reason.is_empty(), message.is_empty()) {
-                (true, true) => format!("waiting for Pod {pod} to start"),
-                (true, false) => format!("waiting for Pod {pod} to start: {message}"),
-                (false, _) => format!("waiting for Pod {pod} to start: {reason}: {message}"),
+            let waiting = match t::reason_and_message(reason, message) {
+                w if w.is_empty() => format!("waiting for Pod {pod} to start"),
+                w => format!("waiting for Pod {pod} to start: {w}"),
             };
             // The clock stopped while the Pod waited for a node starts again once it is bound.
             // A reason to wait is worth a status message at once; what a Pod that is merely slow
@@ -359,12 +355,8 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
             let show_at = quiet_over.filter(|q| *q > cx.now_ms && !message.is_empty());
-            let next = match (launch_deadline, show_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
             Action::Wait {
-                until_ms: sooner(next),
+                until_ms: sooner(super::earliest(launch_deadline, show_at)),
             }
         }
     }

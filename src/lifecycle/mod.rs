@@ -46,6 +46,11 @@ pub fn backoff(base: Duration, restart: i32) -> Duration {
     base.saturating_mul(factor).min(MAX_BACKOFF)
 }
 
+/// The earlier of two optional times (ms since epoch); None only when both are.
+pub fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    a.into_iter().chain(b).min()
+}
+
 /// Milliseconds since the Unix epoch, now (the clock of every stored time).
 pub fn now_ms() -> i64 {
     SystemTime::now()

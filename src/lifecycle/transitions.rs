@@ -432,6 +432,16 @@ pub fn waiting_to_start(row: &JobRow, message: String) -> Transition {
     Transition::new(Expect::unchanged(row), change)
 }
 
+/// `reason: message`, or whichever of the two is not empty (empty when both are): what a
+/// workload waits on, as said in messages.
+pub fn reason_and_message(reason: &str, message: &str) -> String {
+    match (reason.is_empty(), message.is_empty()) {
+        (_, true) => reason.to_string(),
+        (true, false) => message.to_string(),
+        (false, false) => format!("{reason}: {message}"),
+    }
+}
+
 /// The attempt's workload did not start within its launch deadline (`timeout`); it has been
 /// removed. The job goes back to the launch queue after a back-off (a new attempt; neither a
 /// restart nor a recovery is counted), or, at the `max_timeouts`-th timeout in a row, ends
@@ -450,11 +460,9 @@ pub fn launch_timed_out(
     backoff_base: Duration,
 ) -> Transition {
     let timeouts = row.launch_timeouts + 1;
-    let waited_on = match (reason.is_empty(), message.is_empty()) {
-        (true, true) => String::new(),
-        (false, true) => format!(" (last: {reason})"),
-        (true, false) => format!(" (last: {message})"),
-        (false, false) => format!(" (last: {reason}: {message})"),
+    let waited_on = match reason_and_message(reason, message) {
+        w if w.is_empty() => w,
+        w => format!(" (last: {w})"),
     };
     let what = format!(
         "attempt {attempt} did not start within {} s{waited_on}",

@@ -131,18 +131,14 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
                             .into_iter()
                             .filter(|r| match retries.retry_at(r.id, now_ms) {
                                 Some(at) => {
-                                    backing_off = Some(backing_off.map_or(at, |b| b.min(at)));
+                                    backing_off = crate::lifecycle::earliest(backing_off, Some(at));
                                     false
                                 }
                                 None => true,
                             })
                             .collect();
                         let (rows, later) = writable(rows, &flying, room, now_ms);
-                        let later = match (later, backing_off) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                        if let Some(at) = later {
+                        if let Some(at) = crate::lifecycle::earliest(later, backing_off) {
                             let at = now + Duration::from_millis((at - now_ms).max(0) as u64);
                             refill_at = Some(refill_at.map_or(at, |t| t.min(at)));
                         }

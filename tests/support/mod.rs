@@ -476,6 +476,60 @@ pub async fn wait_status(
     }
 }
 
+/// Waits until the operator has given the job its id, and returns it.
+pub async fn wait_job_id(client: &Client, ns: &str, name: &str, timeout: Duration) -> i64 {
+    wait_status(client, ns, name, timeout, "a job id", |s| {
+        s.job_id.is_some()
+    })
+    .await
+    .status
+    .and_then(|s| s.job_id)
+    .expect("checked")
+}
+
+/// The Events about object `name` in `ns`.
+pub async fn events_about(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Vec<k8s_openapi::api::core::v1::Event> {
+    Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .expect("listing Events")
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .collect()
+}
+
+/// Waits for an Event with `reason` about object `name`, and returns it; panics after
+/// `timeout` naming the reasons seen.
+pub async fn wait_event(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> k8s_openapi::api::core::v1::Event {
+    let start = Instant::now();
+    loop {
+        let events = events_about(client, ns, name).await;
+        let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+        {
+            return e;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{ns}/{name}: no {reason} Event within {timeout:?}; seen {reasons:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Cancels a job without deleting it (`spec.cancel: true`).
 pub async fn cancel(client: &Client, ns: &str, name: &str) {
     Api::<ManagedJob>::namespaced(client.clone(), ns)

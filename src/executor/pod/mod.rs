@@ -163,17 +163,16 @@ impl Executor for PodExecutor {
         job: &JobRow,
         attempt: i32,
     ) -> anyhow::Result<Observed> {
-        let mut observed = match store.pod_observation(job.id, attempt)? {
-            None => Observed::NotFound,
-            Some(o) => state::observed(&o),
+        let Some(o) = store.pod_observation(job.id, attempt)? else {
+            return Ok(Observed::NotFound);
         };
+        let mut observed = state::observed(&o);
         // Past its grace and margin, a terminating Pod's node decides whether it is forced.
-        if let Some(o) = store.pod_observation(job.id, attempt)?
-            && let Observed::Terminating {
-                force_at_ms: Some(at),
-                node_ready,
-                ..
-            } = &mut observed
+        if let Observed::Terminating {
+            force_at_ms: Some(at),
+            node_ready,
+            ..
+        } = &mut observed
             && *at <= crate::lifecycle::now_ms()
         {
             *node_ready = self.node_ready(&o.node).await;
@@ -218,17 +217,14 @@ impl Executor for PodExecutor {
     /// does for a node that is gone. Gone once none is left.
     async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
-        let params = if grace.is_zero() {
-            kube::api::DeleteParams {
-                grace_period_seconds: Some(0),
-                ..Default::default()
-            }
-        } else {
-            kube::api::DeleteParams::default()
-        };
         let force = kube::api::DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()
+        };
+        let params = if grace.is_zero() {
+            force.clone()
+        } else {
+            kube::api::DeleteParams::default()
         };
         let mut all_gone = true;
         let mut waiting_on = None;
@@ -239,11 +235,7 @@ impl Executor for PodExecutor {
             match api.delete(&name, &params).await.map(|r| r.left()) {
                 Ok(None) => {}
                 Ok(Some(pod)) => {
-                    let node = pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default();
+                    let node = state::node_name(&pod);
                     let on = if node.is_empty() {
                         format!("Pod {name}")
                     } else {

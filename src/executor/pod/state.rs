@@ -126,6 +126,14 @@ pub struct PodObservation {
     pub grace_seconds: Option<i64>,
 }
 
+/// The node `pod` is bound to (`spec.nodeName`), empty before it is scheduled.
+pub fn node_name(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
 /// What a Pod's state means for its attempt. `deleted` is true for a watch Delete event.
 pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObservation {
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -143,11 +151,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         reason: String::new(),
         message: String::new(),
         deleted,
-        node: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default(),
+        node: node_name(pod),
         terminating_since_ms: None,
         grace_seconds: None,
     };
@@ -311,9 +315,9 @@ fn waiting_on(
             format!("init container {} is still running", cs.name),
         ));
     }
-    let node = pod.spec.as_ref()?.node_name.as_ref()?;
+    let node = node_name(pod);
     let reported = statuses().next().is_some();
-    (!reported).then(|| {
+    (!node.is_empty() && !reported).then(|| {
         (
             String::new(),
             format!("bound to node {node}, which has not started it"),
