@@ -24,12 +24,28 @@ pub const FINALIZER: &str = "managedjobs.dev/cleanup";
 pub const LABEL_JOB_ID: &str = "managedjobs.dev/job-id";
 /// Label carrying the attempt number on every workload object (Pods).
 pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
+/// Label carrying the task's name on every Pod of a pipeline (`spec.tasks`).
+pub const LABEL_TASK: &str = "managedjobs.dev/task";
+/// Most tasks in one pipeline (`spec.tasks`).
+pub const MAX_TASKS: usize = 32;
 /// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
 pub const MAX_SCRIPT_BYTES: usize = 65_536;
 
 /// Most bytes of one `spec.env` value (the kernel takes at most 128 KiB per environment string,
 /// MAX_ARG_STRLEN; a value of 32,768 characters may be 4 times as many bytes).
 pub const MAX_ENV_VALUE_BYTES: usize = 32_768;
+
+/// Most variables in `spec.env`.
+pub const MAX_ENV_VARS: usize = 256;
+
+/// Most variables in one task's `spec.tasks[].env` (merged over `spec.env`). Lower than
+/// [`MAX_ENV_VARS`]: the API server bounds the estimated cost of each CEL rule of a CRD (by the
+/// largest input the schema allows), and a task's rules count once per possible task (32).
+pub const MAX_TASK_ENV_VARS: usize = 32;
+
+/// Most bytes of one `spec.tasks[].env` value (see [`MAX_TASK_ENV_VARS`] for why it is lower
+/// than [`MAX_ENV_VALUE_BYTES`]); a large value shared by every task belongs in `spec.env`.
+pub const MAX_TASK_ENV_VALUE_BYTES: usize = 8_192;
 
 /// Most bytes of `spec.env` names and values in all. Each value may hold 32 KiB, but 256 of them
 /// would make an 8 MiB object: past etcd's 1.5 MiB limit on a stored object (so the job's status
@@ -51,6 +67,7 @@ pub const MAX_ENV_BYTES: usize = 262_144;
     printcolumn = r#"{"name":"Job-ID","type":"integer","jsonPath":".status.jobId","description":"Id the operator's store assigned"}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase","description":"Phase of the job"}"#,
     printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".status.scheduleState","description":"Scheduler state"}"#,
+    printcolumn = r#"{"name":"Task","type":"string","jsonPath":".status.taskProgress","description":"A pipeline's current task: <number>/<count> <name>"}"#,
     printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.recoveryCount","description":"Relaunches after preemption or node loss"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Latest status message"}"#
@@ -58,7 +75,7 @@ pub const MAX_ENV_BYTES: usize = 262_144;
 #[serde(rename_all = "camelCase")]
 pub struct ManagedJobSpec {
     /// Shell script run by `sh -c` on the controller node (the local executor). Exactly one of
-    /// `run` and `template` is set.
+    /// `run`, `template` and `tasks` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
     /// Shell script run before `run` in each attempt (local executor). A non-zero exit ends the
@@ -70,7 +87,7 @@ pub struct ManagedJobSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
     /// Pod template run by the pod executor, one Pod per attempt, restartPolicy Never. Exactly
-    /// one of `run` and `template` is set.
+    /// one of `run`, `template` and `tasks` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
     /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority.
@@ -98,6 +115,73 @@ pub struct ManagedJobSpec {
     /// the object. Unset keeps it forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<i32>,
+    /// A pipeline: 1 to 32 tasks run one after another (SkyPilot's pipelines). A task starts
+    /// only after the previous one Succeeded; a failed task fails the job and the later ones
+    /// are Skipped. The job keeps one run slot for its whole life and takes a launch slot for
+    /// each task's launch. Exactly one of `run`, `template` and `tasks` is set; every task uses
+    /// the same executor. Immutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskSpec>,
+}
+
+/// One task of a pipeline (`spec.tasks[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskSpec {
+    /// Unique name within the job: a DNS label (e.g. `train`). Shown in the status, Events and
+    /// the Pods' `managedjobs.dev/task` label.
+    pub name: String,
+    /// Shell script of the task (local executor). Exactly one of `run` and `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// Shell script run before `run` in each attempt of the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+    /// Pod template of the task (pod executor). Exactly one of `run` and `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplateSpec>,
+    /// Environment of the task, merged over `spec.env` (a name here wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// The task's restart and recovery budgets; unset: `spec.recovery`. Counted per task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoverySpec>,
+    /// Seconds the task may run, counted from its first start (besides the job's own
+    /// `activeDeadlineSeconds`, counted from the job's first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
+}
+
+/// What one attempt of a job runs: the job's own `run`/`template`, or the current task of a
+/// pipeline with its environment merged over the job's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView<'a> {
+    /// Index in `spec.tasks` (0 for a job of one task).
+    pub index: usize,
+    /// Number of tasks (1 for a job of one task).
+    pub count: usize,
+    /// The task's name; None for a job of one task.
+    pub name: Option<&'a str>,
+    /// Script (local executor).
+    pub run: Option<&'a str>,
+    /// Setup script (local executor).
+    pub setup: Option<&'a str>,
+    /// Pod template (pod executor).
+    pub template: Option<&'a PodTemplateSpec>,
+    /// Environment: the job's, with the task's variables replacing or added.
+    pub env: Vec<EnvVar>,
+    /// Restart and recovery budgets of the task.
+    pub recovery: &'a RecoverySpec,
+    /// The task's own deadline, seconds from its first start (a job of one task: the job's).
+    pub active_deadline_seconds: Option<i64>,
+}
+
+impl TaskView<'_> {
+    /// `task 2/3 train` (1-based), or None for a job of one task.
+    pub fn label(&self) -> Option<String> {
+        self.name
+            .map(|n| format!("task {}/{} {n}", self.index + 1, self.count))
+    }
 }
 
 /// One environment variable of the local executor.
@@ -177,6 +261,118 @@ pub struct ManagedJobStatus {
     /// Reconciling, Ready, Stalled, Complete and Failed (metav1.Condition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// A pipeline's current (or last) task: its index in `spec.tasks`, from 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_task: Option<i32>,
+    /// A pipeline's current task as `<number>/<count> <name>`, number from 1 (e.g.
+    /// `2/3 train`): the TASK column of `kubectl get mj`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_progress: Option<String>,
+    /// A pipeline's tasks, in `spec.tasks` order: how each runs or ended. For a pipeline the
+    /// job's `restartCount` and `recoveryCount` are the sums over its tasks, and `attempt`
+    /// counts the attempts of every task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskStatus>,
+}
+
+/// How one task of a pipeline runs or ended (`status.tasks[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// The task's name (`spec.tasks[].name`).
+    pub name: String,
+    /// The task's phase.
+    pub phase: TaskPhase,
+    /// The task's current (or last) attempt, from 1; 0 before it launched.
+    #[serde(default)]
+    pub attempt: i32,
+    /// Restarts of this task after its workload failed.
+    #[serde(default)]
+    pub restart_count: i32,
+    /// Relaunches of this task after preemption or node loss.
+    #[serde(default)]
+    pub recovery_count: i32,
+    /// Exit code of the task's last attempt, once it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// CamelCase reason of the task's failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// When the task's workload first ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the task ended (or was skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// The latest sentence about the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The phase of one task of a pipeline: the job's phases (without Submitted, a job-level
+/// step) plus Skipped, for a task that never runs because an earlier one failed or the job was
+/// cancelled.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TaskPhase {
+    /// Not launched yet.
+    #[default]
+    Pending,
+    /// Launching its workload.
+    Starting,
+    /// Its workload runs.
+    Running,
+    /// Relaunching after preemption or restarting after an error.
+    Recovering,
+    /// Being stopped by a cancel.
+    Cancelling,
+    /// Its workload exited 0.
+    Succeeded,
+    /// Cancelled while it was the current task.
+    Cancelled,
+    /// Failed with its restarts spent.
+    Failed,
+    /// Its setup failed.
+    FailedSetup,
+    /// It could not be launched (refused, invalid).
+    FailedPrecheck,
+    /// Its launch was impossible within its limits.
+    FailedNoResource,
+    /// An internal error while it was current.
+    FailedController,
+    /// Never run: an earlier task failed, or the job was cancelled first.
+    Skipped,
+}
+
+impl TaskPhase {
+    /// The task phase that a job in `phase` gives its current task.
+    pub fn of_job(phase: JobPhase) -> TaskPhase {
+        match phase {
+            JobPhase::Pending | JobPhase::Submitted => TaskPhase::Pending,
+            JobPhase::Starting => TaskPhase::Starting,
+            JobPhase::Running => TaskPhase::Running,
+            JobPhase::Recovering => TaskPhase::Recovering,
+            JobPhase::Cancelling => TaskPhase::Cancelling,
+            JobPhase::Succeeded => TaskPhase::Succeeded,
+            JobPhase::Cancelled => TaskPhase::Cancelled,
+            JobPhase::Failed => TaskPhase::Failed,
+            JobPhase::FailedSetup => TaskPhase::FailedSetup,
+            JobPhase::FailedPrecheck => TaskPhase::FailedPrecheck,
+            JobPhase::FailedNoResource => TaskPhase::FailedNoResource,
+            JobPhase::FailedController => TaskPhase::FailedController,
+        }
+    }
+
+    /// True once the task can change no more: Succeeded, Cancelled, Skipped and Failed*.
+    pub fn is_terminal(self) -> bool {
+        !matches!(
+            self,
+            TaskPhase::Pending
+                | TaskPhase::Starting
+                | TaskPhase::Running
+                | TaskPhase::Recovering
+                | TaskPhase::Cancelling
+        )
+    }
 }
 
 /// The phase a user sees (DESIGN.md section 4). Terminal: Succeeded, Cancelled and the five
@@ -380,12 +576,65 @@ impl fmt::Display for ExecutorKind {
 }
 
 impl ManagedJobSpec {
-    /// The executor this spec asks for. The API server guarantees exactly one of run/template.
+    /// The executor this spec asks for. The API server guarantees exactly one of
+    /// run/template/tasks, and one executor for every task.
     pub fn executor(&self) -> ExecutorKind {
-        if self.template.is_some() {
+        let pod = match self.tasks.first() {
+            Some(task) => task.template.is_some(),
+            None => self.template.is_some(),
+        };
+        if pod {
             ExecutorKind::Pod
         } else {
             ExecutorKind::Local
+        }
+    }
+
+    /// True for a pipeline (`spec.tasks` set).
+    pub fn is_pipeline(&self) -> bool {
+        !self.tasks.is_empty()
+    }
+
+    /// Number of tasks: `spec.tasks`' length, or 1.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len().max(1)
+    }
+
+    /// The task at `index` (clamped to the last), or the job itself for a job of one task.
+    pub fn task(&self, index: usize) -> TaskView<'_> {
+        let Some(task) = self
+            .tasks
+            .get(index.min(self.tasks.len().saturating_sub(1)))
+        else {
+            return TaskView {
+                index: 0,
+                count: 1,
+                name: None,
+                run: self.run.as_deref(),
+                setup: self.setup.as_deref(),
+                template: self.template.as_ref(),
+                env: self.env.clone(),
+                recovery: &self.recovery,
+                active_deadline_seconds: self.active_deadline_seconds,
+            };
+        };
+        let mut env = self.env.clone();
+        for var in &task.env {
+            match env.iter_mut().find(|v| v.name == var.name) {
+                Some(v) => v.value = var.value.clone(),
+                None => env.push(var.clone()),
+            }
+        }
+        TaskView {
+            index: index.min(self.tasks.len() - 1),
+            count: self.tasks.len(),
+            name: Some(&task.name),
+            run: task.run.as_deref(),
+            setup: task.setup.as_deref(),
+            template: task.template.as_ref(),
+            env,
+            recovery: task.recovery.as_ref().unwrap_or(&self.recovery),
+            active_deadline_seconds: task.active_deadline_seconds,
         }
     }
 }
@@ -417,12 +666,16 @@ pub fn crd_yaml() -> String {
     out
 }
 
+/// A NUL byte cannot reach a process (argv and the environment are C strings): refused at the
+/// API, naming the field, instead of failing the job later.
+const NO_NUL: &str = "^[^\\x00]*$";
+
 fn rule(rule: &str, message: &str) -> Value {
     json!({ "rule": rule, "message": message })
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 7] = [
+    const IMMUTABLE: [&str; 8] = [
         "run",
         "setup",
         "env",
@@ -430,11 +683,18 @@ fn refine_spec_schema(spec: &mut Value) {
         "activeDeadlineSeconds",
         "launchTimeoutSeconds",
         "ttlSecondsAfterFinished",
+        "tasks",
     ];
-    let mut rules = vec![rule(
-        "has(self.run) != has(self.template)",
-        "exactly one of spec.run (local executor) and spec.template (pod executor) must be set",
-    )];
+    let mut rules = vec![
+        rule(
+            "(has(self.run) ? 1 : 0) + (has(self.template) ? 1 : 0) + (has(self.tasks) ? 1 : 0) == 1",
+            "exactly one of spec.run (local executor), spec.template (pod executor) and spec.tasks (a pipeline) must be set",
+        ),
+        rule(
+            "!has(self.tasks) || !has(self.setup)",
+            "spec.setup cannot be set with spec.tasks: give each task its own setup",
+        ),
+    ];
     for field in IMMUTABLE {
         rules.push(rule(
             &format!("has(self.{field}) == has(oldSelf.{field})"),
@@ -468,9 +728,6 @@ fn refine_spec_schema(spec: &mut Value) {
         );
         props[field]["x-kubernetes-validations"] = json!([rule("self == oldSelf", &message)]);
     }
-    // A NUL byte cannot reach a process (argv and the environment are C strings): refuse it at
-    // the API, naming the field, instead of failing the job later.
-    const NO_NUL: &str = "^[^\\x00]*$";
     // Lengths are in characters for the schema, in bytes for the kernel (one argument or
     // environment string is at most 128 KiB, MAX_ARG_STRLEN): the byte bounds are CEL rules.
     for field in ["run", "setup"] {
@@ -493,39 +750,109 @@ fn refine_spec_schema(spec: &mut Value) {
     props["launchTimeoutSeconds"]["minimum"] = json!(1);
     props["ttlSecondsAfterFinished"]["minimum"] = json!(0);
 
-    let env = &mut props["env"];
-    env["maxItems"] = json!(256);
+    refine_env(
+        &mut props["env"],
+        "spec.env",
+        MAX_ENV_VARS,
+        MAX_ENV_VALUE_BYTES,
+    );
+    refine_recovery(&mut props["recovery"]);
+    props["recovery"]["default"] = json!({});
+    props["template"] = pod_template_schema("spec.template");
+    refine_tasks(&mut props["tasks"]);
+}
+
+fn refine_env(env: &mut Value, field: &str, max_items: usize, max_value_bytes: usize) {
+    env["maxItems"] = json!(max_items);
     env["x-kubernetes-list-type"] = json!("map");
     env["x-kubernetes-list-map-keys"] = json!(["name"]);
     let item = &mut env["items"];
     item["required"] = json!(["name"]);
     item["properties"]["name"]["pattern"] = json!("^[A-Za-z_][A-Za-z0-9_]*$");
     item["properties"]["name"]["maxLength"] = json!(256);
-    item["properties"]["value"]["maxLength"] = json!(MAX_ENV_VALUE_BYTES);
+    item["properties"]["value"]["maxLength"] = json!(max_value_bytes);
     item["properties"]["value"]["pattern"] = json!(NO_NUL);
     item["properties"]["value"]["x-kubernetes-validations"] = json!([rule(
-        &format!("size(bytes(self)) <= {MAX_ENV_VALUE_BYTES}"),
-        &format!("spec.env[].value holds more than {MAX_ENV_VALUE_BYTES} bytes"),
+        &format!("size(bytes(self)) <= {max_value_bytes}"),
+        &format!("{field}[].value holds more than {max_value_bytes} bytes"),
     )]);
+}
 
-    let recovery = &mut props["recovery"];
-    recovery["default"] = json!({});
+fn refine_recovery(recovery: &mut Value) {
     recovery["properties"]["maxRestartsOnErrors"]["minimum"] = json!(0);
     recovery["properties"]["maxRestartsOnErrors"]["maximum"] = json!(1000);
     recovery["properties"]["maxRestartsOnErrors"]["default"] = json!(0);
     recovery["properties"]["maxRecoveries"]["minimum"] = json!(0);
     recovery["required"] = json!([]);
     recovery.as_object_mut().unwrap().remove("required");
+}
 
-    props["template"] = pod_template_schema();
+/// `spec.tasks`: 1..32 uniquely named tasks (a list map keyed by name: the API server refuses a
+/// duplicate name), each with exactly one of run/template, all on one executor; immutable.
+fn refine_tasks(tasks: &mut Value) {
+    tasks["minItems"] = json!(1);
+    tasks["maxItems"] = json!(MAX_TASKS);
+    tasks["x-kubernetes-list-type"] = json!("map");
+    tasks["x-kubernetes-list-map-keys"] = json!(["name"]);
+    tasks["x-kubernetes-validations"]
+        .as_array_mut()
+        .expect("set with the immutable fields")
+        .push(rule(
+            "self.all(t, has(t.run)) || self.all(t, has(t.template))",
+            "spec.tasks must all use one executor: every task sets run (local) or every task sets template (pod)",
+        ));
+    let item = &mut tasks["items"];
+    item["required"] = json!(["name"]);
+    item["x-kubernetes-validations"] = json!([
+        rule(
+            "has(self.run) != has(self.template)",
+            "each of spec.tasks must set exactly one of run (local executor) and template (pod executor)",
+        ),
+        rule(
+            &format!(
+                "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(bytes(e.value)) : 0)).sum() <= {MAX_ENV_BYTES}"
+            ),
+            &format!(
+                "spec.tasks[].env holds more than {MAX_ENV_BYTES} bytes of names and values in all"
+            ),
+        ),
+    ]);
+    let props = &mut item["properties"];
+    props["name"]["pattern"] = json!("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+    props["name"]["maxLength"] = json!(63);
+    props["name"]["description"] = json!(
+        "Unique name within the job: a DNS label (lowercase letters, digits and '-', at most 63 characters)."
+    );
+    for field in ["run", "setup"] {
+        props[field]["minLength"] = json!(1);
+        props[field]["maxLength"] = json!(MAX_SCRIPT_BYTES);
+        props[field]["pattern"] = json!(NO_NUL);
+        props[field]["x-kubernetes-validations"] = json!([rule(
+            &format!("size(bytes(self)) <= {MAX_SCRIPT_BYTES}"),
+            &format!("spec.tasks[].{field} holds more than {MAX_SCRIPT_BYTES} bytes"),
+        )]);
+    }
+    props["activeDeadlineSeconds"]["minimum"] = json!(1);
+    refine_env(
+        &mut props["env"],
+        "spec.tasks[].env",
+        MAX_TASK_ENV_VARS,
+        MAX_TASK_ENV_VALUE_BYTES,
+    );
+    refine_recovery(&mut props["recovery"]);
+    props["template"] = pod_template_schema("spec.tasks[].template");
+    props["template"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("x-kubernetes-validations");
 }
 
 /// A trimmed PodTemplateSpec schema: the full upstream schema would push the CRD past the 256 KiB
 /// client-side-apply annotation limit, so the Pod spec is kept open (`x-kubernetes-preserve-unknown-fields`)
 /// and only what the operator relies on is checked here; the rest is checked when the Pod is created.
-fn pod_template_schema() -> Value {
+fn pod_template_schema(field: &str) -> Value {
     json!({
-        "description": "Pod template run by the pod executor, one Pod per attempt (restartPolicy Never). Exactly one of run and template is set.",
+        "description": "Pod template run by the pod executor, one Pod per attempt (restartPolicy Never). Exactly one of run, template and tasks is set.",
         "type": "object",
         "x-kubernetes-validations": [rule(
             "self == oldSelf",
@@ -560,7 +887,7 @@ fn pod_template_schema() -> Value {
                 },
                 "x-kubernetes-validations": [rule(
                     "!has(self.restartPolicy) || self.restartPolicy == 'Never'",
-                    "spec.template.spec.restartPolicy must be Never (or unset): the operator itself restarts (maxRestartsOnErrors) and recovers (maxRecoveries) the job",
+                    &format!("{field}.spec.restartPolicy must be Never (or unset): the operator itself restarts (maxRestartsOnErrors) and recovers (maxRecoveries) the job"),
                 )],
             },
         },
@@ -573,12 +900,13 @@ fn pod_template_schema() -> Value {
 /// Used when the CRD was installed without our rules (e.g. an older copy): the operator then fails
 /// the one job with FailedPrecheck instead of acting on bad input.
 pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
-    match (&spec.run, &spec.template) {
-        (Some(_), Some(_)) | (None, None) => {
-            return Err("exactly one of spec.run and spec.template must be set".into());
-        }
-        (Some(run), None) if run.is_empty() => return Err("spec.run must not be empty".into()),
-        _ => {}
+    let set = [
+        spec.run.is_some(),
+        spec.template.is_some(),
+        spec.is_pipeline(),
+    ];
+    if set.iter().filter(|s| **s).count() != 1 {
+        return Err("exactly one of spec.run, spec.template and spec.tasks must be set".into());
     }
     if !(-1000..=1000).contains(&spec.priority) {
         return Err(format!(
@@ -586,78 +914,172 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
             spec.priority
         ));
     }
-    if spec.recovery.max_restarts_on_errors < 0 {
-        return Err("spec.recovery.maxRestartsOnErrors must be >= 0".into());
-    }
-    if spec.recovery.max_recoveries.is_some_and(|n| n < 0) {
-        return Err("spec.recovery.maxRecoveries must be >= 0".into());
-    }
     if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
         return Err("spec.activeDeadlineSeconds must be >= 1".into());
     }
     if spec.launch_timeout_seconds.is_some_and(|s| s < 1) {
         return Err("spec.launchTimeoutSeconds must be >= 1".into());
     }
-    for (field, script) in [("spec.run", &spec.run), ("spec.setup", &spec.setup)] {
+    if spec.is_pipeline() {
+        if spec.setup.is_some() {
+            return Err(
+                "spec.setup cannot be set with spec.tasks: give each task its own setup".into(),
+            );
+        }
+        if spec.tasks.len() > MAX_TASKS {
+            return Err(format!(
+                "spec.tasks holds {} tasks, more than {MAX_TASKS}",
+                spec.tasks.len()
+            ));
+        }
+        let pods = spec.tasks.iter().filter(|t| t.template.is_some()).count();
+        if pods != 0 && pods != spec.tasks.len() {
+            return Err("spec.tasks must all use one executor: every task sets run (local) or every task sets template (pod)".into());
+        }
+        for (i, task) in spec.tasks.iter().enumerate() {
+            if !is_dns_label(&task.name) {
+                return Err(format!(
+                    "spec.tasks[{i}].name {:?} is not a DNS label (lowercase letters, digits and '-', at most 63 characters)",
+                    task.name
+                ));
+            }
+            if spec.tasks[..i].iter().any(|t| t.name == task.name) {
+                return Err(format!(
+                    "spec.tasks[{i}].name {:?} is used by an earlier task",
+                    task.name
+                ));
+            }
+            if task.run.is_some() == task.template.is_some() {
+                return Err(format!(
+                    "spec.tasks[{i}] must set exactly one of run and template"
+                ));
+            }
+            if task.env.len() > MAX_TASK_ENV_VARS {
+                return Err(format!(
+                    "spec.tasks[{i}].env holds {} variables, more than {MAX_TASK_ENV_VARS}",
+                    task.env.len()
+                ));
+            }
+            if let Some(var) = task
+                .env
+                .iter()
+                .find(|v| v.value.len() > MAX_TASK_ENV_VALUE_BYTES)
+            {
+                return Err(format!(
+                    "spec.tasks[{i}].env value of {} holds {} bytes, more than {MAX_TASK_ENV_VALUE_BYTES}",
+                    var.name,
+                    var.value.len()
+                ));
+            }
+            if task.active_deadline_seconds.is_some_and(|s| s < 1) {
+                return Err(format!(
+                    "spec.tasks[{i}].activeDeadlineSeconds must be >= 1"
+                ));
+            }
+            validate_task(&spec.task(i), &format!("spec.tasks[{i}]"))?;
+        }
+        return Ok(());
+    }
+    validate_task(&spec.task(0), "spec")
+}
+
+/// The checks of one task (or of a job of one task), naming fields under `at` (`spec` or
+/// `spec.tasks[i]`).
+fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
+    if task.run.is_some_and(str::is_empty) {
+        return Err(format!("{at}.run must not be empty"));
+    }
+    if task.recovery.max_restarts_on_errors < 0 {
+        return Err(format!("{at}.recovery.maxRestartsOnErrors must be >= 0"));
+    }
+    if task.recovery.max_recoveries.is_some_and(|n| n < 0) {
+        return Err(format!("{at}.recovery.maxRecoveries must be >= 0"));
+    }
+    for (field, script) in [("run", task.run), ("setup", task.setup)] {
         if let Some(s) = script
             && s.len() > MAX_SCRIPT_BYTES
         {
             return Err(format!(
-                "{field} holds {} bytes, more than {MAX_SCRIPT_BYTES}",
+                "{at}.{field} holds {} bytes, more than {MAX_SCRIPT_BYTES}",
                 s.len()
             ));
         }
-        if script.as_deref().is_some_and(|s| s.contains('\0')) {
+        if script.is_some_and(|s| s.contains('\0')) {
             return Err(format!(
-                "{field} contains a NUL byte, which no process can receive"
+                "{at}.{field} contains a NUL byte, which no process can receive"
             ));
         }
     }
-    let env_bytes: usize = spec.env.iter().map(|v| v.name.len() + v.value.len()).sum();
+    // For a task, its environment merged over the job's: what its process receives.
+    let env_field = if at == "spec" {
+        "spec.env"
+    } else {
+        "spec.env with spec.tasks[].env"
+    };
+    let env_bytes: usize = task.env.iter().map(|v| v.name.len() + v.value.len()).sum();
     if env_bytes > MAX_ENV_BYTES {
         return Err(format!(
-            "spec.env holds {env_bytes} bytes of names and values, more than {MAX_ENV_BYTES} in all"
+            "{env_field} holds {env_bytes} bytes of names and values, more than {MAX_ENV_BYTES} in all"
         ));
     }
-    for (i, var) in spec.env.iter().enumerate() {
+    for (i, var) in task.env.iter().enumerate() {
+        // The merged environment has no index of its own in the spec: name the variable.
+        let field = if at == "spec" {
+            format!("spec.env[{i}]")
+        } else {
+            format!("{env_field} (variable {})", var.name)
+        };
         if !is_shell_identifier(&var.name) {
             return Err(format!(
-                "spec.env[{i}].name {:?} is not a valid variable name",
+                "{field}.name {:?} is not a valid variable name",
                 var.name
             ));
         }
         if var.value.len() > MAX_ENV_VALUE_BYTES {
             return Err(format!(
-                "spec.env[{i}].value (variable {}) holds {} bytes, more than {MAX_ENV_VALUE_BYTES}",
+                "{field}.value (variable {}) holds {} bytes, more than {MAX_ENV_VALUE_BYTES}",
                 var.name,
                 var.value.len()
             ));
         }
         if var.value.contains('\0') {
             return Err(format!(
-                "spec.env[{i}].value (variable {}) contains a NUL byte, which no process can receive",
+                "{field}.value (variable {}) contains a NUL byte, which no process can receive",
                 var.name
             ));
         }
     }
-    if let Some(template) = &spec.template {
+    if let Some(template) = task.template {
         let containers = template
             .spec
             .as_ref()
             .map(|s| s.containers.len())
             .unwrap_or(0);
         if containers == 0 {
-            return Err("spec.template.spec.containers must hold at least one container".into());
+            return Err(format!(
+                "{at}.template.spec.containers must hold at least one container"
+            ));
         }
         let policy = template
             .spec
             .as_ref()
             .and_then(|s| s.restart_policy.as_deref());
         if policy.is_some_and(|p| p != "Never") {
-            return Err("spec.template.spec.restartPolicy must be Never".into());
+            return Err(format!("{at}.template.spec.restartPolicy must be Never"));
         }
     }
     Ok(())
+}
+
+/// True for an RFC 1123 DNS label: 1..63 of `[a-z0-9-]`, alphanumeric at both ends.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 fn is_shell_identifier(name: &str) -> bool {

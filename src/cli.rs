@@ -133,6 +133,9 @@ pub struct QueueArgs {
     /// Also show finished jobs.
     #[arg(long, short)]
     pub all: bool,
+    /// Also show one line per task of each pipeline.
+    #[arg(long)]
+    pub tasks: bool,
 }
 
 /// Flags of `managed-jobs logs`.
@@ -143,6 +146,10 @@ pub struct LogsArgs {
     /// Print the job controller process's log instead of the workload's.
     #[arg(long)]
     pub controller: bool,
+    /// A pipeline's task (its name, or its index from 0): print only that task's output. A
+    /// pipeline's log without it holds every task's output, in order, each under a header.
+    #[arg(long)]
+    pub task: Option<String>,
     /// State dir of the operator.
     #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
     pub state_dir: PathBuf,
@@ -242,8 +249,8 @@ fn human_duration(ms: i64) -> String {
     }
 }
 
-/// Renders the `queue` table.
-pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
+/// Renders the `queue` table; `tasks` adds a line per task of each pipeline.
+pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<String> {
     let usage = store.slot_usage()?;
     let caps = match store.settings()?.caps {
         Some(c) => format!("launch={},run={}", c.launch, c.run),
@@ -254,11 +261,12 @@ pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
         usage.launching, usage.alive, usage.waiting
     );
     out.push_str(&format!(
-        "{:>6}  {:<40} {:<16} {:<12} {:>4} {:>4}  {:<20} {:>8}  {}\n",
+        "{:>6}  {:<40} {:<16} {:<12} {:<16} {:>4} {:>4}  {:<20} {:>8}  {}\n",
         "ID",
         "NAMESPACE/NAME",
         "PHASE",
         "SCHEDULE",
+        "TASK",
         "REC",
         "RST",
         "SUBMITTED",
@@ -279,18 +287,43 @@ pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
             .started_at_ms
             .map(|s| human_duration(r.finished_at_ms.unwrap_or(now) - s))
             .unwrap_or_else(|| "-".into());
+        let (restarts, recoveries) = crate::lifecycle::tasks::totals(&r);
         out.push_str(&format!(
-            "{:>6}  {:<40} {:<16} {:<12} {:>4} {:>4}  {:<20} {:>8}  {}\n",
+            "{:>6}  {:<40} {:<16} {:<12} {:<16} {:>4} {:>4}  {:<20} {:>8}  {}\n",
             r.id,
             r.key(),
             r.phase.as_str(),
             r.schedule_state.as_str(),
-            r.recovery_count,
-            r.restart_count,
+            crate::lifecycle::tasks::progress(&r).unwrap_or_else(|| "-".into()),
+            recoveries,
+            restarts,
             submitted,
             duration,
             r.message
         ));
+        if tasks {
+            for (i, t) in r.tasks.iter().enumerate() {
+                let duration = match (&t.started_at, &t.finished_at) {
+                    (Some(s), f) => human_duration(
+                        f.as_ref().map_or(now, |f| f.0.as_millisecond()) - s.0.as_millisecond(),
+                    ),
+                    _ => "-".into(),
+                };
+                out.push_str(&format!(
+                    "{:>6}  {:<40} {:<16} {:<12} {:<16} {:>4} {:>4}  {:<20} {:>8}  {}\n",
+                    "",
+                    format!("  {}/{} {}", i + 1, r.tasks.len(), t.name),
+                    format!("{:?}", t.phase),
+                    "",
+                    format!("attempt {}", t.attempt),
+                    t.recovery_count,
+                    t.restart_count,
+                    "",
+                    duration,
+                    t.message.as_deref().unwrap_or("")
+                ));
+            }
+        }
     }
     Ok(out)
 }
@@ -298,7 +331,7 @@ pub fn queue_table(store: &Store, all: bool) -> anyhow::Result<String> {
 /// `managed-jobs queue`.
 pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
     let store = open_existing(&args.state_dir)?;
-    print!("{}", queue_table(&store, args.all)?);
+    print!("{}", queue_table(&store, args.all, args.tasks)?);
     Ok(())
 }
 
@@ -317,16 +350,104 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
         }
     };
     let dir = StateDir::new(&args.state_dir);
-    let path = if args.controller {
-        dir.controller_log(row.id)
-    } else {
-        dir.workload_log(row.id)
-    };
-    let text = std::fs::read(&path)
-        .with_context(|| format!("job {} has no log at {} yet", row.id, path.display()))?;
     use std::io::Write as _;
-    std::io::stdout().write_all(&text)?;
+    if args.controller {
+        let path = dir.controller_log(row.id);
+        let text = std::fs::read(&path)
+            .with_context(|| format!("job {} has no log at {} yet", row.id, path.display()))?;
+        std::io::stdout().write_all(&text)?;
+        return Ok(());
+    }
+    let task = match &args.task {
+        None => None,
+        Some(_) if !row.spec.is_pipeline() => {
+            anyhow::bail!("job {} is not a pipeline (it has no spec.tasks)", row.key())
+        }
+        Some(t) => Some(task_index(&row, t)?),
+    };
+    if row.executor == ExecutorKind::Pod {
+        print!("{}", pod_logs_hint(&row, task));
+        return Ok(());
+    }
+    if !row.spec.is_pipeline() {
+        let path = dir.workload_log(row.id);
+        let text = std::fs::read(&path)
+            .with_context(|| format!("job {} has no log at {} yet", row.id, path.display()))?;
+        std::io::stdout().write_all(&text)?;
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    for (i, t) in row.spec.tasks.iter().enumerate() {
+        if task.is_some_and(|k| k != i) {
+            continue;
+        }
+        let text = std::fs::read(dir.task_log(row.id, i)).ok();
+        if task.is_some() {
+            match text {
+                Some(text) => out.write_all(&text)?,
+                None => anyhow::bail!(
+                    "task {} of job {} has no log yet (it has not run)",
+                    t.name,
+                    row.key()
+                ),
+            }
+        } else if let Some(text) = text {
+            writeln!(
+                out,
+                "==> task {}/{} {} <==",
+                i + 1,
+                row.spec.tasks.len(),
+                t.name
+            )?;
+            out.write_all(&text)?;
+        }
+    }
     Ok(())
+}
+
+/// The index of the task `which` (a name, or an index from 0) of `row`'s pipeline.
+fn task_index(row: &JobRow, which: &str) -> anyhow::Result<usize> {
+    if let Some(i) = row.spec.tasks.iter().position(|t| t.name == which) {
+        return Ok(i);
+    }
+    match which.parse::<usize>() {
+        Ok(i) if i < row.spec.tasks.len() => Ok(i),
+        _ => {
+            let names: Vec<&str> = row.spec.tasks.iter().map(|t| t.name.as_str()).collect();
+            anyhow::bail!(
+                "job {} has no task {which:?} (its tasks: {})",
+                row.key(),
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// A pod job's output is its Pods' logs: the `kubectl logs` command for the last attempt of
+/// each task (or of `task`), or of the job.
+fn pod_logs_hint(row: &JobRow, task: Option<usize>) -> String {
+    use crate::executor::pod;
+    let ns = &row.namespace;
+    if !row.spec.is_pipeline() {
+        if row.launched_attempt == 0 {
+            return format!("job {} has not launched a Pod yet\n", row.key());
+        }
+        let name = pod::pod_name(&row.name, row.id, row.attempt.max(1));
+        return format!("kubectl logs -n {ns} {name}\n");
+    }
+    let mut out = String::new();
+    for (i, t) in row.tasks.iter().enumerate() {
+        if task.is_some_and(|k| k != i) {
+            continue;
+        }
+        if t.attempt == 0 {
+            out.push_str(&format!("# task {} has not launched a Pod\n", t.name));
+        } else {
+            let name = pod::task_pod_name(row, i, t.attempt);
+            out.push_str(&format!("kubectl logs -n {ns} {name}  # task {}\n", t.name));
+        }
+    }
+    out
 }
 
 /// Seconds (float) to a duration, refusing negatives.

@@ -99,6 +99,11 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "PodTerminating",
                 t.message.as_str().into(),
             )),
+            (Reason::TaskSucceeded, _) => events.push(event(
+                EventType::Normal,
+                "TaskSucceeded",
+                t.message.as_str().into(),
+            )),
             (Reason::LaunchTimedOut, _) => events.push(event(
                 EventType::Warning,
                 "LaunchTimedOut",

@@ -69,6 +69,12 @@ impl StateDir {
         self.logs_dir().join(format!("{job_id}.workload.log"))
     }
 
+    /// Output of task `task` (index from 0) of a local pipeline (every attempt, appended).
+    pub fn task_log(&self, job_id: i64, task: usize) -> PathBuf {
+        self.logs_dir()
+            .join(format!("{job_id}.task-{task}.workload.log"))
+    }
+
     /// Folder of locks and exit files.
     pub fn run_dir(&self) -> PathBuf {
         self.root.join("run")
@@ -96,6 +102,9 @@ impl StateDir {
         let _ = std::fs::remove_dir_all(self.work_dir(job_id));
         let _ = std::fs::remove_file(self.controller_log(job_id));
         let _ = std::fs::remove_file(self.workload_log(job_id));
+        for task in 0..crate::api::MAX_TASKS {
+            let _ = std::fs::remove_file(self.task_log(job_id, task));
+        }
         let _ = std::fs::remove_file(self.job_lock(job_id));
         for attempt in 1..=attempts.max(0) {
             let _ = std::fs::remove_file(self.exit_file(job_id, attempt));

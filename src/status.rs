@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
 use crate::api::{JobPhase, ManagedJobStatus};
+use crate::lifecycle::tasks;
 use crate::store::JobRow;
 
 fn time(ms: i64) -> Time {
@@ -74,6 +75,7 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
 
 /// The status a row stands for.
 pub fn status(row: &JobRow) -> ManagedJobStatus {
+    let totals = tasks::totals(row);
     ManagedJobStatus {
         job_id: Some(row.id),
         phase: Some(row.phase),
@@ -84,13 +86,16 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         started_at: row.started_at_ms.map(time),
         finished_at: row.finished_at_ms.map(time),
         attempt: row.attempt,
-        recovery_count: row.recovery_count,
-        restart_count: row.restart_count,
+        recovery_count: totals.1,
+        restart_count: totals.0,
         exit_code: row.exit_code,
         failure_reason: row.failure_reason.clone(),
         workload: row.workload.clone(),
         observed_generation: Some(row.generation),
         conditions: conditions(row),
+        current_task: row.spec.is_pipeline().then_some(row.task_index),
+        task_progress: tasks::progress(row),
+        tasks: row.tasks.clone(),
     }
 }
 

@@ -71,7 +71,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState};
+use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState, TaskPhase, TaskSpec};
 use managed_jobs::capacity::Caps;
 use managed_jobs::capacity::SlotUsage;
 use managed_jobs::executor::Outcome;
@@ -114,6 +114,24 @@ fn spec(priority: i32) -> ManagedJobSpec {
     ManagedJobSpec {
         run: Some("true".into()),
         priority,
+        ..Default::default()
+    }
+}
+
+/// A job of one task (`tasks` 0) or a pipeline of `tasks` tasks.
+fn spec_with(priority: i32, tasks: usize) -> ManagedJobSpec {
+    if tasks == 0 {
+        return spec(priority);
+    }
+    ManagedJobSpec {
+        priority,
+        tasks: (0..tasks)
+            .map(|i| TaskSpec {
+                name: format!("t{i}"),
+                run: Some("true".into()),
+                ..Default::default()
+            })
+            .collect(),
         ..Default::default()
     }
 }
@@ -171,13 +189,19 @@ enum Mutation {
     /// The back-off's end moves the job straight to Launching, taking a launch slot without a
     /// scheduling pass (the launch cap no longer holds).
     BackoffSkipsTheQueue,
+    /// A pipeline's failed task (restarts spent) lets the next task start instead of failing
+    /// the job.
+    FailedTaskMovesOn,
+    /// A pipeline's next task launches at once, without waiting for a launch slot.
+    NextTaskSkipsTheQueue,
 }
 
 /// One step of the random sequence. `usize` arguments pick the k-th (mod len) eligible job.
 #[derive(Clone, Debug)]
 enum Op {
-    /// A ManagedJob is applied (operator: `Store::upsert`).
-    Submit { priority: i32 },
+    /// A ManagedJob is applied (operator: `Store::upsert`): a job of one task (`tasks` 0) or a
+    /// pipeline of `tasks` tasks.
+    Submit { priority: i32, tasks: usize },
     /// A controller's launch of a Launching job ends: Starting, then Running + Alive.
     LaunchDone(usize),
     /// A controller's launch fails (e.g. precheck): FailedPrecheck + Done.
@@ -226,7 +250,8 @@ enum Op {
 fn op_strategy() -> BoxedStrategy<Op> {
     let k = || 0usize..16;
     prop_oneof![
-        8 => (-2i32..=2).prop_map(|priority| Op::Submit { priority }),
+        8 => (-2i32..=2, prop::sample::select(vec![0usize, 0, 1, 2, 3]))
+            .prop_map(|(priority, tasks)| Op::Submit { priority, tasks }),
         8 => k().prop_map(Op::LaunchDone),
         1 => k().prop_map(Op::LaunchFail),
         4 => (k(), any::<bool>()).prop_map(|(i, ok)| Op::Finish(i, ok)),
@@ -295,6 +320,10 @@ struct Model {
     flying: HashMap<i64, (usize, i64)>,
     /// The bug re-introduced, if any.
     mutation: Option<Mutation>,
+    /// The next task of the pipeline whose workload is ending ([`Mutation::FailedTaskMovesOn`]).
+    task_after_failure: Option<i32>,
+    /// The highest task index seen of each pipeline.
+    task_seen: HashMap<i64, i32>,
 }
 
 /// What a run exercised (see [`the_model_reaches_the_interesting_cases`]).
@@ -314,6 +343,10 @@ struct Stats {
     conflicts: usize,
     /// Jobs resumed by the start-up sweep (dead or missing controller).
     resumed_at_restart: usize,
+    /// Pipelines that moved to their next task.
+    task_moves: usize,
+    /// Tasks skipped after a failed one.
+    tasks_skipped: usize,
 }
 
 impl Stats {
@@ -325,6 +358,8 @@ impl Stats {
         self.new_left_waiting += o.new_left_waiting;
         self.conflicts += o.conflicts;
         self.resumed_at_restart += o.resumed_at_restart;
+        self.task_moves += o.task_moves;
+        self.tasks_skipped += o.tasks_skipped;
     }
 }
 
@@ -348,6 +383,8 @@ impl Model {
             in_flight: Vec::new(),
             flying: HashMap::new(),
             mutation: None,
+            task_after_failure: None,
+            task_seen: HashMap::new(),
         }
     }
 
@@ -372,6 +409,17 @@ impl Model {
                 t.change.schedule = None;
             }
             (Some(Mutation::BackoffSkipsTheQueue), Reason::WaitingForLaunchSlot) => {
+                t.change.schedule = Some(ScheduleState::Launching);
+            }
+            (Some(Mutation::FailedTaskMovesOn), Reason::Failed)
+                if t.change.phase == Some(JobPhase::Failed) && t.change.exit_code.is_some() =>
+            {
+                t.change.reason = Reason::TaskSucceeded;
+                t.change.phase = Some(JobPhase::Starting);
+                t.change.schedule = Some(ScheduleState::AliveWaiting);
+                t.change.task_index = self.task_after_failure;
+            }
+            (Some(Mutation::NextTaskSkipsTheQueue), Reason::TaskSucceeded) => {
                 t.change.schedule = Some(ScheduleState::Launching);
             }
             _ => {}
@@ -503,7 +551,7 @@ impl Model {
 
     // ---- operator side -------------------------------------------------------------------
 
-    fn submit(&mut self, priority: i32) -> TestResult {
+    fn submit(&mut self, priority: i32, tasks: usize) -> TestResult {
         self.next_uid += 1;
         let n = self.next_uid;
         let up = self
@@ -513,7 +561,7 @@ impl Model {
                 "ns",
                 &format!("job-{n}"),
                 1,
-                &spec(priority),
+                &spec_with(priority, tasks),
             )
             .expect("upsert");
         prop_assert!(up.inserted);
@@ -560,9 +608,11 @@ impl Model {
     fn reprioritize(&mut self, id: i64, priority: i32) -> TestResult {
         let before = self.get(id);
         let generation = self.generation[&id] + 1;
+        let mut spec = before.spec.clone();
+        spec.priority = priority;
         let up = self
             .store
-            .upsert(&before.uid, "ns", &before.name, generation, &spec(priority))
+            .upsert(&before.uid, "ns", &before.name, generation, &spec)
             .expect("upsert");
         prop_assert!(!up.inserted);
         prop_assert_eq!(up.row.id, id);
@@ -579,15 +629,12 @@ impl Model {
 
     fn reapply(&mut self, id: i64) -> TestResult {
         let before = self.get(id);
+        // The object as it is now: its spec with the priority last applied.
+        let mut spec = before.spec.clone();
+        spec.priority = before.priority;
         let up = self
             .store
-            .upsert(
-                &before.uid,
-                "ns",
-                &before.name,
-                self.generation[&id],
-                &spec(before.priority),
-            )
+            .upsert(&before.uid, "ns", &before.name, self.generation[&id], &spec)
             .expect("upsert");
         prop_assert!(!up.inserted, "a re-delivered object must not insert a job");
         prop_assert_eq!(
@@ -657,7 +704,7 @@ impl Model {
             return Ok(());
         }
         match *op {
-            Op::Submit { priority } => self.submit(priority)?,
+            Op::Submit { priority, tasks } => self.submit(priority, tasks)?,
             Op::Cancel(k) => {
                 if let Some(row) = self.pick(k, |_| true) {
                     self.cancel(row.id)?;
@@ -892,6 +939,8 @@ impl Model {
         restarts_left: bool,
     ) -> Result<bool, TestCaseError> {
         let read = self.read_while_running(id, restarts_left);
+        self.task_after_failure =
+            ((read.task_index as usize) + 1 < read.spec.tasks.len()).then_some(read.task_index + 1);
         let action = lifecycle::next_action(
             &read,
             Some(&Observed::Ended(outcome)),
@@ -917,7 +966,35 @@ impl Model {
                 detail: None,
             }
         };
-        self.workload_ended(id, outcome, false)?;
+        let read = self.get(id);
+        if self.workload_ended(id, outcome, false)? {
+            // A pipeline moves to its next task only after a success; anything else ends it.
+            let row = self.get(id);
+            let next = success && (read.task_index as usize) + 1 < read.spec.tasks.len();
+            if next {
+                prop_assert_eq!(row.task_index, read.task_index + 1);
+                prop_assert_eq!(
+                    (row.phase, row.schedule_state),
+                    (JobPhase::Starting, ScheduleState::AliveWaiting),
+                    "job {}: the next task waits for a launch slot, keeping the run slot",
+                    id
+                );
+                self.stats.task_moves += 1;
+            } else {
+                prop_assert_eq!(row.task_index, read.task_index);
+                prop_assert_eq!(row.schedule_state, ScheduleState::Done);
+                let want = if success {
+                    JobPhase::Succeeded
+                } else {
+                    JobPhase::Failed
+                };
+                prop_assert_eq!(row.phase, want);
+                if !success && read.spec.is_pipeline() {
+                    self.stats.tasks_skipped +=
+                        read.spec.tasks.len() - 1 - read.task_index as usize;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1382,6 +1459,76 @@ impl Model {
                 self.done.entry(r.id).or_insert(r.phase);
             }
         }
+        // 9. Pipelines: one row (one run slot) per job; its tasks run one at a time and in
+        //    order; a task after a failed or cancelled one is Skipped.
+        let uids: HashSet<&str> = rows.iter().map(|r| r.uid.as_str()).collect();
+        prop_assert_eq!(uids.len(), rows.len(), "a job holds two rows");
+        for r in rows.iter().filter(|r| r.spec.is_pipeline()) {
+            self.check_pipeline(r)?;
+        }
+        Ok(())
+    }
+
+    fn check_pipeline(&mut self, r: &JobRow) -> TestResult {
+        let n = r.spec.tasks.len();
+        let i = r.task_index as usize;
+        prop_assert!(i < n, "job {}: task {} of {}", r.id, i, n);
+        prop_assert_eq!(r.tasks.len(), n, "job {}: one record per task", r.id);
+        let seen = self.task_seen.insert(r.id, r.task_index).unwrap_or(0);
+        prop_assert!(
+            r.task_index == seen || r.task_index == seen + 1,
+            "job {}: moved from task {} to task {}",
+            r.id,
+            seen,
+            r.task_index
+        );
+        if i > 0 && r.schedule_state != ScheduleState::Done {
+            prop_assert!(
+                is_live(r.schedule_state),
+                "job {}: between tasks it keeps its run slot, not {}",
+                r.id,
+                r.schedule_state
+            );
+        }
+        let active = r
+            .tasks
+            .iter()
+            .filter(|t| !t.phase.is_terminal() && t.phase != TaskPhase::Pending)
+            .count();
+        prop_assert!(active <= 1, "job {}: {} tasks active at once", r.id, active);
+        for (j, t) in r.tasks.iter().enumerate() {
+            let want: Option<TaskPhase> = if j < i {
+                Some(TaskPhase::Succeeded)
+            } else if j == i {
+                None
+            } else if r.schedule_state == ScheduleState::Done {
+                prop_assert!(
+                    r.phase != JobPhase::Succeeded,
+                    "job {} Succeeded at task {}",
+                    r.id,
+                    i
+                );
+                Some(TaskPhase::Skipped)
+            } else {
+                Some(TaskPhase::Pending)
+            };
+            if let Some(want) = want {
+                prop_assert_eq!(
+                    t.phase,
+                    want,
+                    "job {}: task {} while task {} is current",
+                    r.id,
+                    j,
+                    i
+                );
+            }
+        }
+        let current = r.tasks[i].phase;
+        if r.phase.is_terminal() {
+            prop_assert_eq!(current, TaskPhase::of_job(r.phase), "job {}", r.id);
+        } else if current != TaskPhase::Pending {
+            prop_assert_eq!(current, TaskPhase::of_job(r.phase), "job {}", r.id);
+        }
         Ok(())
     }
 
@@ -1394,7 +1541,9 @@ impl Model {
             self.schedule()?;
             self.check_state()?;
         }
-        let rounds = 3 * self.all().len() + 10;
+        // Each task of a pipeline needs its own admission, launch and end.
+        let tasks: usize = self.all().iter().map(|r| r.spec.task_count()).sum();
+        let rounds = 3 * tasks + 10;
         for _ in 0..rounds {
             let rows = self.all();
             if rows.iter().all(|r| r.schedule_state == ScheduleState::Done) {
@@ -1568,7 +1717,9 @@ fn the_model_reaches_the_interesting_cases() {
             && total.recovery_left_waiting >= 10
             && total.new_left_waiting >= 10
             && total.conflicts >= 10
-            && total.resumed_at_restart >= 1,
+            && total.resumed_at_restart >= 1
+            && total.task_moves >= 10
+            && total.tasks_skipped >= 3,
         "the generators no longer reach the interesting cases: {total:?}"
     );
 }
@@ -1583,6 +1734,8 @@ fn the_model_catches_each_reintroduced_bug() {
         Mutation::ResumeCountsNoCrash,
         Mutation::RunningKeepsLaunchSlot,
         Mutation::BackoffSkipsTheQueue,
+        Mutation::FailedTaskMovesOn,
+        Mutation::NextTaskSkipsTheQueue,
     ] {
         let mut runner = TestRunner::new(ProptestConfig {
             rng_seed: RngSeed::Fixed(SEED),
@@ -1747,9 +1900,15 @@ fn preempted_job_relaunches_ahead_of_new_jobs_with_run_cap_full() {
 fn a_slot_taken_from_a_job_whose_first_write_is_in_flight_waits_for_its_release() {
     let caps = Caps { launch: 1, run: 3 };
     let ops = [
-        Op::Submit { priority: 0 }, // job 1 admitted: Launching
-        Op::Submit { priority: 0 }, // job 2 Waiting
-        Op::StatusWrite(1),         // job 2's Waiting (rank 0 goes first)
+        Op::Submit {
+            priority: 0,
+            tasks: 0,
+        }, // job 1 admitted: Launching
+        Op::Submit {
+            priority: 0,
+            tasks: 0,
+        }, // job 2 Waiting
+        Op::StatusWrite(1), // job 2's Waiting (rank 0 goes first)
         Op::StatusAck(0),
         Op::StatusWrite(1), // job 1's Launching, in flight
         Op::LaunchDone(0),  // job 1 Alive; the pass admits job 2: Launching

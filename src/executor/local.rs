@@ -120,19 +120,23 @@ impl LocalExecutor {
         std::fs::create_dir_all(self.state_dir.run_dir())?;
         std::fs::create_dir_all(&work_dir)?;
         std::fs::create_dir_all(self.state_dir.logs_dir())?;
+        let task = crate::lifecycle::tasks::current_task(job);
+        let log_path = match task.name {
+            Some(_) => self.state_dir.task_log(job.id, task.index),
+            None => self.state_dir.workload_log(job.id),
+        };
         let log = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.state_dir.workload_log(job.id))?;
+            .open(log_path)?;
         let exit_file = self.exit_file(job.id, attempt);
         let _ = std::fs::remove_file(&exit_file);
-        let spec = &job.spec;
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(WRAPPER)
             .arg(Self::marker(job.id, attempt))
-            .arg(spec.setup.as_deref().unwrap_or(""))
-            .arg(spec.run.as_deref().unwrap_or(""))
+            .arg(task.setup.unwrap_or(""))
+            .arg(task.run.unwrap_or(""))
             .arg(&exit_file)
             .env_clear()
             .env("PATH", DEFAULT_PATH)
@@ -140,7 +144,10 @@ impl LocalExecutor {
             .env("MANAGEDJOB_ID", job.id.to_string())
             .env("MANAGEDJOB_NAME", &job.name)
             .env("MANAGEDJOB_NAMESPACE", &job.namespace)
-            .env("MANAGEDJOB_ATTEMPT", attempt.to_string())
+            .env(
+                "MANAGEDJOB_ATTEMPT",
+                crate::lifecycle::tasks::task_attempt(job, attempt).to_string(),
+            )
             .env(contain::SCOPE_VAR, &exit_file)
             .current_dir(&work_dir)
             .stdin(Stdio::null())
@@ -148,7 +155,11 @@ impl LocalExecutor {
             .stderr(log)
             .process_group(0)
             .kill_on_drop(false);
-        for var in &spec.env {
+        if let Some(name) = task.name {
+            cmd.env("MANAGEDJOB_TASK", name)
+                .env("MANAGEDJOB_TASK_INDEX", task.index.to_string());
+        }
+        for var in &task.env {
             cmd.env(&var.name, &var.value);
         }
         let child = cmd.spawn()?;

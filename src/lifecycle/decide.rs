@@ -153,10 +153,21 @@ fn launch_timeout(row: &JobRow, cx: &Context) -> Duration {
 
 /// When `row` runs past `spec.activeDeadlineSeconds` (ms since epoch), counted from when its
 /// workload first ran (`startedAt`; time in the queue does not count, as a suspended batch/v1
-/// Job's does not). None before it first ran or without a deadline.
+/// Job's does not), or past its current task's `activeDeadlineSeconds` (a pipeline), counted
+/// from when that task first ran: whichever comes first. None before it first ran or without a
+/// deadline.
 pub fn deadline_ms(row: &JobRow) -> Option<i64> {
-    let secs = row.spec.active_deadline_seconds?;
-    Some(row.started_at_ms? + secs * 1000)
+    let job = row
+        .spec
+        .active_deadline_seconds
+        .and_then(|secs| Some(row.started_at_ms? + secs * 1000));
+    let task = row
+        .spec
+        .is_pipeline()
+        .then(|| super::tasks::current_task(row).active_deadline_seconds)
+        .flatten()
+        .and_then(|secs| Some(row.task_started_at_ms? + secs * 1000));
+    super::earliest(job, task)
 }
 
 /// The job controller's decision for `row` as read, given `observed` (the current attempt's
@@ -456,6 +467,10 @@ mod tests {
             unsynced_since_seq: 0,
             launched_at_ms: None,
             launch_timeouts: 0,
+            task_index: 0,
+            task_first_attempt: 1,
+            task_started_at_ms: None,
+            tasks: vec![],
         }
     }
 

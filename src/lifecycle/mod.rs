@@ -23,6 +23,7 @@
 pub mod decide;
 pub mod reason;
 pub mod restore;
+pub mod tasks;
 pub mod transitions;
 
 pub use decide::{

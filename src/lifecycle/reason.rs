@@ -43,6 +43,9 @@ pub enum Reason {
     Restarting,
     /// The workload was lost (preemption, eviction, node loss): -> Recovering + AliveWaiting.
     Recovering,
+    /// A pipeline's task succeeded and the next one waits for a launch slot (-> Starting +
+    /// AliveWaiting, the next task current).
+    TaskSucceeded,
     /// Every part of the workload exited 0.
     Succeeded,
     /// The job ended in a failure phase.
@@ -55,7 +58,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 23] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -74,6 +77,7 @@ impl Reason {
         Reason::WaitingForLaunchSlot,
         Reason::Restarting,
         Reason::Recovering,
+        Reason::TaskSucceeded,
         Reason::Succeeded,
         Reason::Failed,
         Reason::Cancelling,
@@ -101,6 +105,7 @@ impl Reason {
             Reason::WaitingForLaunchSlot => "WaitingForLaunchSlot",
             Reason::Restarting => "Restarting",
             Reason::Recovering => "Recovering",
+            Reason::TaskSucceeded => "TaskSucceeded",
             Reason::Succeeded => "Succeeded",
             Reason::Failed => "Failed",
             Reason::Cancelling => "Cancelling",

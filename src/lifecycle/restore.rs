@@ -2,7 +2,7 @@
 //! section 7): the status is the truth for everything the user saw; the workload, if it still
 //! runs, is adopted by its deterministic key (the job id and attempt the status names).
 
-use crate::api::{JobPhase, ManagedJobStatus, ScheduleState};
+use crate::api::{JobPhase, ManagedJobStatus, ScheduleState, TaskPhase, TaskStatus};
 
 /// The row of a job rebuilt from its status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +41,15 @@ pub struct Restored {
     pub finished_at_ms: Option<i64>,
     /// The object already shows this row (a finished job): nothing is written, byte for byte.
     pub synced: bool,
+    /// `status.currentTask` (0 for a job of one task).
+    pub task_index: i32,
+    /// The job's attempt at which the current task began: `status.attempt` less the task's
+    /// own attempts.
+    pub task_first_attempt: i32,
+    /// `status.tasks[current].startedAt`, ms since epoch.
+    pub task_started_at_ms: Option<i64>,
+    /// `status.tasks`.
+    pub tasks: Vec<TaskStatus>,
 }
 
 fn ms(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<i64> {
@@ -53,6 +62,10 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
     let job_id = status.job_id.filter(|id| *id > 0)?;
     let phase = status.phase.unwrap_or(JobPhase::Pending);
     let attempt = status.attempt.max(0);
+    let task_index = status.current_task.unwrap_or(0).max(0);
+    // A pipeline's row holds its current task's counters; the job's are their sums.
+    let task = status.tasks.get(task_index as usize);
+    let task_launched = task.is_none_or(|t| t.phase != TaskPhase::Pending);
     let (schedule, attempt, launched_attempt) = if phase.is_terminal() {
         (ScheduleState::Done, attempt, attempt)
     } else if phase == JobPhase::Pending {
@@ -65,6 +78,8 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
             (JobPhase::Submitted, _) => 0,
             (JobPhase::Recovering, Some(ScheduleState::Launching)) => attempt,
             (JobPhase::Recovering, _) => attempt - 1,
+            // The next task of a pipeline waits for its launch slot: not launched yet.
+            _ if !task_launched => attempt - 1,
             _ => attempt,
         };
         (ScheduleState::AliveWaiting, attempt, launched)
@@ -76,8 +91,8 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
         message: status.message.clone().unwrap_or_default(),
         attempt,
         launched_attempt,
-        recovery_count: status.recovery_count,
-        restart_count: status.restart_count,
+        recovery_count: task.map_or(status.recovery_count, |t| t.recovery_count),
+        restart_count: task.map_or(status.restart_count, |t| t.restart_count),
         exit_code: status.exit_code,
         failure_reason: status.failure_reason.clone(),
         workload: status.workload.clone(),
@@ -86,6 +101,14 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
         started_at_ms: ms(&status.started_at),
         finished_at_ms: ms(&status.finished_at),
         synced: phase.is_terminal(),
+        task_index,
+        task_first_attempt: match task {
+            Some(t) if t.attempt > 0 => (attempt - t.attempt + 1).max(1),
+            Some(_) => attempt.max(1),
+            None => 1,
+        },
+        task_started_at_ms: task.and_then(|t| ms(&t.started_at)),
+        tasks: status.tasks.clone(),
     })
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::backoff;
 use super::reason::{FailureReason, Reason};
+use super::tasks::{current_task, has_next_task, task_attempt};
 use crate::api::{JobPhase, ScheduleState};
 use crate::executor::Outcome;
 use crate::store::JobRow;
@@ -94,6 +95,9 @@ pub struct Change {
     pub controller_crashed: bool,
     /// Forget the crashes counted so far (the job made progress since).
     pub reset_crashes: bool,
+    /// Move a pipeline to this task (the next one): it begins at the change's attempt, its
+    /// start time is cleared ([`super::tasks`]).
+    pub task_index: Option<i32>,
 }
 
 impl Change {
@@ -119,6 +123,7 @@ impl Change {
             controller_started: false,
             controller_crashed: false,
             reset_crashes: false,
+            task_index: None,
         }
     }
 
@@ -229,6 +234,11 @@ pub fn check_edge(row: &JobRow, change: &Change) -> Result<(), IllegalTransition
 /// (AliveWaiting) takes a launch slot.
 pub fn admit(row: &JobRow) -> Transition {
     let (expect, message) = match row.schedule_state {
+        // A pipeline's next task: its first launch, not a relaunch.
+        ScheduleState::AliveWaiting if row.phase == JobPhase::Starting => (
+            Expect::schedule(&[ScheduleState::AliveWaiting]),
+            "admitted: launching",
+        ),
         ScheduleState::AliveWaiting => (
             Expect::schedule(&[ScheduleState::AliveWaiting]),
             "admitted: relaunching",
@@ -336,8 +346,9 @@ pub fn current_attempt(row: &JobRow) -> i32 {
 
 /// The first launch begins: Starting, with the launch intent of attempt 1 in the same write.
 pub fn starting(row: &JobRow, attempt: i32) -> Transition {
+    let shown = task_attempt(row, attempt);
     let mut change =
-        Change::because(Reason::Starting).message(format!("launching attempt {attempt}"));
+        Change::because(Reason::Starting).message(format!("launching attempt {shown}"));
     change.phase = Some(JobPhase::Starting);
     change.attempt = Some(attempt);
     change.launched_attempt = Some(attempt);
@@ -356,10 +367,11 @@ pub fn launch_intent(row: &JobRow, attempt: i32) -> Transition {
 
 /// The attempt's workload (`pid/N` or `pod/NAME`) runs: Running + Alive.
 pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
+    let shown = task_attempt(row, attempt);
     let message = match (row.phase, workload.strip_prefix("pod/")) {
-        (_, Some(pod)) => format!("running attempt {attempt} in {pod}"),
-        (JobPhase::Recovering, None) => format!("running attempt {attempt} (relaunched)"),
-        _ => format!("running attempt {attempt}"),
+        (_, Some(pod)) => format!("running attempt {shown} in {pod}"),
+        (JobPhase::Recovering, None) => format!("running attempt {shown} (relaunched)"),
+        _ => format!("running attempt {shown}"),
     };
     let mut change = Change::because(Reason::Running)
         .to(JobPhase::Running, ScheduleState::Alive)
@@ -460,12 +472,13 @@ pub fn launch_timed_out(
     backoff_base: Duration,
 ) -> Transition {
     let timeouts = row.launch_timeouts + 1;
+    let shown = task_attempt(row, attempt);
     let waited_on = match reason_and_message(reason, message) {
         w if w.is_empty() => w,
         w => format!(" (last: {w})"),
     };
     let what = format!(
-        "attempt {attempt} did not start within {} s{waited_on}",
+        "attempt {shown} did not start within {} s{waited_on}",
         timeout.as_secs()
     );
     let mut change = if timeouts >= max_timeouts {
@@ -500,9 +513,9 @@ pub fn launch_timed_out(
 
 /// A restart back-off is over: ask for a launch slot (Recovering + Alive -> AliveWaiting).
 pub fn backoff_over(row: &JobRow) -> Transition {
-    let attempt = current_attempt(row);
+    let shown = task_attempt(row, current_attempt(row));
     let mut change = Change::because(Reason::WaitingForLaunchSlot).message(format!(
-        "waiting for a launch slot to start attempt {attempt}"
+        "waiting for a launch slot to start attempt {shown}"
     ));
     change.schedule = Some(ScheduleState::AliveWaiting);
     change.backoff_until_ms = Some(None);
@@ -525,11 +538,33 @@ pub fn after_outcome(
     backoff_base: Duration,
 ) -> Transition {
     let expect = Expect::unchanged(row);
+    let shown = task_attempt(row, attempt);
+    let budget = current_task(row).recovery;
     let change = match outcome {
+        Outcome::Succeeded if has_next_task(row) => {
+            let next = row.spec.task(row.task_index as usize + 1);
+            let mut c = Change::because(Reason::TaskSucceeded)
+                .to(JobPhase::Starting, ScheduleState::AliveWaiting)
+                .message(format!(
+                    "succeeded on attempt {shown}; waiting for a launch slot to start {}",
+                    next.label().unwrap_or_default()
+                ));
+            c.task_index = Some(row.task_index + 1);
+            c.attempt = Some(attempt + 1);
+            c.restart_count = Some(0);
+            c.recovery_count = Some(0);
+            c.exit_code = Some(Some(0));
+            c.failure_reason = Some(None);
+            c.workload = Some(None);
+            c.backoff_until_ms = Some(None);
+            c.launch_timeouts = Some(0);
+            c.launch_clock = Some(LaunchClock::Clear);
+            c
+        }
         Outcome::Succeeded => {
             let mut c = Change::because(Reason::Succeeded)
                 .to(JobPhase::Succeeded, ScheduleState::Done)
-                .message(format!("succeeded on attempt {attempt}"));
+                .message(format!("succeeded on attempt {shown}"));
             c.exit_code = Some(Some(0));
             c.failure_reason = Some(None);
             c
@@ -568,14 +603,14 @@ pub fn after_outcome(
                 ),
                 _ => unreachable!("matched above"),
             };
-            let max = row.spec.recovery.max_restarts_on_errors;
+            let max = budget.max_restarts_on_errors;
             let mut c = if row.restart_count < max {
                 let restart = row.restart_count + 1;
                 let wait = backoff(backoff_base, restart);
                 let mut c = Change::because(Reason::Restarting)
                     .to(JobPhase::Recovering, ScheduleState::Alive)
                     .message(format!(
-                        "attempt {attempt} {what}; restarting in {:.1} s (restart {restart} of {max})",
+                        "attempt {shown} {what}; restarting in {:.1} s (restart {restart} of {max})",
                         wait.as_secs_f64()
                     ));
                 c.attempt = Some(attempt + 1);
@@ -591,7 +626,7 @@ pub fn after_outcome(
                 Change::because(Reason::Failed)
                     .to(phase, ScheduleState::Done)
                     .message(format!(
-                        "attempt {attempt} {what}{}; restarts exhausted ({max} allowed)",
+                        "attempt {shown} {what}{}; restarts exhausted ({max} allowed)",
                         if code.is_some() {
                             format!(" ({reason})")
                         } else {
@@ -606,16 +641,16 @@ pub fn after_outcome(
         Outcome::Invalid { reason, message } => {
             let mut c = Change::because(Reason::Failed)
                 .to(JobPhase::FailedPrecheck, ScheduleState::Done)
-                .message(format!("attempt {attempt} cannot start: {message}"));
+                .message(format!("attempt {shown} cannot start: {message}"));
             c.failure_reason = Some(Some(reason.clone()));
             c
         }
-        Outcome::Lost { reason } => match row.spec.recovery.max_recoveries {
+        Outcome::Lost { reason } => match budget.max_recoveries {
             Some(max) if row.recovery_count >= max => {
                 let mut c = Change::because(Reason::Failed)
                     .to(JobPhase::Failed, ScheduleState::Done)
                     .message(format!(
-                        "attempt {attempt} was lost ({reason}) and the recovery budget is spent (maxRecoveries {max})"
+                        "attempt {shown} was lost ({reason}) and the recovery budget is spent (maxRecoveries {max})"
                     ));
                 c.failure_reason = Some(Some(FailureReason::RecoveryBudgetSpent.as_str().into()));
                 c
@@ -628,14 +663,14 @@ pub fn after_outcome(
                     Change::because(Reason::Recovering)
                         .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
                         .message(format!(
-                            "recovering: attempt {attempt} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
+                            "recovering: attempt {shown} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
                         ))
                 } else {
                     let wait = backoff(backoff_base, recovery - 1);
                     let mut c = Change::because(Reason::Recovering)
                         .to(JobPhase::Recovering, ScheduleState::Alive)
                         .message(format!(
-                            "recovering: attempt {attempt} was lost ({reason}); relaunching in {:.1} s (recovery {recovery})",
+                            "recovering: attempt {shown} was lost ({reason}); relaunching in {:.1} s (recovery {recovery})",
                             wait.as_secs_f64()
                         ));
                     c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
@@ -662,12 +697,33 @@ pub fn fail(row: &JobRow, phase: JobPhase, reason: FailureReason, message: Strin
 
 /// The job ran past `spec.activeDeadlineSeconds`; its workload is stopped, then this is written.
 pub fn deadline_exceeded(row: &JobRow) -> Transition {
-    let secs = row.spec.active_deadline_seconds.unwrap_or_default();
+    let job = row
+        .spec
+        .active_deadline_seconds
+        .and_then(|secs| Some((row.started_at_ms? + secs * 1000, secs)));
+    let task = row
+        .spec
+        .is_pipeline()
+        .then(|| current_task(row).active_deadline_seconds)
+        .flatten()
+        .and_then(|secs| Some((row.task_started_at_ms? + secs * 1000, secs)));
+    let message = match (job, task) {
+        (Some((j, _)), Some((t, secs))) if t < j => {
+            format!("stopped: the task ran past its activeDeadlineSeconds ({secs} s)")
+        }
+        (None, Some((_, secs))) => {
+            format!("stopped: the task ran past its activeDeadlineSeconds ({secs} s)")
+        }
+        (Some((_, secs)), _) => {
+            format!("stopped: the job ran past activeDeadlineSeconds ({secs} s)")
+        }
+        (None, None) => "stopped: the job ran past its deadline".into(),
+    };
     fail(
         row,
         JobPhase::Failed,
         FailureReason::DeadlineExceeded,
-        format!("stopped: the job ran past activeDeadlineSeconds ({secs} s)"),
+        message,
     )
 }
 

@@ -118,7 +118,7 @@ pub async fn rebuild_if_empty(
                 PodObservation {
                     job_id: row.id,
                     attempt: row.attempt,
-                    pod_name: pod::pod_name(&row.name, row.id, row.attempt),
+                    pod_name: pod::attempt_pod_name(&row, row.attempt),
                     state: PodState::Lost,
                     exit_code: None,
                     reason: "PodMissing".into(),

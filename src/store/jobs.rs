@@ -144,9 +144,9 @@ impl Store {
                 tx.execute(
                     "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
                         phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
-                        created_at_ms, cancel_requested)
+                        created_at_ms, cancel_requested, tasks)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10,
-                        ?11)",
+                        ?11, ?12)",
                     params![
                         uid,
                         namespace,
@@ -158,7 +158,9 @@ impl Store {
                         "queued: waiting for a launch slot",
                         now,
                         created_at_ms,
-                        spec.cancel
+                        spec.cancel,
+                        serde_json::to_string(&lifecycle::tasks::initial_records(spec))
+                            .expect("task records serialize"),
                     ],
                 )?;
                 let id = tx.last_insert_rowid();
@@ -195,7 +197,7 @@ impl Store {
                         "UPDATE jobs SET phase = ?2, schedule_state = 'Done', exit_code = ?3,
                             failure_reason = ?4, attempt = ?5, recovery_count = ?6,
                             restart_count = ?7, finished_at_ms = ?8, queue_position = NULL,
-                            message = ?9, workload = ?10
+                            message = ?9, workload = ?10, task_index = ?11, tasks = ?12
                          WHERE id = ?1",
                         params![
                             id,
@@ -207,7 +209,9 @@ impl Store {
                             k.restart_count,
                             now,
                             k.message.clone().unwrap_or_default(),
-                            k.workload
+                            k.workload,
+                            k.current_task.unwrap_or(0),
+                            serde_json::to_string(&k.tasks).expect("task records serialize"),
                         ],
                     )?;
                     history::record(
@@ -342,6 +346,14 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     if change.started_now && after.started_at_ms.is_none() {
         after.started_at_ms = Some(now);
     }
+    if let Some(task) = change.task_index {
+        after.task_index = task;
+        after.task_first_attempt = after.attempt;
+        after.task_started_at_ms = None;
+    }
+    if change.started_now && after.task_started_at_ms.is_none() {
+        after.task_started_at_ms = Some(now);
+    }
     if change.controller_started {
         after.controller_starts += 1;
     }
@@ -354,7 +366,9 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     if after.schedule_state != ScheduleState::Waiting {
         after.queue_position = None;
     }
+    lifecycle::tasks::follow(&before, change, &mut after, now);
     after.status_version += 1;
+    let tasks = serde_json::to_string(&after.tasks).expect("task records serialize");
     tx.execute(
         "UPDATE jobs SET phase = ?2, schedule_state = ?3, message = ?4, controller_pid = ?5,
                 controller_start_time = ?6, attempt = ?7, launched_attempt = ?8,
@@ -362,7 +376,8 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
                 workload = ?13, backoff_until_ms = ?14, started_at_ms = ?15, finished_at_ms = ?16,
                 phase_changed_at_ms = ?17, controller_starts = ?18, controller_crashes = ?19,
                 queue_position = ?20, status_version = ?21, launched_at_ms = ?22,
-                launch_timeouts = ?23
+                launch_timeouts = ?23, task_index = ?24, task_first_attempt = ?25,
+                task_started_at_ms = ?26, tasks = ?27
              WHERE id = ?1",
         params![
             id,
@@ -388,6 +403,10 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
             after.status_version,
             after.launched_at_ms,
             after.launch_timeouts,
+            after.task_index,
+            after.task_first_attempt,
+            after.task_started_at_ms,
+            tasks,
         ],
     )?;
     if before.phase != after.phase || before.schedule_state != after.schedule_state {
@@ -461,9 +480,10 @@ impl Store {
                 phase, schedule_state, message, cancel_requested, attempt, launched_attempt,
                 recovery_count, restart_count, exit_code, failure_reason, workload,
                 submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms,
-                created_at_ms, status_version, synced_version)
+                created_at_ms, status_version, synced_version, task_index, task_first_attempt,
+                task_started_at_ms, tasks)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25)",
+                ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25, ?26, ?27, ?28, ?29)",
             params![
                 (!taken).then_some(r.job_id),
                 uid,
@@ -491,6 +511,10 @@ impl Store {
                 now,
                 created_at_ms,
                 synced,
+                r.task_index,
+                r.task_first_attempt,
+                r.task_started_at_ms,
+                serde_json::to_string(&r.tasks).expect("task records serialize"),
             ],
         )?;
         let id = tx.last_insert_rowid();

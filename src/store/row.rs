@@ -87,6 +87,17 @@ pub struct JobRow {
     /// Launch timeouts in a row (reset when an attempt runs); the
     /// `--max-launch-timeouts`-th ends the job FailedNoResource.
     pub launch_timeouts: i32,
+    /// A pipeline's current task: its index in `spec.tasks` (0 for a job of one task).
+    pub task_index: i32,
+    /// The job's attempt at which the current task began (1 for a job of one task): the
+    /// task's attempt number is `attempt - task_first_attempt + 1`.
+    pub task_first_attempt: i32,
+    /// When the current task's workload first ran (ms since epoch): its own
+    /// `activeDeadlineSeconds` counts from here.
+    pub task_started_at_ms: Option<i64>,
+    /// A pipeline's task records (`status.tasks[]`, kept by [`crate::lifecycle::tasks::follow`]);
+    /// empty for a job of one task.
+    pub tasks: Vec<crate::api::TaskStatus>,
 }
 
 /// Every column of `jobs`, in the order the SELECTs list them.
@@ -96,7 +107,7 @@ pub(super) const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, exec
     launched_attempt, recovery_count, restart_count, exit_code, failure_reason, workload, \
     backoff_until_ms, submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms, \
     status_version, synced_version, created_at_ms, changed_seq, unsynced_since_seq, \
-    launched_at_ms, launch_timeouts";
+    launched_at_ms, launch_timeouts, task_index, task_first_attempt, task_started_at_ms, tasks";
 
 fn corrupt(job_id: i64, what: impl Into<String>) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
@@ -157,6 +168,13 @@ impl JobRow {
             unsynced_since_seq: row.get("unsynced_since_seq")?,
             launched_at_ms: row.get("launched_at_ms")?,
             launch_timeouts: row.get("launch_timeouts")?,
+            task_index: row.get("task_index")?,
+            task_first_attempt: row.get("task_first_attempt")?,
+            task_started_at_ms: row.get("task_started_at_ms")?,
+            tasks: {
+                let tasks: String = row.get("tasks")?;
+                serde_json::from_str(&tasks).map_err(|e| corrupt(id, format!("tasks: {e}")))?
+            },
         })
     }
 

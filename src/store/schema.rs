@@ -110,5 +110,15 @@ pub(super) fn migrations() -> Migrations<'static> {
             WHERE cancel_requested = 1 AND schedule_state != 'Done';
         "#,
         ),
+        // Pipelines (lifecycle::tasks): the current task, the attempt at which it began, when
+        // it first ran, and every task's record (JSON, as `status.tasks[]`).
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN task_index INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN task_first_attempt INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE jobs ADD COLUMN task_started_at_ms INTEGER;
+        ALTER TABLE jobs ADD COLUMN tasks TEXT NOT NULL DEFAULT '[]';
+        "#,
+        ),
     ])
 }

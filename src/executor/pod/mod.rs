@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::{Executor, Refused, Stop};
-use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID};
+use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_TASK};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::store::{JobRow, Store};
 
@@ -32,7 +32,27 @@ pub const MAX_POD_NAME: usize = 63;
 /// `<job name>-<job id>-<attempt>`, with the job name cut so the whole fits in 63 characters.
 /// Unique per job and attempt (the job id is), valid for any legal ManagedJob name.
 pub fn pod_name(job_name: &str, job_id: i64, attempt: i32) -> String {
-    let suffix = format!("-{job_id}-{attempt}");
+    with_suffix(job_name, &format!("-{job_id}-{attempt}"))
+}
+
+/// The Pod name of `row`'s `attempt` (the job's count): [`pod_name`] for a job of one task;
+/// `<job name>-<job id>-<task index>-<attempt within the task>` for a pipeline's current task
+/// (e.g. `etl-7-1-2`: the second attempt of task 1, counted from 0), cut to 63 characters the
+/// same way.
+pub fn attempt_pod_name(row: &JobRow, attempt: i32) -> String {
+    if !row.spec.is_pipeline() {
+        return pod_name(&row.name, row.id, attempt);
+    }
+    let task = crate::lifecycle::tasks::task_attempt(row, attempt);
+    task_pod_name(row, row.task_index.max(0) as usize, task)
+}
+
+/// The Pod name of attempt `task_attempt` (from 1) of task `index` of `row`'s pipeline.
+pub fn task_pod_name(row: &JobRow, index: usize, task_attempt: i32) -> String {
+    with_suffix(&row.name, &format!("-{}-{index}-{task_attempt}", row.id))
+}
+
+fn with_suffix(job_name: &str, suffix: &str) -> String {
     let keep = MAX_POD_NAME.saturating_sub(suffix.len());
     let mut base: String = job_name.chars().take(keep).collect();
     // A name cut inside a dotted subdomain must still end alphanumerically; dots become dashes
@@ -45,11 +65,15 @@ pub fn pod_name(job_name: &str, job_id: i64, attempt: i32) -> String {
 
 /// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never.
 pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
-    let template = row.spec.template.clone().unwrap_or_default();
+    let task = crate::lifecycle::tasks::current_task(row);
+    let template = task.template.cloned().unwrap_or_default();
     let mut meta = template.metadata.unwrap_or_default();
     let mut labels: BTreeMap<String, String> = meta.labels.take().unwrap_or_default();
     labels.insert(LABEL_JOB_ID.into(), row.id.to_string());
     labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
+    if let Some(name) = task.name {
+        labels.insert(LABEL_TASK.into(), name.into());
+    }
     let job_name_label: String = row.name.chars().take(63).collect();
     let job_name_label = job_name_label.trim_end_matches(['-', '.', '_']).to_string();
     labels.insert(LABEL_JOB_NAME.into(), job_name_label);
@@ -57,7 +81,7 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     spec.restart_policy = Some("Never".into());
     Pod {
         metadata: ObjectMeta {
-            name: Some(pod_name(&row.name, row.id, attempt)),
+            name: Some(attempt_pod_name(row, attempt)),
             namespace: Some(row.namespace.clone()),
             labels: Some(labels),
             annotations: meta.annotations.take(),
@@ -81,7 +105,7 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
 /// of them (made elsewhere, copied, relabelled) never feeds the job's status.
 pub fn is_attempt_pod(pod: &Pod, row: &JobRow, attempt: i32) -> bool {
     pod.metadata.namespace.as_deref() == Some(row.namespace.as_str())
-        && pod.metadata.name.as_deref() == Some(pod_name(&row.name, row.id, attempt).as_str())
+        && pod.metadata.name.as_deref() == Some(attempt_pod_name(row, attempt).as_str())
         && pod
             .metadata
             .owner_references
@@ -229,8 +253,9 @@ impl Executor for PodExecutor {
         let mut all_gone = true;
         let mut waiting_on = None;
         let mut forced = Vec::new();
-        for attempt in 1..=job.attempt.max(job.launched_attempt) {
-            let name = pod_name(&job.name, job.id, attempt);
+        // The current task's attempts: an earlier task of a pipeline ended before it.
+        for attempt in job.task_first_attempt.max(1)..=job.attempt.max(job.launched_attempt) {
+            let name = attempt_pod_name(job, attempt);
             // The API answers with the Pod while it terminates, with a Status once deleted.
             match api.delete(&name, &params).await.map(|r| r.left()) {
                 Ok(None) => {}

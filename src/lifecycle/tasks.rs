@@ -1,0 +1,158 @@
+//! Pipelines (`spec.tasks`, DESIGN.md section 11b): which task a job runs, how its attempts
+//! are numbered within the task, and how each task's record (`status.tasks[]`) follows the job.
+//!
+//! A pipeline's row is the row of its current task: `restart_count` and `recovery_count` count
+//! that task's restarts and recoveries (its own budgets apply), `attempt` keeps counting over
+//! every task (so an attempt names one workload of the job, whatever its task), and
+//! `task_first_attempt` is the attempt at which the current task began. The store calls
+//! [`follow`] with every change it writes: the current task's record mirrors the job, a task
+//! that ends the job ends the later ones as Skipped, and every message names its task. A job
+//! of one task has no records; all of this is then the identity.
+
+use super::transitions::Change;
+use crate::api::{JobPhase, ManagedJobSpec, ScheduleState, TaskPhase, TaskStatus, TaskView};
+use crate::store::JobRow;
+
+/// The task `row` runs (or last ran).
+pub fn current_task(row: &JobRow) -> TaskView<'_> {
+    row.spec.task(row.task_index.max(0) as usize)
+}
+
+/// `attempt` (the job's count) as the number of the current task's attempt, from 1.
+pub fn task_attempt(row: &JobRow, attempt: i32) -> i32 {
+    (attempt - row.task_first_attempt + 1).max(1)
+}
+
+/// True when the current task of `row` has a successor.
+pub fn has_next_task(row: &JobRow) -> bool {
+    (row.task_index.max(0) as usize) + 1 < row.spec.tasks.len()
+}
+
+/// `TASK` as `kubectl get mj` shows it: `2/3 train` (number from 1). None for a job of one task.
+pub fn progress(row: &JobRow) -> Option<String> {
+    let task = current_task(row);
+    task.name
+        .map(|n| format!("{}/{} {n}", task.index + 1, task.count))
+}
+
+/// `ms` as a metav1.Time, in whole seconds: the precision it is stored and shown with.
+fn time(ms: i64) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(ms.div_euclid(1000)).unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// One Pending record per task of `spec` (none for a job of one task).
+pub fn initial_records(spec: &ManagedJobSpec) -> Vec<TaskStatus> {
+    spec.tasks
+        .iter()
+        .map(|t| TaskStatus {
+            name: t.name.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Brings `after` (the row `before` becomes with `change`, its other fields already applied)
+/// in line with the pipeline rules, at `now_ms`:
+///
+/// - the change's message is prefixed with the task it is about (`task 2/3 train: ...`), the
+///   task current when the change was decided;
+/// - when the change moved to the next task, the task left behind is Succeeded;
+/// - the current task's record mirrors the job: its phase (Pending until it launched), attempt
+///   within the task, counters, exit code, failure reason, message and times;
+/// - when the job ends, every task after the current one that never ran is Skipped.
+pub fn follow(before: &JobRow, change: &Change, after: &mut JobRow, now_ms: i64) {
+    if !after.spec.is_pipeline() {
+        return;
+    }
+    let count = after.spec.tasks.len();
+    if after.tasks.len() != count {
+        after.tasks = initial_records(&after.spec);
+    }
+    let was = (before.task_index.max(0) as usize).min(count - 1);
+    let now = (after.task_index.max(0) as usize).min(count - 1);
+    if let Some(m) = &change.message
+        && let Some(label) = before.spec.task(was).label()
+    {
+        after.message = format!("{label}: {m}");
+    }
+    if now != was {
+        let done = &mut after.tasks[was];
+        done.phase = TaskPhase::Succeeded;
+        done.attempt = task_attempt(before, before.attempt);
+        done.restart_count = before.restart_count;
+        done.recovery_count = before.recovery_count;
+        done.exit_code = Some(0);
+        done.failure_reason = None;
+        if done.started_at.is_none() {
+            done.started_at = before.task_started_at_ms.map(time);
+        }
+        done.finished_at = Some(time(now_ms));
+        done.message = change.message.clone();
+    }
+    let launched = after.launched_attempt >= after.task_first_attempt;
+    let rec = &mut after.tasks[now];
+    rec.phase = if launched || after.phase.is_terminal() || after.phase == JobPhase::Cancelling {
+        TaskPhase::of_job(after.phase)
+    } else {
+        TaskPhase::Pending
+    };
+    rec.attempt = if launched {
+        (after.attempt - after.task_first_attempt + 1).max(1)
+    } else {
+        0
+    };
+    rec.restart_count = after.restart_count;
+    rec.recovery_count = after.recovery_count;
+    if now == was {
+        if let Some(code) = change.exit_code {
+            rec.exit_code = code;
+        }
+        if let Some(reason) = &change.failure_reason {
+            rec.failure_reason = reason.clone();
+        }
+        if change.message.is_some() {
+            rec.message = change.message.clone();
+        }
+    } else {
+        rec.message = Some("waiting for a launch slot".into());
+    }
+    if rec.started_at.is_none() {
+        rec.started_at = after.task_started_at_ms.map(time);
+    }
+    if rec.phase.is_terminal() && rec.finished_at.is_none() {
+        rec.finished_at = Some(time(now_ms));
+    }
+    if after.schedule_state == ScheduleState::Done {
+        let why = match after.phase {
+            JobPhase::Succeeded => None,
+            JobPhase::Cancelled => Some("skipped: the job was cancelled".to_string()),
+            phase => Some(format!(
+                "skipped: task {}/{count} {} ended {phase}",
+                now + 1,
+                after.tasks[now].name
+            )),
+        };
+        if let Some(why) = why {
+            for rec in after.tasks[now + 1..].iter_mut() {
+                if !rec.phase.is_terminal() {
+                    rec.phase = TaskPhase::Skipped;
+                    rec.finished_at = Some(time(now_ms));
+                    rec.message = Some(why.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The job-wide restart and recovery counts of `row`: the sums over a pipeline's tasks (the
+/// row holds the current task's), or the row's own for a job of one task.
+pub fn totals(row: &JobRow) -> (i32, i32) {
+    if row.tasks.is_empty() {
+        return (row.restart_count, row.recovery_count);
+    }
+    row.tasks.iter().fold((0, 0), |(r, c), t| {
+        (r + t.restart_count, c + t.recovery_count)
+    })
+}
