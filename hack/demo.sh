@@ -36,8 +36,8 @@ kill -0 "$OP" 2>/dev/null || { cat "$STATE/operator.log"; exit 1; }
 # A previous demo's jobs: the running operator releases their finalizers.
 k -n "$NS" delete managedjobs --all --wait=true --timeout=60s >/dev/null 2>&1 || true
 
-echo "==> applying examples/hello.yaml, failing.yaml, long.yaml, batch.yaml (20 jobs), pod-hello.yaml and pod-failing.yaml" >&2
-for f in hello failing long batch pod-hello pod-failing; do k -n "$NS" apply -f "examples/$f.yaml" >/dev/null; done
+echo "==> applying examples/hello.yaml, failing.yaml, long.yaml, batch.yaml (20 jobs), pod-hello.yaml, pod-failing.yaml, pipeline.yaml and pod-pipeline.yaml" >&2
+for f in hello failing long batch pod-hello pod-failing pipeline pod-pipeline; do k -n "$NS" apply -f "examples/$f.yaml" >/dev/null; done
 
 terminal='Succeeded|Failed|FailedSetup|FailedPrecheck|FailedNoResource|FailedController|Cancelled'
 cancelled=0
@@ -57,8 +57,10 @@ for _ in $(seq 1 150); do
   finished=$(grep -cE "=($terminal)$" <<<"$phases" || true)
   if [[ $total -gt 0 && $finished == "$total" ]]; then
     echo; echo "==> all $total jobs finished"
-    "$BIN" queue --state-dir "$STATE" --all
-    echo; echo "logs: $BIN logs $NS/hello --state-dir $STATE   (add --controller for the job controller's log)"
+    "$BIN" queue --state-dir "$STATE" --all --tasks
+    echo; echo "==> $BIN logs $NS/pipeline --state-dir $STATE"
+    "$BIN" logs "$NS/pipeline" --state-dir "$STATE"
+    echo; echo "logs: $BIN logs $NS/hello --state-dir $STATE   (add --controller for the job controller's log, --task NAME for one task of a pipeline)"
     echo "stop the control plane with: hack/controlplane.sh down"
     exit 0
   fi

@@ -5,6 +5,8 @@
 //! - `Reconciling` True while the operator still acts (Pending, Submitted, Starting, Recovering,
 //!   Cancelling);
 //! - `Ready` True while Running and once Succeeded;
+//! - a pipeline (`spec.tasks`) is Reconciling, never Ready, until it ends: a running task is one
+//!   step of it;
 //! - `Stalled` True on a terminal failure or cancellation;
 //! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`).
 //!
@@ -47,15 +49,18 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
     let g = row.generation;
     let msg = row.message.as_str();
     let reason = row.phase.as_str();
-    let reconciling = matches!(
-        p,
-        JobPhase::Pending
-            | JobPhase::Submitted
-            | JobPhase::Starting
-            | JobPhase::Recovering
-            | JobPhase::Cancelling
-    );
-    let ready = matches!(p, JobPhase::Running | JobPhase::Succeeded);
+    // A pipeline is in progress until its last task ends: a running task is a step of it.
+    let pipeline_runs = row.spec.is_pipeline() && !p.is_terminal();
+    let reconciling = pipeline_runs
+        || matches!(
+            p,
+            JobPhase::Pending
+                | JobPhase::Submitted
+                | JobPhase::Starting
+                | JobPhase::Recovering
+                | JobPhase::Cancelling
+        );
+    let ready = (p == JobPhase::Running && !pipeline_runs) || p == JobPhase::Succeeded;
     let stalled = p.is_failure() || p == JobPhase::Cancelled;
     let mut out = vec![
         condition("Reconciling", reconciling, reason, msg, at, g),

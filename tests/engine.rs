@@ -103,12 +103,24 @@ async fn hello_succeeds_with_its_output_logged() {
         .into_iter()
         .map(|t| t.to_phase)
         .collect();
-    for p in ["Pending", "Submitted", "Starting", "Running", "Succeeded"] {
+    // Submitted is written over Pending when the engine records the new process; a job
+    // controller that outruns that write (a loaded machine) has already moved it to Starting.
+    for p in ["Pending", "Starting", "Running", "Succeeded"] {
         assert!(
             phases.contains(&p.to_string()),
             "{p} missing from {phases:?}"
         );
     }
+    let order: Vec<&str> = phases
+        .iter()
+        .map(String::as_str)
+        .filter(|p| *p != "Pending")
+        .collect();
+    assert!(
+        order == ["Submitted", "Starting", "Running", "Succeeded"]
+            || order == ["Starting", "Running", "Succeeded"],
+        "{phases:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

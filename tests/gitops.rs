@@ -200,6 +200,7 @@ fn samples() -> BTreeMap<String, String> {
             );
         }
     }
+    pipeline_samples(&mut store, &mut out);
     out.insert(
         "New.yaml".into(),
         sample_object(
@@ -210,6 +211,122 @@ fn samples() -> BTreeMap<String, String> {
         ),
     );
     out
+}
+
+/// The store's row with its times pinned (the store stamps them with the clock).
+fn pinned(mut row: managed_jobs::store::JobRow) -> managed_jobs::store::JobRow {
+    let time = |ms: i64| {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_millisecond(ms).unwrap(),
+        )
+    };
+    row.submitted_at_ms = SUBMITTED_MS;
+    row.phase_changed_at_ms = PHASE_CHANGED_MS;
+    row.started_at_ms = row.started_at_ms.map(|_| STARTED_MS);
+    row.finished_at_ms = row.finished_at_ms.map(|_| FINISHED_MS);
+    for t in &mut row.tasks {
+        t.started_at = t.started_at.as_ref().map(|_| time(STARTED_MS));
+        t.finished_at = t.finished_at.as_ref().map(|_| time(FINISHED_MS));
+    }
+    row
+}
+
+/// A three-task pipeline as the job controller drives it: task 2 waiting for its launch slot,
+/// task 2 running, all three succeeded, and task 2 failed (task 3 skipped).
+fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
+    use managed_jobs::api::TaskSpec;
+    use managed_jobs::executor::Outcome;
+    let spec = ManagedJobSpec {
+        tasks: ["prepare", "train", "evaluate"]
+            .into_iter()
+            .map(|name| TaskSpec {
+                name: name.into(),
+                run: Some(format!("echo {name}")),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut add = |file: &str, uid: &str, row: &managed_jobs::store::JobRow| {
+        let status = managed_jobs::status::status(&pinned(row.clone()));
+        let name = format!("sample-{}", file.trim_end_matches(".yaml").to_lowercase());
+        out.insert(file.into(), sample_object(&name, uid, 1, Some(status)));
+    };
+    let apply = |store: &mut Store, id: i64, t: Transition| {
+        store
+            .transition(id, &t)
+            .expect("transition")
+            .applied()
+            .expect("the transition applies")
+    };
+    let run_task = |store: &mut Store, row: &managed_jobs::store::JobRow| {
+        let row = apply(store, row.id, lifecycle::admit(row));
+        let attempt = lifecycle::current_attempt(&row);
+        let row = apply(store, row.id, lifecycle::launch_intent(&row, attempt));
+        apply(
+            store,
+            row.id,
+            lifecycle::running(&row, attempt, "pid/4242".into()),
+        )
+    };
+    let base = std::time::Duration::from_secs(1);
+    for (i, end) in ["next", "running", "succeeded", "failed"]
+        .into_iter()
+        .enumerate()
+    {
+        let uid = format!("00000000-0000-4000-8000-{:012}", 200 + i);
+        let up = store
+            .upsert(&uid, "default", &format!("pipeline-{end}"), 1, &spec)
+            .expect("upsert");
+        let row = apply(store, up.row.id, lifecycle::admit(&up.row));
+        let row = apply(store, row.id, lifecycle::starting(&row, 1));
+        let row = apply(
+            store,
+            row.id,
+            lifecycle::running(&row, 1, "pid/4242".into()),
+        );
+        let now = lifecycle::now_ms();
+        let row = apply(
+            store,
+            row.id,
+            lifecycle::after_outcome(&row, 1, &Outcome::Succeeded, now, base),
+        );
+        if end == "next" {
+            add("Starting-pipeline-next-task.yaml", &uid, &row);
+            continue;
+        }
+        let row = run_task(store, &row);
+        match end {
+            "running" => add("Running-pipeline-task-2-of-3.yaml", &uid, &row),
+            "failed" => {
+                let failed = Outcome::Failed {
+                    code: 1,
+                    reason: "ExitCode".into(),
+                    detail: None,
+                };
+                let row = apply(
+                    store,
+                    row.id,
+                    lifecycle::after_outcome(&row, 2, &failed, now, base),
+                );
+                add("Failed-pipeline-task-skipped.yaml", &uid, &row);
+            }
+            _ => {
+                let row = apply(
+                    store,
+                    row.id,
+                    lifecycle::after_outcome(&row, 2, &Outcome::Succeeded, now, base),
+                );
+                let row = run_task(store, &row);
+                let row = apply(
+                    store,
+                    row.id,
+                    lifecycle::after_outcome(&row, 3, &Outcome::Succeeded, now, base),
+                );
+                add("Succeeded-pipeline.yaml", &uid, &row);
+            }
+        }
+    }
 }
 
 fn committed(dir: &Path) -> BTreeMap<String, String> {
@@ -233,7 +350,8 @@ fn sync_samples() -> Result<(), String> {
     DONE.get_or_init(|| {
         let dir = samples_dir();
         let want = samples();
-        assert_eq!(want.len(), JobPhase::ALL.len() + 2);
+        // One per phase, the stale and the new one, four of a pipeline.
+        assert_eq!(want.len(), JobPhase::ALL.len() + 6);
         if std::env::var("MJ_UPDATE_SAMPLES").as_deref() == Ok("1") {
             std::fs::create_dir_all(&dir).expect("create examples/gitops/samples");
             for name in committed(&dir).keys() {

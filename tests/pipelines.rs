@@ -470,3 +470,33 @@ async fn invalid_pipelines_are_refused_naming_the_field() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn the_example_pipelines_succeed() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "pipeexamples").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    for file in ["pipeline.yaml", "pod-pipeline.yaml"] {
+        let yaml = std::fs::read_to_string(support::root().join("examples").join(file)).unwrap();
+        support::create_yaml(&client, &ns.name, &yaml).await;
+    }
+    for name in ["pipeline", "pod-pipeline"] {
+        let mj = support::wait_status(&client, &ns.name, name, T, "finished", terminal).await;
+        let s = mj.status.unwrap();
+        assert_eq!(
+            s.phase,
+            Some(JobPhase::Succeeded),
+            "{name}: {:?}",
+            s.message
+        );
+        assert_eq!(phases(&s), vec![TaskPhase::Succeeded; 3], "{name}");
+    }
+    let (ok, out) = logs(
+        &op,
+        &format!("{}/pipeline", ns.name),
+        &["--task", "evaluate"],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out, "accuracy 0.93 on demo\n");
+}

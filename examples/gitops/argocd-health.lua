@@ -13,6 +13,8 @@
 --   FailedController                                            -> Degraded
 --   Cancelled                                                   -> Degraded: a stopped job did not do
 --                                                                  its work, so it is not healthy
+--   a pipeline (status.tasks) not finished, even Running        -> Progressing: a running task is
+--                                                                  one step of the job
 --   no status yet, or status of an older metadata.generation    -> Progressing
 --   a phase this script does not know                           -> from the conditions
 --                                                                  (Stalled / Ready / Reconciling)
@@ -64,6 +66,10 @@ if status.message ~= nil and status.message ~= "" then
 end
 
 local verdict = verdicts[phase]
+if verdict == "Healthy" and phase ~= "Succeeded" and status.tasks ~= nil and #status.tasks > 0 then
+  -- A pipeline is in progress until its last task ends.
+  verdict = "Progressing"
+end
 if verdict == nil then
   -- A phase newer than this script: trust the conditions, in kstatus's order.
   local on = {}

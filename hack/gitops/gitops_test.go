@@ -35,6 +35,12 @@ var want = map[string]verdict{
 	"Running.yaml":   {"Healthy", status.CurrentStatus},
 	"Succeeded.yaml": {"Healthy", status.CurrentStatus},
 
+	// A pipeline is in progress until its last task ends, even while a task runs.
+	"Running-pipeline-task-2-of-3.yaml": {"Progressing", status.InProgressStatus},
+	"Starting-pipeline-next-task.yaml":  {"Progressing", status.InProgressStatus},
+	"Succeeded-pipeline.yaml":           {"Healthy", status.CurrentStatus},
+	"Failed-pipeline-task-skipped.yaml": {"Degraded", status.FailedStatus},
+
 	"Failed.yaml":           {"Degraded", status.FailedStatus},
 	"FailedSetup.yaml":      {"Degraded", status.FailedStatus},
 	"FailedPrecheck.yaml":   {"Degraded", status.FailedStatus},
@@ -153,6 +159,8 @@ func TestArgoCDHealthOfAnUnknownPhaseFollowsTheConditions(t *testing.T) {
 		"Pending.yaml":   "Progressing",
 		"Running.yaml":   "Healthy",
 		"Succeeded.yaml": "Healthy",
+
+		"Running-pipeline-task-2-of-3.yaml": "Progressing",
 		"Failed.yaml":    "Degraded",
 		"Cancelled.yaml": "Degraded",
 	}

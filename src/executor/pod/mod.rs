@@ -347,6 +347,42 @@ mod tests {
     }
 
     #[test]
+    fn a_pipelines_pods_are_named_by_task_and_attempt_within_it() {
+        let task = |name: &str| crate::api::TaskSpec {
+            name: name.into(),
+            template: Some(Default::default()),
+            ..Default::default()
+        };
+        let mut row = crate::store::JobRow {
+            id: 77,
+            name: "x".repeat(253),
+            ..test_row()
+        };
+        row.spec = crate::api::ManagedJobSpec {
+            tasks: vec![task("prepare"), task("train")],
+            ..Default::default()
+        };
+        row.task_index = 1;
+        row.task_first_attempt = 3;
+        let name = attempt_pod_name(&row, 4);
+        assert!(name.len() <= MAX_POD_NAME, "{name}");
+        assert!(
+            name.ends_with("-77-1-2"),
+            "second attempt of task 1: {name}"
+        );
+        let pod = build_pod(&row, 4);
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_TASK], "train");
+        assert_eq!(
+            labels[LABEL_ATTEMPT], "4",
+            "the job's attempt: the store's key"
+        );
+        assert!(is_attempt_pod(&pod, &row, 4));
+        row.task_index = 0;
+        assert!(!is_attempt_pod(&pod, &row, 4), "another task's Pod");
+    }
+
+    #[test]
     fn pod_names_fit_and_are_unique() {
         let long = "a".repeat(253);
         let n = pod_name(&long, 123456, 7);
