@@ -26,6 +26,21 @@ pub const LABEL_JOB_ID: &str = "managedjobs.dev/job-id";
 pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 /// Label carrying the task's name on every Pod of a pipeline (`spec.tasks`).
 pub const LABEL_TASK: &str = "managedjobs.dev/task";
+/// Label that assigns a ManagedJob (and its Pods) to an operator shard: the instance started
+/// with `--shard NAME` owns the jobs labelled `managedjobs.dev/shard=NAME`; the default
+/// instance owns the jobs without the label. Immutable while the job is not finished (a
+/// ValidatingAdmissionPolicy, `crds/managedjobs.dev_shard-policy.yaml`).
+pub const LABEL_SHARD: &str = "managedjobs.dev/shard";
+
+/// The label selector of the objects shard `shard` owns: `managedjobs.dev/shard=NAME`, or for
+/// the default instance (None) `!managedjobs.dev/shard`.
+pub fn shard_selector(shard: Option<&str>) -> String {
+    match shard {
+        Some(name) => format!("{LABEL_SHARD}={name}"),
+        None => format!("!{LABEL_SHARD}"),
+    }
+}
+
 /// Most tasks in one pipeline (`spec.tasks`).
 pub const MAX_TASKS: usize = 32;
 /// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
@@ -798,7 +813,7 @@ fn refine_tasks(tasks: &mut Value) {
         .as_array_mut()
         .expect("set with the immutable fields")
         .push(rule(
-            "self.all(t, has(t.run)) || self.all(t, has(t.template))",
+            "self.all(t, !has(t.template)) || self.all(t, !has(t.run))",
             "spec.tasks must all use one executor: every task sets run (local) or every task sets template (pod)",
         ));
     let item = &mut tasks["items"];
@@ -807,6 +822,10 @@ fn refine_tasks(tasks: &mut Value) {
         rule(
             "has(self.run) != has(self.template)",
             "each of spec.tasks must set exactly one of run (local executor) and template (pod executor)",
+        ),
+        rule(
+            "!has(self.setup) || has(self.run)",
+            "spec.tasks[].setup runs before run (the local executor); a task with a template has no setup (use the Pod's init containers)",
         ),
         rule(
             &format!(
@@ -952,6 +971,11 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
             if task.run.is_some() == task.template.is_some() {
                 return Err(format!(
                     "spec.tasks[{i}] must set exactly one of run and template"
+                ));
+            }
+            if task.setup.is_some() && task.run.is_none() {
+                return Err(format!(
+                    "spec.tasks[{i}].setup runs before run (the local executor); a task with a template has no setup"
                 ));
             }
             if task.env.len() > MAX_TASK_ENV_VARS {

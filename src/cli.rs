@@ -119,6 +119,11 @@ pub struct RunArgs {
     /// Lease duration in seconds: a dead leader is replaced within it.
     #[arg(long, env = "MJ_LEASE_DURATION_SECONDS", default_value_t = 15)]
     pub lease_duration_seconds: u64,
+    /// Own only the ManagedJobs labelled `managedjobs.dev/shard=NAME` (and their Pods), with a
+    /// Lease, caps and state dir of its own; without it the operator owns the jobs without
+    /// that label. Run one instance per shard to spread jobs over several controller nodes.
+    #[arg(long, env = "MJ_SHARD")]
+    pub shard: Option<String>,
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
@@ -186,6 +191,17 @@ impl RunArgs {
             .collect()
     }
 
+    /// The shard (`--shard`), checked: a label value that is a DNS label.
+    pub fn shard(&self) -> anyhow::Result<Option<String>> {
+        match self.shard.as_deref() {
+            None | Some("") => Ok(None),
+            Some(name) if crate::api::is_dns_label(name) => Ok(Some(name.to_string())),
+            Some(name) => anyhow::bail!(
+                "--shard {name:?} is not a DNS label (lowercase letters, digits and '-', at most 63)"
+            ),
+        }
+    }
+
     /// The metrics address, or None for `none`.
     pub fn metrics_addr(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
         if self.metrics_addr == "none" {
@@ -205,7 +221,11 @@ impl RunArgs {
                     .clone()
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "default".into()),
-                lease_name: "managed-jobs".into(),
+                // One leader per shard.
+                lease_name: match self.shard.as_deref().filter(|s| !s.is_empty()) {
+                    Some(shard) => format!("managed-jobs-{shard}"),
+                    None => "managed-jobs".into(),
+                },
                 identity: std::env::var("POD_NAME").unwrap_or_else(|_| {
                     format!(
                         "{}-{}",

@@ -55,6 +55,8 @@ pub struct Config {
     pub max_launch_timeouts: i32,
     /// The `managed-jobs` binary used to start job controllers.
     pub self_exe: PathBuf,
+    /// The shard this operator owns (`--shard`): None for the default instance.
+    pub shard: Option<String>,
 }
 
 /// Shared state of the engine's tasks.
@@ -92,6 +94,14 @@ pub fn lacks_resources(e: &anyhow::Error) -> bool {
         })
 }
 
+/// `shard NAME`, or `the default shard`: how logs and errors name a shard.
+pub fn shard_name(shard: Option<&str>) -> String {
+    match shard {
+        Some(name) => format!("shard {name}"),
+        None => "the default shard".into(),
+    }
+}
+
 /// Takes the state dir's exclusive lock, or fails naming the holder's lock file.
 pub fn lock_state_dir(dir: &StateDir) -> anyhow::Result<Flock<std::fs::File>> {
     dir.create()?;
@@ -122,6 +132,17 @@ impl Engine {
     pub fn start_locked(cfg: Config, lock: Flock<std::fs::File>) -> anyhow::Result<Arc<Engine>> {
         let dir = StateDir::new(&cfg.state_dir);
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
+        // One shard per state dir: another shard's store holds jobs this one must not drive.
+        if store.job_count()? > 0 {
+            let previous = store.settings()?.shard;
+            anyhow::ensure!(
+                previous == cfg.shard,
+                "the state dir {} belongs to {}, not to {}: give each shard its own --state-dir",
+                cfg.state_dir.display(),
+                shard_name(previous.as_deref()),
+                shard_name(cfg.shard.as_deref())
+            );
+        }
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;
         store.set_settings(&Settings {
@@ -131,6 +152,7 @@ impl Engine {
             caps: Some(caps),
             launch_timeout_ms: cfg.launch_timeout.as_millis() as u64,
             max_launch_timeouts: cfg.max_launch_timeouts,
+            shard: cfg.shard.clone(),
         })?;
         tracing::info!(
             launch_cap = caps.launch,
@@ -142,13 +164,14 @@ impl Engine {
         );
         let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
+        let metrics = Metrics::for_shard(cfg.shard.as_deref());
         let engine = Arc::new(Engine {
             cfg,
             dir,
             store: Mutex::new(store),
             schedule: Notify::new(),
             status_changed: Notify::new(),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(metrics),
             spawn_retries: Mutex::new(Default::default()),
             _lock: lock,
         });

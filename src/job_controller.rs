@@ -100,7 +100,7 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
     }
     match executor {
         ExecutorKind::Local => drive!(LocalExecutor::new(&dir)),
-        ExecutorKind::Pod => drive!(PodExecutor::default()),
+        ExecutorKind::Pod => drive!(PodExecutor::new(settings.shard.clone())),
     }
 }
 

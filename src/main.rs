@@ -38,6 +38,7 @@ fn main() -> anyhow::Result<()> {
                 },
                 max_launch_timeouts: args.max_launch_timeouts.max(1),
                 self_exe: std::env::current_exe()?,
+                shard: args.shard()?,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

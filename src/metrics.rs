@@ -96,7 +96,21 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates and registers every metric under the `managedjobs` prefix.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("managedjobs");
+        Metrics::for_shard(None)
+    }
+
+    /// [`Metrics::new`], every series labelled `shard="NAME"` for a shard's operator (`--shard`;
+    /// the default instance's carry no label), so one Prometheus can tell the shards apart.
+    pub fn for_shard(shard: Option<&str>) -> Metrics {
+        let labels = shard
+            .map(|s| {
+                (
+                    std::borrow::Cow::Borrowed("shard"),
+                    std::borrow::Cow::Owned(s.to_string()),
+                )
+            })
+            .into_iter();
+        let mut registry = Registry::with_prefix_and_labels("managedjobs", labels);
         let m = Metrics {
             jobs_by_phase: Family::default(),
             jobs_by_schedule_state: Family::default(),

@@ -25,6 +25,7 @@ fn config(dir: &Path, caps: Caps) -> Config {
         launch_timeout: managed_jobs::lifecycle::DEFAULT_LAUNCH_TIMEOUT,
         max_launch_timeouts: managed_jobs::lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
         self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
+        shard: None,
     }
 }
 

@@ -440,6 +440,12 @@ async fn invalid_pipelines_are_refused_naming_the_field() {
             "spec.tasks must all use one executor",
         ),
         (
+            "setup on a template task",
+            "  tasks:\n    - name: a\n      setup: \"true\"\n      template:\n        spec:\n          containers:\n            - name: main\n              image: busybox\n"
+                .to_string(),
+            "spec.tasks[].setup",
+        ),
+        (
             "setup beside tasks",
             "  setup: \"true\"\n  tasks:\n    - name: a\n      run: \"true\"\n".to_string(),
             "spec.setup",

@@ -81,6 +81,8 @@ pub fn follow(before: &JobRow, change: &Change, after: &mut JobRow, now_ms: i64)
         let done = &mut after.tasks[was];
         done.phase = TaskPhase::Succeeded;
         done.attempt = task_attempt(before, before.attempt);
+        // What it did, not what came next (the job's message says that).
+        let succeeded = format!("succeeded on attempt {}", done.attempt);
         done.restart_count = before.restart_count;
         done.recovery_count = before.recovery_count;
         done.exit_code = Some(0);
@@ -89,7 +91,7 @@ pub fn follow(before: &JobRow, change: &Change, after: &mut JobRow, now_ms: i64)
             done.started_at = before.task_started_at_ms.map(time);
         }
         done.finished_at = Some(time(now_ms));
-        done.message = change.message.clone();
+        done.message = Some(succeeded);
     }
     let launched = after.launched_attempt >= after.task_first_attempt;
     let rec = &mut after.tasks[now];
@@ -98,6 +100,8 @@ pub fn follow(before: &JobRow, change: &Change, after: &mut JobRow, now_ms: i64)
     } else {
         TaskPhase::Pending
     };
+    // As the job's `attempt`: the current attempt, also while a back-off waits to launch it
+    // (a restore derives where the task began from it).
     rec.attempt = if launched {
         (after.attempt - after.task_first_attempt + 1).max(1)
     } else {

@@ -553,7 +553,8 @@ pub fn after_outcome(
             c.attempt = Some(attempt + 1);
             c.restart_count = Some(0);
             c.recovery_count = Some(0);
-            c.exit_code = Some(Some(0));
+            // The job's exit code and failure are its current task's: none yet.
+            c.exit_code = Some(None);
             c.failure_reason = Some(None);
             c.workload = Some(None);
             c.backoff_until_ms = Some(None);
@@ -737,11 +738,14 @@ pub fn cancelling(row: &JobRow) -> Transition {
 
 /// The cancelled job's workload is gone: Cancelled + Done.
 pub fn cancelled(row: &JobRow) -> Transition {
+    let mut change = Change::because(Reason::Cancelled)
+        .to(JobPhase::Cancelled, ScheduleState::Done)
+        .message("cancelled; the workload is stopped");
+    // Cancelled is why it ended, not an earlier attempt's failure it was restarting from.
+    change.failure_reason = Some(None);
     Transition::new(
         Expect::exactly(JobPhase::Cancelling, row.schedule_state),
-        Change::because(Reason::Cancelled)
-            .to(JobPhase::Cancelled, ScheduleState::Done)
-            .message("cancelled; the workload is stopped"),
+        change,
     )
 }
 

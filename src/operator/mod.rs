@@ -143,7 +143,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // anything is admitted.
     let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
     let lock = crate::engine::lock_state_dir(&dir)?;
-    rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref()).await?;
+    rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref(), cfg.shard.as_deref()).await?;
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;
@@ -187,20 +187,28 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
     };
-    tracing::info!("operator started; watching ManagedJobs");
+    tracing::info!(
+        shard = %crate::engine::shard_name(op.engine.config().shard.as_deref()),
+        "operator started; watching ManagedJobs"
+    );
     op.engine.metrics.set_ready();
     // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
     // fields, the client-side-apply annotation), which is most of a small object's size.
     let (reader, writer) = kube::runtime::reflector::store();
-    let stream = watcher(jobs, watcher::Config::default().any_semantic())
-        .default_backoff()
-        .modify(|mj: &mut ManagedJob| {
-            mj.managed_fields_mut().clear();
-            mj.annotations_mut()
-                .remove("kubectl.kubernetes.io/last-applied-configuration");
-        })
-        .reflect(writer)
-        .touched_objects();
+    // This shard's jobs only (the default instance: the jobs without a shard label).
+    let selector = crate::api::shard_selector(op.engine.config().shard.as_deref());
+    let stream = watcher(
+        jobs,
+        watcher::Config::default().any_semantic().labels(&selector),
+    )
+    .default_backoff()
+    .modify(|mj: &mut ManagedJob| {
+        mj.managed_fields_mut().clear();
+        mj.annotations_mut()
+            .remove("kubectl.kubernetes.io/last-applied-configuration");
+    })
+    .reflect(writer)
+    .touched_objects();
     Controller::for_stream(stream, reader)
         .shutdown_on_signal()
         .run(reconcile, error_policy, op)

@@ -36,6 +36,7 @@ pub async fn rebuild_if_empty(
     client: &Client,
     dir: &StateDir,
     namespace: Option<&str>,
+    shard: Option<&str>,
 ) -> anyhow::Result<Rebuilt> {
     dir.create()?;
     let mut store = Store::open(&dir.store(), 1024)?;
@@ -46,7 +47,12 @@ pub async fn rebuild_if_empty(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let objects = jobs.list(&ListParams::default()).await?.items;
+    // Only this shard's jobs: another shard's are restored by their own operator.
+    let selector = crate::api::shard_selector(shard);
+    let objects = jobs
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
     let restorable: Vec<(ManagedJob, lifecycle::Restored)> = objects
         .into_iter()
         .filter_map(|mj| {
@@ -65,7 +71,7 @@ pub async fn rebuild_if_empty(
         None => Api::all(client.clone()),
     };
     let pods: Option<HashMap<(i64, i32), Pod>> = match pods_api
-        .list(&ListParams::default().labels(LABEL_JOB_ID))
+        .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID},{selector}")))
         .await
     {
         Ok(list) => Some(

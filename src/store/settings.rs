@@ -29,6 +29,10 @@ pub struct Settings {
     /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
     #[serde(default = "default_max_launch_timeouts")]
     pub max_launch_timeouts: i32,
+    /// The shard the operator owns (`--shard`; None: the default instance): its job
+    /// controllers label their Pods with it, and another shard's operator refuses this store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
 }
 
 fn default_launch_timeout_ms() -> u64 {
@@ -49,6 +53,7 @@ impl Default for Settings {
             caps: None,
             launch_timeout_ms: default_launch_timeout_ms(),
             max_launch_timeouts: default_max_launch_timeouts(),
+            shard: None,
         }
     }
 }
@@ -98,6 +103,7 @@ mod tests {
             }),
             launch_timeout_ms: 2_000,
             max_launch_timeouts: 2,
+            shard: Some("a".into()),
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);

@@ -382,6 +382,22 @@ impl OperatorProcess {
         self.spawn();
     }
 
+    /// Waits up to `timeout` for the operator to exit on its own; its exit status, if it did.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// The operator's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.state_dir.path().join("operator.log")).unwrap_or_default()

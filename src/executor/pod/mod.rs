@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::{Executor, Refused, Stop};
-use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_TASK};
+use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::store::{JobRow, Store};
 
@@ -129,9 +129,20 @@ pub fn pod_key(pod: &Pod) -> Option<(i64, i32)> {
 #[derive(Default)]
 pub struct PodExecutor {
     client: Option<kube::Client>,
+    /// The operator's shard (`--shard`): its Pods carry it as their `managedjobs.dev/shard`
+    /// label, so that only that shard's Pod watch sees them.
+    shard: Option<String>,
 }
 
 impl PodExecutor {
+    /// The executor of a job controller of shard `shard` (None: the default instance).
+    pub fn new(shard: Option<String>) -> PodExecutor {
+        PodExecutor {
+            client: None,
+            shard,
+        }
+    }
+
     async fn client(&mut self) -> anyhow::Result<kube::Client> {
         if self.client.is_none() {
             self.client = Some(kube::Client::try_default().await?);
@@ -209,7 +220,10 @@ impl Executor for PodExecutor {
     /// delay up to 10 s.
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
-        let pod = build_pod(job, attempt);
+        let mut pod = build_pod(job, attempt);
+        if let Some(shard) = &self.shard {
+            kube::ResourceExt::labels_mut(&mut pod).insert(LABEL_SHARD.into(), shard.clone());
+        }
         let mut delay = Duration::from_millis(200);
         loop {
             match api.create(&kube::api::PostParams::default(), &pod).await {

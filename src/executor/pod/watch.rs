@@ -18,7 +18,12 @@ use crate::engine::Engine;
 pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
     use watcher::Event;
     let client = pods.clone().into_client();
-    let cfg = watcher::Config::default().labels(LABEL_JOB_ID);
+    // This shard's Pods only: another shard's are another operator's.
+    let selector = format!(
+        "{LABEL_JOB_ID},{}",
+        crate::api::shard_selector(engine.config().shard.as_deref())
+    );
+    let cfg = watcher::Config::default().labels(&selector);
     let mut stream = watcher(pods, cfg).default_backoff().boxed();
     let mut listed: HashSet<(i64, i32)> = HashSet::new();
     while let Some(event) = stream.next().await {
