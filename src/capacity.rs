@@ -30,6 +30,14 @@ pub const DEFAULT_RESERVED_MEMORY_MIB: u64 = 512;
 pub const NOFILE_RESERVE: u64 = 96;
 /// File descriptors the operator holds per live job: its job controller's pidfd.
 pub const FDS_PER_JOB: u64 = 1;
+/// Tasks (processes and threads, what a cgroup's `pids.max` counts) per live job: its job
+/// controller (one thread: a current-thread runtime) and a local workload's wrapper shell, the
+/// script's shell and one command. A pod job needs only the first; a script that starts more
+/// processes needs more (raise the limit, or lower `--run-cap`).
+pub const PIDS_PER_JOB: u64 = 4;
+/// Tasks the operator keeps for itself: its runtime's worker and blocking threads, and the
+/// commands it runs.
+pub const PIDS_RESERVE: u64 = 64;
 
 /// Slots in use and queue lengths, counted from the store (DESIGN.md section 4's invariants).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,6 +79,9 @@ pub struct Capacity {
     /// The operator's soft limit on open files (after raising it to the hard limit), when
     /// known; it bounds the run cap ([`limit_by_open_files`]).
     pub open_files: Option<u64>,
+    /// The lowest `pids.max` of the operator's cgroup and its ancestors, when one is set; it
+    /// bounds the run cap ([`limit_by_pids`]).
+    pub pids_max: Option<u64>,
 }
 
 impl fmt::Display for Capacity {
@@ -97,6 +108,15 @@ impl fmt::Display for Capacity {
                 )?;
             }
         }
+        if let Some(n) = self.pids_max {
+            let bound = pids_bound(n);
+            if bound <= self.caps.run {
+                write!(
+                    f,
+                    "; bound by the cgroup's pids.max: {bound} = ({n} - {PIDS_RESERVE} reserved) / {PIDS_PER_JOB} per job"
+                )?;
+            }
+        }
         Ok(())
     }
 }
@@ -117,6 +137,68 @@ pub fn limit_by_open_files(mut c: Capacity, open_files: Option<u64>) -> Capacity
     }
     c.open_files = open_files;
     c
+}
+
+/// The run cap that a cgroup `pids.max` of `max` tasks allows: every live job costs
+/// [`PIDS_PER_JOB`], the operator keeps [`PIDS_RESERVE`]; at least 1.
+pub fn pids_bound(max: u64) -> usize {
+    (max.saturating_sub(PIDS_RESERVE) / PIDS_PER_JOB).max(1) as usize
+}
+
+/// `c` with its run cap bounded by the cgroup's `pids.max` (past it, fork fails with EAGAIN:
+/// job controllers could not start, workloads could not fork).
+pub fn limit_by_pids(mut c: Capacity, pids_max: Option<u64>) -> Capacity {
+    if let Some(n) = pids_max {
+        let bound = pids_bound(n);
+        c.derived.run = c.derived.run.min(bound);
+        c.caps.run = c.caps.run.min(bound);
+    }
+    c.pids_max = pids_max;
+    c
+}
+
+/// The lowest `pids.max` that applies to the process whose `/proc/PID/cgroup` reads
+/// `proc_cgroup`, with the cgroup filesystem mounted at `root` (`/sys/fs/cgroup`): under
+/// cgroup v2 (`0::/path`) the files at `root/path` and each ancestor; under v1 the `pids`
+/// controller's (`N:pids:/path`) at `root/pids/path` and each ancestor. `max` means no limit.
+/// None when no limit is set or nothing can be read.
+pub fn pids_max_under(root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
+    let (base, path) = proc_cgroup
+        .lines()
+        .find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            if controllers.split(',').any(|c| c == "pids") {
+                Some((root.join("pids"), path))
+            } else {
+                None
+            }
+        })
+        .or_else(|| {
+            proc_cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .map(|path| (root.to_path_buf(), path))
+        })?;
+    let mut dir = base.join(path.trim_start_matches('/'));
+    let mut lowest: Option<u64> = None;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join("pids.max"))
+            && let Ok(n) = text.trim().parse::<u64>()
+        {
+            lowest = Some(lowest.map_or(n, |l| l.min(n)));
+        }
+        if dir == base || !dir.pop() || !dir.starts_with(&base) {
+            break;
+        }
+    }
+    lowest
+}
+
+/// [`pids_max_under`] for this process.
+pub fn pids_max() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    pids_max_under(std::path::Path::new("/sys/fs/cgroup"), &cgroup)
 }
 
 /// Raises this process' soft RLIMIT_NOFILE to its hard limit (as the Go runtime does for every
@@ -169,6 +251,7 @@ pub fn compute(cpus: usize, memory_mib: u64, o: Overrides) -> Capacity {
         derived,
         caps,
         open_files: None,
+        pids_max: None,
     }
 }
 
@@ -198,7 +281,8 @@ pub fn usable_memory_mib() -> u64 {
 /// limit of this process (the operator) as far as it goes.
 pub fn detect(o: Overrides) -> Capacity {
     let open_files = raise_open_files_limit();
-    limit_by_open_files(compute(usable_cpus(), usable_memory_mib(), o), open_files)
+    let c = limit_by_open_files(compute(usable_cpus(), usable_memory_mib(), o), open_files);
+    limit_by_pids(c, pids_max())
 }
 
 #[cfg(test)]
@@ -245,5 +329,39 @@ mod tests {
         assert_eq!(free.caps.run, (8 * 1024 - 512) / 16);
         assert!(!free.to_string().contains("open files"));
         assert_eq!(open_files_bound(10), 1);
+    }
+
+    fn fixtures() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup")
+    }
+
+    /// cgroup v2: the lowest pids.max of the cgroup and its ancestors (`max` is no limit).
+    #[test]
+    fn pids_max_is_the_lowest_on_the_path_under_cgroup_v2() {
+        let root = fixtures().join("v2");
+        assert_eq!(
+            pids_max_under(&root, "0::/kubepods/pod1/operator\n"),
+            Some(1000),
+            "the pod's 1000 binds, not the container's max"
+        );
+        assert_eq!(pids_max_under(&root, "0::/unlimited\n"), None);
+        let c = limit_by_pids(compute(2, 24 * 1024, Overrides::default()), Some(1000));
+        assert_eq!(c.caps.run, (1000 - 64) / 4);
+        assert!(
+            c.to_string()
+                .contains("bound by the cgroup's pids.max: 234"),
+            "{c}"
+        );
+    }
+
+    /// cgroup v1: the `pids` controller's hierarchy.
+    #[test]
+    fn pids_max_follows_the_pids_controller_under_cgroup_v1() {
+        let root = fixtures().join("v1");
+        let cgroup = "9:memory:/docker/abc\n8:pids:/docker/abc\n0::/\n";
+        assert_eq!(pids_max_under(&root, cgroup), Some(4096));
+        let free = limit_by_pids(compute(2, 8 * 1024, Overrides::default()), Some(1 << 22));
+        assert_eq!(free.caps.run, (8 * 1024 - 512) / 16);
+        assert!(!free.to_string().contains("pids.max"));
     }
 }

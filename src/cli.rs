@@ -141,6 +141,13 @@ pub struct QueueArgs {
     /// Also show one line per task of each pipeline.
     #[arg(long)]
     pub tasks: bool,
+    /// Read every shard's jobs through the Kubernetes API (KUBECONFIG) instead of one
+    /// operator's store: per shard, its slots in use and its jobs, as their status shows them.
+    #[arg(long)]
+    pub all_shards: bool,
+    /// With `--all-shards`: only this namespace (default: all namespaces).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
 }
 
 /// Flags of `managed-jobs logs`.
@@ -272,7 +279,8 @@ fn human_duration(ms: i64) -> String {
 /// Renders the `queue` table; `tasks` adds a line per task of each pipeline.
 pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<String> {
     let usage = store.slot_usage()?;
-    let caps = match store.settings()?.caps {
+    let settings = store.settings()?;
+    let caps = match settings.caps {
         Some(c) => format!("launch={},run={}", c.launch, c.run),
         None => "unknown".into(),
     };
@@ -280,6 +288,9 @@ pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<Stri
         "caps: {caps}; in use: launching {}, alive {}; queued {}\n",
         usage.launching, usage.alive, usage.waiting
     );
+    if let Some(how) = &settings.capacity {
+        out.push_str(&format!("({how})\n"));
+    }
     out.push_str(&format!(
         "{:>6}  {:<40} {:<16} {:<12} {:<16} {:>4} {:>4}  {:<20} {:>8}  {}\n",
         "ID",
@@ -348,8 +359,80 @@ pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<Stri
     Ok(out)
 }
 
+/// The `queue --all-shards` table from the objects' status: per shard (the
+/// `managedjobs.dev/shard` label; `-` for the default instance), the slots its jobs hold and
+/// their queue, then its jobs (finished ones with `all`), ordered by shard and job id.
+pub fn shards_table(jobs: &[crate::api::ManagedJob], all: bool) -> String {
+    use crate::api::{LABEL_SHARD, ScheduleState};
+    use kube::ResourceExt as _;
+    let mut by_shard: std::collections::BTreeMap<String, Vec<&crate::api::ManagedJob>> =
+        Default::default();
+    for mj in jobs {
+        let shard = mj
+            .labels()
+            .get(LABEL_SHARD)
+            .cloned()
+            .unwrap_or_else(|| "-".into());
+        by_shard.entry(shard).or_default().push(mj);
+    }
+    let mut out = String::new();
+    for (shard, jobs) in &mut by_shard {
+        let state = |mj: &crate::api::ManagedJob| mj.status.as_ref().and_then(|s| s.schedule_state);
+        let count =
+            |f: &dyn Fn(Option<ScheduleState>) -> bool| jobs.iter().filter(|j| f(state(j))).count();
+        out.push_str(&format!(
+            "shard {shard}: {} jobs; launching {}, alive {}; queued {}; finished {}\n",
+            jobs.len(),
+            count(&|s| s == Some(ScheduleState::Launching)),
+            count(&|s| s.is_some_and(|s| s.holds_run_slot())),
+            count(&|s| matches!(
+                s,
+                None | Some(ScheduleState::Inactive | ScheduleState::Waiting)
+            )),
+            count(&|s| s == Some(ScheduleState::Done)),
+        ));
+        jobs.sort_by_key(|j| j.status.as_ref().and_then(|s| s.job_id).unwrap_or(i64::MAX));
+        for mj in jobs.iter() {
+            let s = mj.status.clone().unwrap_or_default();
+            if !all && s.phase.is_some_and(|p| p.is_terminal()) {
+                continue;
+            }
+            out.push_str(&format!(
+                "  {:>6}  {:<40} {:<16} {:<12} {:<16} {}\n",
+                s.job_id.map_or("-".into(), |id| id.to_string()),
+                format!("{}/{}", mj.namespace().unwrap_or_default(), mj.name_any()),
+                s.phase.map_or("-", |p| p.as_str()),
+                s.schedule_state.map_or("-", |p| p.as_str()),
+                s.task_progress.as_deref().unwrap_or("-"),
+                s.message.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    out
+}
+
+/// `managed-jobs queue --all-shards`: every shard's jobs through the API.
+async fn queue_all_shards(args: &QueueArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("--all-shards reads the Kubernetes API (KUBECONFIG)")?;
+    let api: kube::Api<crate::api::ManagedJob> = match &args.namespace {
+        Some(ns) => kube::Api::namespaced(client, ns),
+        None => kube::Api::all(client),
+    };
+    let jobs = api.list(&Default::default()).await?.items;
+    print!("{}", shards_table(&jobs, args.all));
+    Ok(())
+}
+
 /// `managed-jobs queue`.
 pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
+    if args.all_shards {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(queue_all_shards(args));
+    }
     let store = open_existing(&args.state_dir)?;
     print!("{}", queue_table(&store, args.all, args.tasks)?);
     Ok(())

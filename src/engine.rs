@@ -152,6 +152,7 @@ impl Engine {
             caps: Some(caps),
             launch_timeout_ms: cfg.launch_timeout.as_millis() as u64,
             max_launch_timeouts: cfg.max_launch_timeouts,
+            capacity: Some(cfg.capacity.to_string()),
             shard: cfg.shard.clone(),
         })?;
         tracing::info!(

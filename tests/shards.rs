@@ -282,6 +282,26 @@ async fn three_instances_share_a_namespace_and_nothing_else() {
     }
     assert_eq!(all.len(), JOBS + 1);
 
+    // Every shard's view through the API.
+    let out = std::process::Command::new(support::binary())
+        .args(["queue", "--all-shards", "--all", "--namespace", &ns.name])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "shard -: 200 jobs; launching 0, alive 0; queued 0; finished 200",
+        "shard a: 200 jobs; launching 0, alive 0; queued 0; finished 200",
+        "shard b: 201 jobs; launching 0, alive 0; queued 0; finished 201",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+
     // A shard refuses another shard's state dir.
     default.kill();
     let mut intruder =

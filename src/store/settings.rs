@@ -29,6 +29,10 @@ pub struct Settings {
     /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
     #[serde(default = "default_max_launch_timeouts")]
     pub max_launch_timeouts: i32,
+    /// How the caps were derived and which limit binds ([`crate::capacity::Capacity`]'s
+    /// sentence), shown by `managed-jobs queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
     /// The shard the operator owns (`--shard`; None: the default instance): its job
     /// controllers label their Pods with it, and another shard's operator refuses this store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,6 +57,7 @@ impl Default for Settings {
             caps: None,
             launch_timeout_ms: default_launch_timeout_ms(),
             max_launch_timeouts: default_max_launch_timeouts(),
+            capacity: None,
             shard: None,
         }
     }
@@ -103,6 +108,7 @@ mod tests {
             }),
             launch_timeout_ms: 2_000,
             max_launch_timeouts: 2,
+            capacity: Some("launch cap 8".into()),
             shard: Some("a".into()),
         };
         store.set_settings(&s).unwrap();
