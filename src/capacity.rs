@@ -113,7 +113,7 @@ impl fmt::Display for Capacity {
             if bound <= self.caps.run {
                 write!(
                     f,
-                    "; bound by the cgroup's pids.max: {bound} = ({n} - {PIDS_RESERVE} reserved) / {PIDS_PER_JOB} per job"
+                    "; bound by the tasks allowed (cgroup pids.max, kernel pid_max): {bound} = ({n} - {PIDS_RESERVE} reserved) / {PIDS_PER_JOB} per job"
                 )?;
             }
         }
@@ -195,10 +195,16 @@ pub fn pids_max_under(root: &std::path::Path, proc_cgroup: &str) -> Option<u64> 
     lowest
 }
 
-/// [`pids_max_under`] for this process.
+/// The tasks this process may count on: [`pids_max_under`] for its cgroup, and the kernel's
+/// own `pid_max` (every process and thread of the node takes one id; 32,768 on many machines).
 pub fn pids_max() -> Option<u64> {
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    pids_max_under(std::path::Path::new("/sys/fs/cgroup"), &cgroup)
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| pids_max_under(std::path::Path::new("/sys/fs/cgroup"), &c));
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    cgroup.into_iter().chain(kernel).min()
 }
 
 /// Raises this process' soft RLIMIT_NOFILE to its hard limit (as the Go runtime does for every
@@ -347,11 +353,7 @@ mod tests {
         assert_eq!(pids_max_under(&root, "0::/unlimited\n"), None);
         let c = limit_by_pids(compute(2, 24 * 1024, Overrides::default()), Some(1000));
         assert_eq!(c.caps.run, (1000 - 64) / 4);
-        assert!(
-            c.to_string()
-                .contains("bound by the cgroup's pids.max: 234"),
-            "{c}"
-        );
+        assert!(c.to_string().contains("pid_max): 234"), "{c}");
     }
 
     /// cgroup v1: the `pids` controller's hierarchy.

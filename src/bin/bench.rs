@@ -15,7 +15,18 @@
 //! Scenarios: `local` (trivial `true` workloads), `pod` (Pods on kwok nodes, 10 s runtime),
 //! `priorities` (mixed priorities under a launch cap of 1: admission order is checked),
 //! `pipeline` (3-task pipelines of `true`: status writes per task against the transitions a
-//! user can see), `schedpass` (only the scheduling-pass measurement).
+//! user can see), `density` (N jobs of `sleep --hold-seconds` alive at once: time to admit them
+//! all, operator memory and CPU, job controllers' USS and the PSS sum at the peak, the pass time
+//! with them alive), `schedpass` (only the scheduling-pass measurement).
+//!
+//! Every run fails on a watch error or a job the watch never saw finish. Latency is reported for
+//! every status a user sees (Submitted, Starting, Running, terminal: the store's transition to
+//! the watch seeing it), and from the create call to the first status; `--rate N` creates at a
+//! steady N per second instead of as fast as the API takes them; "drain lag" is the last create
+//! to the last terminal status.
+
+// The report is one json! literal with many fields.
+#![recursion_limit = "256"]
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -64,6 +75,12 @@ struct Args {
     /// Finished jobs beside the 10,000 waiting ones in the `schedpass` scenario.
     #[arg(long, default_value_t = 10_000)]
     finished: usize,
+    /// Creates per second (0: as fast as the API takes them, 32 in flight).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// How long each `density` job sleeps, seconds (long enough for all to be alive at once).
+    #[arg(long, default_value_t = 240)]
+    hold_seconds: u64,
 }
 
 fn root() -> PathBuf {
@@ -118,6 +135,11 @@ fn cpu_seconds(pid: i32) -> (f64, f64) {
 /// The operator's `managedjobs_terminal_status_lag_seconds` histogram: (p50, p99) upper bounds in
 /// ms, read from its cumulative buckets (a quantile is at most the first bucket bound reaching it).
 fn operator_lag_quantiles(port: u16) -> Option<(f64, f64)> {
+    histogram_quantiles(port, "managedjobs_terminal_status_lag_seconds")
+}
+
+/// (p50, p99) upper bounds in ms of one of the operator's histograms, from its buckets.
+fn histogram_quantiles(port: u16, metric: &str) -> Option<(f64, f64)> {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
@@ -127,7 +149,7 @@ fn operator_lag_quantiles(port: u16) -> Option<(f64, f64)> {
     let mut buckets: Vec<(f64, f64)> = text
         .lines()
         .filter_map(|l| {
-            let rest = l.strip_prefix("managedjobs_terminal_status_lag_seconds_bucket{le=\"")?;
+            let rest = l.strip_prefix(metric)?.strip_prefix("_bucket{le=\"")?;
             let (le, count) = rest.split_once("\"} ")?;
             let le = if le == "+Inf" {
                 f64::INFINITY
@@ -184,7 +206,7 @@ async fn apiserver_requests(
     Ok(out)
 }
 
-fn job_yaml(scenario: &str, i: usize) -> serde_json::Value {
+fn job_yaml(scenario: &str, i: usize, hold: u64) -> serde_json::Value {
     let name = format!("bench-{i:05}");
     let mut spec = match scenario {
         "pod" => json!({
@@ -194,6 +216,7 @@ fn job_yaml(scenario: &str, i: usize) -> serde_json::Value {
                     "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } } }] }
             }
         }),
+        "density" => json!({ "run": format!("sleep {hold}") }),
         "pipeline" => json!({ "tasks": [
             { "name": "prepare", "run": "true" },
             { "name": "train", "run": "true" },
@@ -269,6 +292,12 @@ struct Seen {
     seen_ms: Option<i64>,
     phase: Option<JobPhase>,
     schedule: Option<ScheduleState>,
+    /// When its create call was made.
+    created: Option<Instant>,
+    /// When the watch first saw a status of it.
+    first_status: Option<Instant>,
+    /// When the watch first saw each phase (ms since epoch).
+    phase_seen_ms: BTreeMap<&'static str, i64>,
 }
 
 #[tokio::main]
@@ -282,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if !["local", "pod", "priorities", "pipeline"].contains(&args.scenario.as_str()) {
+    if !["local", "pod", "priorities", "pipeline", "density"].contains(&args.scenario.as_str()) {
         bail!("unknown scenario {}", args.scenario);
     }
     let script = root().join("hack/controlplane.sh");
@@ -343,6 +372,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let run_cap = if args.scenario == "priorities" {
         Some(1)
+    } else if args.scenario == "density" {
+        Some(args.run_cap.unwrap_or(args.jobs))
     } else {
         args.run_cap
     };
@@ -371,12 +402,27 @@ async fn main() -> anyhow::Result<()> {
                 .applied_objects()
                 .boxed();
             let mut done = 0usize;
-            while let Ok(Some(mj)) = stream.try_next().await {
+            loop {
+                let mj = match stream.try_next().await {
+                    Ok(Some(mj)) => mj,
+                    Ok(None) => bail!("the watch ended before every job finished"),
+                    // A gap in what the watch saw would flatter every figure: fail the run.
+                    Err(e) => bail!("watch error: {e}"),
+                };
                 let now = Instant::now();
                 let name = mj.metadata.name.clone().unwrap_or_default();
                 let status = mj.status.unwrap_or_default();
                 let mut map = seen.lock().unwrap();
                 let entry = map.entry(name).or_default();
+                if entry.first_status.is_none() && status.phase.is_some() {
+                    entry.first_status = Some(now);
+                }
+                if let Some(p) = status.phase {
+                    entry
+                        .phase_seen_ms
+                        .entry(p.as_str())
+                        .or_insert_with(managed_jobs::lifecycle::now_ms);
+                }
                 if entry.submitted_at.is_none()
                     && status.phase.is_some_and(|p| p != JobPhase::Pending)
                 {
@@ -402,7 +448,7 @@ async fn main() -> anyhow::Result<()> {
                 p.1 = p.1.max(launching);
                 drop(p);
                 if done >= total {
-                    break;
+                    return Ok(());
                 }
             }
         })
@@ -410,15 +456,29 @@ async fn main() -> anyhow::Result<()> {
 
     // Sample job controller memory while jobs run.
     let samples: Arc<Mutex<Vec<(u64, u64, u64)>>> = Arc::default();
+    // The round that saw the most job controllers: (their number, their PSS sum in KiB, the
+    // operator's RSS in KiB then); and the operator's highest RSS.
+    let peak: Arc<Mutex<(usize, u64, u64, u64)>> = Arc::default();
     let sampler = {
         let dir = state.path().to_string_lossy().into_owned();
-        let samples = samples.clone();
+        let (samples, peak) = (samples.clone(), peak.clone());
         tokio::spawn(async move {
             loop {
+                let (mut n, mut pss) = (0usize, 0u64);
                 for pid in managed_jobs::process::find_by_arguments(&["job-controller", &dir]) {
                     if let Some(m) = memory_kib(pid).filter(|m| m.0 > 0) {
                         samples.lock().unwrap().push(m);
+                        n += 1;
+                        pss += m.2;
                     }
+                }
+                let op_rss = memory_kib(op_pid).map(|m| m.0).unwrap_or(0);
+                {
+                    let mut p = peak.lock().unwrap();
+                    if n > p.0 {
+                        *p = (n, pss, op_rss, p.3);
+                    }
+                    p.3 = p.3.max(op_rss);
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -428,13 +488,27 @@ async fn main() -> anyhow::Result<()> {
     let cpu_before = cpu_seconds(op_pid);
     let start = Instant::now();
     let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
+    let (hold, rate) = (args.hold_seconds, args.rate);
+    // A steady rate: the i-th create starts at i / rate, whatever the earlier ones take.
+    let in_flight = if rate > 0.0 { 4096 } else { 32 };
     futures::stream::iter(0..args.jobs)
         .map(|i| {
             let api = api.clone();
             let scenario = args.scenario.clone();
+            let seen = seen.clone();
             async move {
-                let mj: ManagedJob = serde_json::from_value(job_yaml(&scenario, i)).unwrap();
+                if rate > 0.0 {
+                    let at = start + Duration::from_secs_f64(i as f64 / rate);
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                let mj: ManagedJob = serde_json::from_value(job_yaml(&scenario, i, hold)).unwrap();
                 let name = mj.metadata.name.clone().unwrap();
+                seen.lock()
+                    .unwrap()
+                    .entry(name.clone())
+                    .or_default()
+                    .created
+                    .get_or_insert_with(Instant::now);
                 loop {
                     match api.create(&PostParams::default(), &mj).await {
                         Ok(_) => break,
@@ -446,15 +520,27 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         })
-        .buffer_unordered(32)
+        .buffer_unordered(in_flight)
         .collect::<Vec<()>>()
         .await;
     let created = start.elapsed();
-    let deadline = Duration::from_secs(1800);
-    if tokio::time::timeout(deadline, watcher_task).await.is_err() {
-        bail!("not every job finished within {deadline:?}");
+    let deadline = Duration::from_secs(1800 + args.hold_seconds);
+    match tokio::time::timeout(deadline, watcher_task).await {
+        Err(_) => {
+            let never = seen
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|s| s.seen_ms.is_none())
+                .count();
+            bail!("{never} jobs were never seen finishing within {deadline:?}");
+        }
+        Ok(Err(e)) => bail!("the watch task failed: {e}"),
+        Ok(Ok(Err(e))) => bail!("{e}"),
+        Ok(Ok(Ok(()))) => {}
     }
     let elapsed = start.elapsed();
+    let pass_quantiles = histogram_quantiles(port, "managedjobs_scheduling_pass_seconds");
     let cpu_after = cpu_seconds(op_pid);
     let operator_lag = operator_lag_quantiles(port);
     let (cpu, children_cpu) = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
@@ -464,7 +550,7 @@ async fn main() -> anyhow::Result<()> {
     let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
     if args.scenario != "pod" {
         for i in 0..20 {
-            let mut mj: ManagedJob = serde_json::from_value(job_yaml("local", i)).unwrap();
+            let mut mj: ManagedJob = serde_json::from_value(job_yaml("local", i, hold)).unwrap();
             mj.metadata.name = Some(format!("memory-{i:02}"));
             mj.spec.run = Some("sleep 4".into());
             api.create(&PostParams::default(), &mj).await?;
@@ -497,6 +583,53 @@ async fn main() -> anyhow::Result<()> {
             .filter_map(|(name, s)| Some((s.seen_ms? - finished.get(name)?) as f64))
             .collect(),
     );
+    // Each status a user sees: the store's first transition into the phase to the watch seeing
+    // it (a phase the status writer coalesced away is not counted).
+    let rows: HashMap<String, i64> = store
+        .all()?
+        .into_iter()
+        .filter(|r| r.name.starts_with("bench-"))
+        .map(|r| (r.name, r.id))
+        .collect();
+    let mut per_phase: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for (name, s) in map.iter() {
+        let Some(id) = rows.get(name) else { continue };
+        let history = store.history(*id).unwrap_or_default();
+        for (phase, seen_ms) in &s.phase_seen_ms {
+            let label = match *phase {
+                "Submitted" | "Starting" | "Running" => *phase,
+                p if JobPhase::parse(p).is_some_and(|p| p.is_terminal()) => "terminal",
+                _ => continue,
+            };
+            if let Some(t) = history.iter().find(|t| t.to_phase == *phase) {
+                per_phase
+                    .entry(label)
+                    .or_default()
+                    .push((seen_ms - t.at_ms).max(0) as f64);
+            }
+        }
+    }
+    let per_phase: BTreeMap<&str, serde_json::Value> = per_phase
+        .into_iter()
+        .map(|(p, v)| {
+            let v = sorted(v);
+            (
+                p,
+                json!({ "count": v.len(), "p50_ms": percentile(&v, 0.5), "p99_ms": percentile(&v, 0.99) }),
+            )
+        })
+        .collect();
+    let to_first_status = sorted(
+        map.values()
+            .filter_map(|s| Some(s.first_status?.duration_since(s.created?).as_secs_f64() * 1000.0))
+            .collect(),
+    );
+    let last_create = map.values().filter_map(|s| s.created).max();
+    let last_terminal = map.values().filter_map(|s| s.seen_ms).max().unwrap_or(0);
+    let drain_lag_s = last_create.map(|c| {
+        let c_ms = managed_jobs::lifecycle::now_ms() - c.elapsed().as_millis() as i64;
+        (last_terminal - c_ms) as f64 / 1000.0
+    });
     let (peak_alive, peak_launching) = *peaks.lock().unwrap();
     let mut per_job: BTreeMap<String, f64> = BTreeMap::new();
     for ((verb, resource), v) in &after {
@@ -580,6 +713,18 @@ async fn main() -> anyhow::Result<()> {
         "not_succeeded": failed,
         "peak_alive_seen": peak_alive,
         "peak_launching_seen": peak_launching,
+        "create_rate_per_second": if args.rate > 0.0 { json!(args.rate) } else { json!("max") },
+        "api_qps_burst": format!("{}/{}", args.api_qps, args.api_burst),
+        "drain_lag_seconds": drain_lag_s,
+        "create_to_first_status_ms_p50": percentile(&to_first_status, 0.5),
+        "create_to_first_status_ms_p99": percentile(&to_first_status, 0.99),
+        "status_latency_by_phase": per_phase,
+        "scheduling_pass_ms_p50_in_run_at_most": pass_quantiles.map(|q| q.0),
+        "scheduling_pass_ms_p99_in_run_at_most": pass_quantiles.map(|q| q.1),
+        "peak_job_controllers_sampled": peak.lock().unwrap().0,
+        "peak_job_controllers_pss_sum_mib": peak.lock().unwrap().1 as f64 / 1024.0,
+        "operator_rss_mib_at_peak": peak.lock().unwrap().2 as f64 / 1024.0,
+        "operator_rss_mib_max": peak.lock().unwrap().3 as f64 / 1024.0,
         "status_latency_ms_p50": percentile(&latencies, 0.5),
         "status_latency_ms_p99": percentile(&latencies, 0.99),
         "operator_terminal_status_lag_ms_p50_at_most": operator_lag.map(|l| l.0),
