@@ -131,9 +131,7 @@ pub fn open_files_bound(open_files: u64) -> usize {
 /// the operator may hold: past it, starting a job controller would fail with EMFILE.
 pub fn limit_by_open_files(mut c: Capacity, open_files: Option<u64>) -> Capacity {
     if let Some(n) = open_files {
-        let bound = open_files_bound(n);
-        c.derived.run = c.derived.run.min(bound);
-        c.caps.run = c.caps.run.min(bound);
+        c.caps.run = c.caps.run.min(open_files_bound(n));
     }
     c.open_files = open_files;
     c
@@ -149,9 +147,7 @@ pub fn pids_bound(max: u64) -> usize {
 /// job controllers could not start, workloads could not fork).
 pub fn limit_by_pids(mut c: Capacity, pids_max: Option<u64>) -> Capacity {
     if let Some(n) = pids_max {
-        let bound = pids_bound(n);
-        c.derived.run = c.derived.run.min(bound);
-        c.caps.run = c.caps.run.min(bound);
+        c.caps.run = c.caps.run.min(pids_bound(n));
     }
     c.pids_max = pids_max;
     c

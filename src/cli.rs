@@ -201,7 +201,10 @@ impl RunArgs {
     /// The shard (`--shard`), checked: a label value that is a DNS label.
     pub fn shard(&self) -> anyhow::Result<Option<String>> {
         match self.shard.as_deref() {
-            None | Some("") => Ok(None),
+            None => Ok(None),
+            Some("") => anyhow::bail!(
+                "--shard is empty (MJ_SHARD set to nothing?): omit it for the default instance"
+            ),
             Some(name) if crate::api::is_dns_label(name) => Ok(Some(name.to_string())),
             Some(name) => anyhow::bail!(
                 "--shard {name:?} is not a DNS label (lowercase letters, digits and '-', at most 63)"
@@ -229,7 +232,7 @@ impl RunArgs {
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "default".into()),
                 // One leader per shard.
-                lease_name: match self.shard.as_deref().filter(|s| !s.is_empty()) {
+                lease_name: match self.shard.as_deref() {
                     Some(shard) => format!("managed-jobs-{shard}"),
                     None => "managed-jobs".into(),
                 },
@@ -380,16 +383,24 @@ pub fn shards_table(jobs: &[crate::api::ManagedJob], all: bool) -> String {
         let state = |mj: &crate::api::ManagedJob| mj.status.as_ref().and_then(|s| s.schedule_state);
         let count =
             |f: &dyn Fn(Option<ScheduleState>) -> bool| jobs.iter().filter(|j| f(state(j))).count();
+        let owner = if shard == "-" {
+            "the default shard".to_string()
+        } else {
+            format!("shard {shard}")
+        };
+        // A job no operator has written yet: just created, or its shard has no operator.
         out.push_str(&format!(
-            "shard {shard}: {} jobs; launching {}, alive {}; queued {}; finished {}\n",
+            "{owner}: {} jobs; launching {}, alive {}; queued {}; finished {}; no status yet {}\n",
             jobs.len(),
             count(&|s| s == Some(ScheduleState::Launching)),
             count(&|s| s.is_some_and(|s| s.holds_run_slot())),
-            count(&|s| matches!(
-                s,
-                None | Some(ScheduleState::Inactive | ScheduleState::Waiting)
-            )),
+            count(&|s| matches!(s, Some(ScheduleState::Inactive | ScheduleState::Waiting))),
             count(&|s| s == Some(ScheduleState::Done)),
+            count(&|s| s.is_none()),
+        ));
+        out.push_str(&format!(
+            "  {:>6}  {:<40} {:<16} {:<12} {:<16} {}\n",
+            "ID", "NAMESPACE/NAME", "PHASE", "SCHEDULE", "TASK", "MESSAGE"
         ));
         jobs.sort_by_key(|j| j.status.as_ref().and_then(|s| s.job_id).unwrap_or(i64::MAX));
         for mj in jobs.iter() {

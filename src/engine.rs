@@ -94,6 +94,32 @@ pub fn lacks_resources(e: &anyhow::Error) -> bool {
         })
 }
 
+/// One shard per state dir: a store that holds jobs belongs to the shard recorded in its
+/// settings, and another shard must not drive them. An empty store is claimed for `shard` (its
+/// settings record it) before anything else is written to it, a rebuild from the API included.
+///
+/// Errors: the store belongs to another shard, or cannot be read or written.
+pub fn claim_for_shard(
+    store: &mut Store,
+    state_dir: &std::path::Path,
+    shard: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut settings = store.settings()?;
+    if store.job_count()? > 0 {
+        anyhow::ensure!(
+            settings.shard.as_deref() == shard,
+            "the state dir {} belongs to {}, not to {}: give each shard its own --state-dir",
+            state_dir.display(),
+            shard_name(settings.shard.as_deref()),
+            shard_name(shard)
+        );
+    } else if settings.shard.as_deref() != shard {
+        settings.shard = shard.map(str::to_string);
+        store.set_settings(&settings)?;
+    }
+    Ok(())
+}
+
 /// `shard NAME`, or `the default shard`: how logs and errors name a shard.
 pub fn shard_name(shard: Option<&str>) -> String {
     match shard {
@@ -132,17 +158,7 @@ impl Engine {
     pub fn start_locked(cfg: Config, lock: Flock<std::fs::File>) -> anyhow::Result<Arc<Engine>> {
         let dir = StateDir::new(&cfg.state_dir);
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
-        // One shard per state dir: another shard's store holds jobs this one must not drive.
-        if store.job_count()? > 0 {
-            let previous = store.settings()?.shard;
-            anyhow::ensure!(
-                previous == cfg.shard,
-                "the state dir {} belongs to {}, not to {}: give each shard its own --state-dir",
-                cfg.state_dir.display(),
-                shard_name(previous.as_deref()),
-                shard_name(cfg.shard.as_deref())
-            );
-        }
+        claim_for_shard(&mut store, &cfg.state_dir, cfg.shard.as_deref())?;
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;
         store.set_settings(&Settings {

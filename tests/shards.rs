@@ -2,8 +2,8 @@
 //! (the default one and `--shard a`, `--shard b`) share one namespace and one API server and
 //! nothing else. Every job is handled by exactly one of them (their stores are disjoint and
 //! match the labels), each instance's caps hold as seen through the API over the whole run,
-//! killing one shard leaves the others' jobs untouched, a shard's label cannot change while its
-//! job runs, and a shard refuses another shard's state dir.
+//! killing one shard leaves the others' jobs untouched, a job's shard label is fixed at its
+//! creation (and must name a shard), and a shard refuses another shard's state dir.
 
 mod support;
 
@@ -163,10 +163,24 @@ async fn three_instances_share_a_namespace_and_nothing_else() {
         );
         assert!(!ok, "{change} was accepted: {out}");
         assert!(
-            out.contains("metadata.labels[managedjobs.dev/shard] cannot change"),
+            out.contains("metadata.labels[managedjobs.dev/shard] is fixed when the job is created"),
             "{out}"
         );
     }
+    // A label no operator could take is refused at create.
+    let (ok, out) = support::kubectl(
+        cp,
+        &[
+            "label",
+            "-n",
+            &ns.name,
+            "mj",
+            "pinned",
+            "managedjobs.dev/shard=B_1",
+            "--overwrite",
+        ],
+    );
+    assert!(!ok && out.contains("is not a shard name"), "{out}");
     support::cancel(&client, &ns.name, "pinned").await;
     support::wait_status(&client, &ns.name, "pinned", T, "finished", terminal).await;
 
@@ -295,12 +309,28 @@ async fn three_instances_share_a_namespace_and_nothing_else() {
         String::from_utf8_lossy(&out.stderr)
     );
     for line in [
-        "shard -: 200 jobs; launching 0, alive 0; queued 0; finished 200",
-        "shard a: 200 jobs; launching 0, alive 0; queued 0; finished 200",
-        "shard b: 201 jobs; launching 0, alive 0; queued 0; finished 201",
+        "the default shard: 200 jobs; launching 0, alive 0; queued 0; finished 200; no status yet 0",
+        "shard a: 200 jobs; launching 0, alive 0; queued 0; finished 200; no status yet 0",
+        "shard b: 201 jobs; launching 0, alive 0; queued 0; finished 201; no status yet 0",
     ] {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
+
+    // A shard whose store is lost comes back with its own jobs (and no other's).
+    shard_a.kill_with_job_controllers();
+    std::fs::remove_dir_all(shard_a.state_path()).unwrap();
+    std::fs::create_dir_all(shard_a.state_path()).unwrap();
+    shard_a.start_again();
+    assert!(
+        shard_a.wait_exit(Duration::from_secs(8)).is_none(),
+        "shard a did not come back: {}",
+        shard_a.log()
+    );
+    assert_eq!(
+        store_uids(&shard_a),
+        stores[1].1,
+        "shard a restored its own jobs"
+    );
 
     // A shard refuses another shard's state dir.
     default.kill();

@@ -188,7 +188,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         None => Api::all(client),
     };
     tracing::info!(
-        shard = %crate::engine::shard_name(op.engine.config().shard.as_deref()),
+        owner = %crate::engine::shard_name(op.engine.config().shard.as_deref()),
         "operator started; watching ManagedJobs"
     );
     op.engine.metrics.set_ready();

@@ -40,6 +40,8 @@ pub async fn rebuild_if_empty(
 ) -> anyhow::Result<Rebuilt> {
     dir.create()?;
     let mut store = Store::open(&dir.store(), 1024)?;
+    // The jobs about to be restored are this shard's: claim the store first.
+    crate::engine::claim_for_shard(&mut store, dir.root(), shard)?;
     if store.job_count()? > 0 {
         return Ok(Rebuilt::default());
     }

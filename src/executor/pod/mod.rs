@@ -221,9 +221,13 @@ impl Executor for PodExecutor {
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
         let mut pod = build_pod(job, attempt);
-        if let Some(shard) = &self.shard {
-            kube::ResourceExt::labels_mut(&mut pod).insert(LABEL_SHARD.into(), shard.clone());
-        }
+        // The shard's label, whatever the template says: this shard's Pod watch must see it,
+        // and no other's.
+        let labels = kube::ResourceExt::labels_mut(&mut pod);
+        match &self.shard {
+            Some(shard) => labels.insert(LABEL_SHARD.into(), shard.clone()),
+            None => labels.remove(LABEL_SHARD),
+        };
         let mut delay = Duration::from_millis(200);
         loop {
             match api.create(&kube::api::PostParams::default(), &pod).await {
