@@ -81,6 +81,32 @@ struct Args {
     /// How long each `density` job sleeps, seconds (long enough for all to be alive at once).
     #[arg(long, default_value_t = 240)]
     hold_seconds: u64,
+    /// Node churn: every this many seconds one kwok node (in turn) is deleted, and put back 10 s
+    /// later; the Pods bound to it are lost (the pod GC deletes them) and their jobs recovered.
+    /// 0: no churn.
+    #[arg(long, default_value_t = 0)]
+    churn_seconds: u64,
+}
+
+/// Deletes the `k`-th node (by name order) and creates it again 10 s later, as a node that
+/// leaves the cluster and comes back; returns the node's name.
+async fn churn_one(client: &kube::Client, k: usize) -> anyhow::Result<String> {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut list = nodes.list(&Default::default()).await?.items;
+    list.sort_by_key(|n| n.metadata.name.clone());
+    anyhow::ensure!(!list.is_empty(), "no node to churn");
+    let mut node = list[k % list.len()].clone();
+    let name = node.metadata.name.clone().unwrap_or_default();
+    nodes.delete(&name, &Default::default()).await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    node.metadata.resource_version = None;
+    node.metadata.uid = None;
+    node.metadata.creation_timestamp = None;
+    node.metadata.managed_fields = None;
+    node.status = None;
+    nodes.create(&PostParams::default(), &node).await?;
+    Ok(name)
 }
 
 fn root() -> PathBuf {
@@ -485,6 +511,25 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
+    let churned: Arc<Mutex<Vec<String>>> = Arc::default();
+    let stop_churn = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churner = (args.churn_seconds > 0).then(|| {
+        let (client, churned, every) = (client.clone(), churned.clone(), args.churn_seconds);
+        let stop = stop_churn.clone();
+        tokio::spawn(async move {
+            for k in 0.. {
+                tokio::time::sleep(Duration::from_secs(every)).await;
+                // Never stopped between a delete and its create: a node is always put back.
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                match churn_one(&client, k).await {
+                    Ok(name) => churned.lock().unwrap().push(name),
+                    Err(e) => eprintln!("node churn: {e}"),
+                }
+            }
+        })
+    });
     let cpu_before = cpu_seconds(op_pid);
     let start = Instant::now();
     let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
@@ -540,6 +585,10 @@ async fn main() -> anyhow::Result<()> {
         Ok(Ok(Ok(()))) => {}
     }
     let elapsed = start.elapsed();
+    if let Some(c) = churner {
+        stop_churn.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = c.await;
+    }
     let pass_quantiles = histogram_quantiles(port, "managedjobs_scheduling_pass_seconds");
     let cpu_after = cpu_seconds(op_pid);
     let operator_lag = operator_lag_quantiles(port);
@@ -695,6 +744,12 @@ async fn main() -> anyhow::Result<()> {
         })
         .sum();
     let tasks_per_job = if args.scenario == "pipeline" { 3 } else { 1 };
+    let recoveries: i64 = store
+        .all()?
+        .iter()
+        .filter(|r| r.name.starts_with("bench-"))
+        .map(|r| managed_jobs::lifecycle::tasks::totals(r).1 as i64)
+        .sum();
     let status_writes = per_job
         .get("PATCH managedjobs/status")
         .copied()
@@ -743,6 +798,8 @@ async fn main() -> anyhow::Result<()> {
         "scheduling_pass_ms_p99_10000_waiting": sp99,
         "priority_order_inversions": inversions,
         "tasks_per_job": tasks_per_job,
+        "nodes_churned": churned.lock().unwrap().clone(),
+        "recoveries": recoveries,
         "visible_changes_per_job": visible as f64 / args.jobs as f64,
         "status_writes_per_job": status_writes,
         "status_writes_per_task": status_writes / tasks_per_job as f64,
