@@ -81,16 +81,20 @@ struct Args {
     /// How long each `density` job sleeps, seconds (long enough for all to be alive at once).
     #[arg(long, default_value_t = 240)]
     hold_seconds: u64,
-    /// Node churn: every this many seconds one kwok node (in turn) is deleted, and put back 10 s
-    /// later; the Pods bound to it are lost (the pod GC deletes them) and their jobs recovered.
-    /// 0: no churn.
+    /// Node churn: every this many seconds one kwok node (in turn) is deleted, and put back
+    /// `--churn-outage-seconds` later. 0: no churn.
     #[arg(long, default_value_t = 0)]
     churn_seconds: u64,
+    /// How long a churned node stays away. The pod GC deletes the Pods of a node that is gone
+    /// after a 40 s quarantine, so a shorter outage loses nothing; a longer one loses its Pods,
+    /// whose jobs are recovered.
+    #[arg(long, default_value_t = 60)]
+    churn_outage_seconds: u64,
 }
 
-/// Deletes the `k`-th node (by name order) and creates it again 10 s later, as a node that
+/// Deletes the `k`-th node (by name order) and creates it again `outage` later, as a node that
 /// leaves the cluster and comes back; returns the node's name.
-async fn churn_one(client: &kube::Client, k: usize) -> anyhow::Result<String> {
+async fn churn_one(client: &kube::Client, k: usize, outage: Duration) -> anyhow::Result<String> {
     use k8s_openapi::api::core::v1::Node;
     let nodes: Api<Node> = Api::all(client.clone());
     let mut list = nodes.list(&Default::default()).await?.items;
@@ -99,7 +103,7 @@ async fn churn_one(client: &kube::Client, k: usize) -> anyhow::Result<String> {
     let mut node = list[k % list.len()].clone();
     let name = node.metadata.name.clone().unwrap_or_default();
     nodes.delete(&name, &Default::default()).await?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(outage).await;
     node.metadata.resource_version = None;
     node.metadata.uid = None;
     node.metadata.creation_timestamp = None;
@@ -515,6 +519,7 @@ async fn main() -> anyhow::Result<()> {
     let stop_churn = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churner = (args.churn_seconds > 0).then(|| {
         let (client, churned, every) = (client.clone(), churned.clone(), args.churn_seconds);
+        let outage = Duration::from_secs(args.churn_outage_seconds);
         let stop = stop_churn.clone();
         tokio::spawn(async move {
             for k in 0.. {
@@ -523,7 +528,7 @@ async fn main() -> anyhow::Result<()> {
                 if stop.load(std::sync::atomic::Ordering::SeqCst) {
                     break;
                 }
-                match churn_one(&client, k).await {
+                match churn_one(&client, k, outage).await {
                     Ok(name) => churned.lock().unwrap().push(name),
                     Err(e) => eprintln!("node churn: {e}"),
                 }
