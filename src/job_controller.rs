@@ -165,7 +165,12 @@ impl<E: Executor> JobController<E> {
                     Stop::Stopping { waiting_on } => {
                         if let Some(w) = waiting_on {
                             let t = lifecycle::stopping(&row, &w);
-                            if t.change.message.as_ref() != Some(&row.message) {
+                            let stored = t
+                                .change
+                                .message
+                                .as_deref()
+                                .map(|m| lifecycle::tasks::stored_message(&row, m));
+                            if stored.as_ref() != Some(&row.message) {
                                 self.set(&row, &t)?;
                             }
                         }

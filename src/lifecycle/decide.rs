@@ -294,7 +294,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
         Observed::Unschedulable { workload, message } => {
             let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let message = format!("waiting for a node for Pod {pod}: {message}");
-            if launching || row.message != message {
+            if launching || row.message != super::tasks::stored_message(row, &message) {
                 Action::Apply(t::unschedulable(row, workload.clone(), message))
             } else {
                 wait
@@ -321,7 +321,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 ));
             }
             let waiting = format!("{message}; relaunching once it is gone");
-            if row.message != waiting {
+            if row.message != super::tasks::stored_message(row, &waiting) {
                 return Action::Apply(t::terminating(row, workload.clone(), waiting));
             }
             Action::Wait {
@@ -362,7 +362,9 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 .map(|at| at + PENDING_QUIET.as_millis() as i64);
             let worth = !reason.is_empty()
                 || (!message.is_empty() && quiet_over.is_some_and(|q| q <= cx.now_ms));
-            if row.launched_at_ms.is_none() || (worth && row.message != waiting) {
+            if row.launched_at_ms.is_none()
+                || (worth && row.message != super::tasks::stored_message(row, &waiting))
+            {
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
             let show_at = quiet_over.filter(|q| *q > cx.now_ms && !message.is_empty());

@@ -28,6 +28,16 @@ pub fn has_next_task(row: &JobRow) -> bool {
     (row.task_index.max(0) as usize) + 1 < row.spec.tasks.len()
 }
 
+/// `message` as the store keeps it for `row`: a pipeline's messages name the task they are about
+/// (`task 2/3 train: ...`). A decision compares this, not `message`, with `row.message` to know
+/// whether writing it would change anything.
+pub fn stored_message(row: &JobRow, message: &str) -> String {
+    match current_task(row).label() {
+        Some(label) => format!("{label}: {message}"),
+        None => message.to_string(),
+    }
+}
+
 /// `TASK` as `kubectl get mj` shows it: `2/3 train` (number from 1). None for a job of one task.
 pub fn progress(row: &JobRow) -> Option<String> {
     let task = current_task(row);
@@ -72,10 +82,8 @@ pub fn follow(before: &JobRow, change: &Change, after: &mut JobRow, now_ms: i64)
     }
     let was = (before.task_index.max(0) as usize).min(count - 1);
     let now = (after.task_index.max(0) as usize).min(count - 1);
-    if let Some(m) = &change.message
-        && let Some(label) = before.spec.task(was).label()
-    {
-        after.message = format!("{label}: {m}");
+    if let Some(m) = &change.message {
+        after.message = stored_message(before, m);
     }
     if now != was {
         let done = &mut after.tasks[was];
@@ -323,6 +331,45 @@ mod tests {
             Some("skipped: task 2/3 b ended Failed")
         );
         assert_eq!(totals(&done), (2, 0));
+    }
+
+    /// A pipeline's stored messages name the task: a decision that compares what it would write
+    /// with the row must compare the stored form, or it writes the same message in a loop.
+    #[test]
+    fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
+        use crate::lifecycle::{Action, Observed, decide::Context, next_action};
+        let mut row = pipeline_row();
+        row.phase = JobPhase::Starting;
+        row.schedule_state = ScheduleState::Alive;
+        let observed = Observed::Unschedulable {
+            workload: "pod/p-1-0-1".into(),
+            message: "0/4 nodes are available".into(),
+        };
+        let cx = Context {
+            now_ms: 10_000,
+            executor_enabled: true,
+            create_is_idempotent: true,
+            backoff_base: Duration::from_secs(1),
+            stop_after_exit: false,
+            launch_timeout: Duration::from_secs(600),
+            max_launch_timeouts: 3,
+        };
+        let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
+            panic!("the first sight of the wait is written");
+        };
+        let after = apply(&row, &t, 10_000);
+        assert!(
+            after.message.starts_with("task 1/3 a: waiting for a node"),
+            "{}",
+            after.message
+        );
+        assert!(
+            matches!(
+                next_action(&after, Some(&observed), &cx),
+                Action::Wait { .. }
+            ),
+            "the same wait again writes nothing"
+        );
     }
 
     #[test]
