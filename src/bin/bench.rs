@@ -108,7 +108,8 @@ async fn churn_one(client: &kube::Client, k: usize, outage: Duration) -> anyhow:
     node.metadata.uid = None;
     node.metadata.creation_timestamp = None;
     node.metadata.managed_fields = None;
-    node.status = None;
+    // Its status goes back with it (capacity, allocatable): a node created without them would
+    // take Pods of any size.
     nodes.create(&PostParams::default(), &node).await?;
     Ok(name)
 }
