@@ -157,17 +157,27 @@ fn launch_timeout(row: &JobRow, cx: &Context) -> Duration {
 /// from when that task first ran: whichever comes first. None before it first ran or without a
 /// deadline.
 pub fn deadline_ms(row: &JobRow) -> Option<i64> {
+    let (job, task) = deadlines(row);
+    super::earliest(job.map(|d| d.0), task.map(|d| d.0))
+}
+
+/// A deadline: when (ms since epoch), and the `activeDeadlineSeconds` it comes from.
+pub type Deadline = (i64, i64);
+
+/// The job's deadline and its current task's (a pipeline's); each None before it started or
+/// without one.
+pub fn deadlines(row: &JobRow) -> (Option<Deadline>, Option<Deadline>) {
     let job = row
         .spec
         .active_deadline_seconds
-        .and_then(|secs| Some(row.started_at_ms? + secs * 1000));
+        .and_then(|secs| Some((row.started_at_ms? + secs * 1000, secs)));
     let task = row
         .spec
         .is_pipeline()
         .then(|| super::tasks::current_task(row).active_deadline_seconds)
         .flatten()
-        .and_then(|secs| Some(row.task_started_at_ms? + secs * 1000));
-    super::earliest(job, task)
+        .and_then(|secs| Some((row.task_started_at_ms? + secs * 1000, secs)));
+    (job, task)
 }
 
 /// The job controller's decision for `row` as read, given `observed` (the current attempt's

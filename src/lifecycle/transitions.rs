@@ -698,17 +698,7 @@ pub fn fail(row: &JobRow, phase: JobPhase, reason: FailureReason, message: Strin
 
 /// The job ran past `spec.activeDeadlineSeconds`; its workload is stopped, then this is written.
 pub fn deadline_exceeded(row: &JobRow) -> Transition {
-    let job = row
-        .spec
-        .active_deadline_seconds
-        .and_then(|secs| Some((row.started_at_ms? + secs * 1000, secs)));
-    let task = row
-        .spec
-        .is_pipeline()
-        .then(|| current_task(row).active_deadline_seconds)
-        .flatten()
-        .and_then(|secs| Some((row.task_started_at_ms? + secs * 1000, secs)));
-    let message = match (job, task) {
+    let message = match super::decide::deadlines(row) {
         (Some((j, _)), Some((t, secs))) if t < j => {
             format!("stopped: the task ran past its activeDeadlineSeconds ({secs} s)")
         }
