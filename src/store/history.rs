@@ -37,21 +37,21 @@ pub(super) fn record(
     reason: Reason,
     message: &str,
 ) -> Result<i64> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO transitions (job_id, at_ms, from_phase, to_phase, from_schedule,
             to_schedule, reason, message)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![
-            job_id,
-            at_ms,
-            from.map(|(p, _)| p.as_str()),
-            to.0.as_str(),
-            from.map(|(_, s)| s.as_str()),
-            to.1.as_str(),
-            reason.as_str(),
-            message
-        ],
-    )?;
+    )?
+    .execute(params![
+        job_id,
+        at_ms,
+        from.map(|(p, _)| p.as_str()),
+        to.0.as_str(),
+        from.map(|(_, s)| s.as_str()),
+        to.1.as_str(),
+        reason.as_str(),
+        message
+    ])?;
     Ok(tx.last_insert_rowid())
 }
 
@@ -69,22 +69,20 @@ impl Store {
     pub fn events_published(&self, job_id: i64) -> Result<i64> {
         Ok(self
             .conn
-            .query_row(
-                "SELECT seq FROM events_published WHERE job_id = ?1",
-                [job_id],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT seq FROM events_published WHERE job_id = ?1")?
+            .query_row([job_id], |r| r.get(0))
             .optional()?
             .unwrap_or(0))
     }
 
     /// Records that the job's Events up to history entry `seq` were published.
     pub fn set_events_published(&mut self, job_id: i64, seq: i64) -> Result<()> {
-        self.conn.execute(
-            "INSERT INTO events_published (job_id, seq) VALUES (?1, ?2)
+        self.conn
+            .prepare_cached(
+                "INSERT INTO events_published (job_id, seq) VALUES (?1, ?2)
              ON CONFLICT (job_id) DO UPDATE SET seq = max(seq, excluded.seq)",
-            params![job_id, seq],
-        )?;
+            )?
+            .execute(params![job_id, seq])?;
         Ok(())
     }
 

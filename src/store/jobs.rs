@@ -47,19 +47,15 @@ impl Store {
     /// The job with this id, if any.
     pub fn find(&self, id: i64) -> Result<Option<JobRow>> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-        Ok(self
-            .conn
-            .query_row(&sql, [id], JobRow::from_row)
-            .optional()?)
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        Ok(stmt.query_row([id], JobRow::from_row).optional()?)
     }
 
     /// The job mirrored from the object with this uid, if any.
     pub fn find_by_uid(&self, uid: &str) -> Result<Option<JobRow>> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE uid = ?1");
-        Ok(self
-            .conn
-            .query_row(&sql, [uid], JobRow::from_row)
-            .optional()?)
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        Ok(stmt.query_row([uid], JobRow::from_row).optional()?)
     }
 
     /// Jobs named `namespace/name` (newest first; a name can be reused after deletion).
@@ -121,48 +117,45 @@ impl Store {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let existing: Option<(i64, i64, i32)> = tx
-            .query_row(
-                "SELECT id, generation, priority FROM jobs WHERE uid = ?1",
-                [uid],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
+            .prepare_cached("SELECT id, generation, priority FROM jobs WHERE uid = ?1")?
+            .query_row([uid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         let (id, inserted) = match existing {
             Some((id, old_generation, old_priority)) => {
                 if old_generation != generation || old_priority != spec.priority {
-                    tx.execute(
+                    tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
                             status_version = status_version + 1 WHERE id = ?1",
-                        params![id, generation, spec.priority],
-                    )?;
+                    )?
+                    .execute(params![id, generation, spec.priority])?;
                 }
                 (id, false)
             }
             None => {
                 let now = now_ms();
                 let spec_json = serde_json::to_string(spec).expect("a spec serializes");
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
                         phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
                         created_at_ms, cancel_requested, tasks)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10,
                         ?11, ?12)",
-                    params![
-                        uid,
-                        namespace,
-                        name,
-                        generation,
-                        spec.executor().as_str(),
-                        spec_json,
-                        spec.priority,
-                        "queued: waiting for a launch slot",
-                        now,
-                        created_at_ms,
-                        spec.cancel,
-                        serde_json::to_string(&lifecycle::tasks::initial_records(spec))
-                            .expect("task records serialize"),
-                    ],
-                )?;
+                )?
+                .execute(params![
+                    uid,
+                    namespace,
+                    name,
+                    generation,
+                    spec.executor().as_str(),
+                    spec_json,
+                    spec.priority,
+                    "queued: waiting for a launch slot",
+                    now,
+                    created_at_ms,
+                    spec.cancel,
+                    serde_json::to_string(&lifecycle::tasks::initial_records(spec))
+                        .expect("task records serialize"),
+                ])?;
                 let id = tx.last_insert_rowid();
                 let pending = JobPhase::Pending;
                 for (from, to, reason) in [
@@ -175,45 +168,47 @@ impl Store {
                 ] {
                     history::record(&tx, id, now, from, (pending, to), reason, "")?;
                 }
-                let position: i64 = tx.query_row(
+                let position: i64 = tx.prepare_cached(
                     "SELECT count(*) FROM jobs WHERE schedule_state IN ('Waiting', 'AliveWaiting')
                         AND schedule_state = 'Waiting'
                         AND (priority > ?1 OR (priority = ?1 AND (created_at_ms < ?3
                             OR (created_at_ms = ?3 AND id <= ?2))))",
+                )?
+.query_row(
                     params![spec.priority, id, created_at_ms],
                     |r| r.get(0),
                 )?;
                 // Its Submitted transition starts the job's unwritten changes.
                 let seq = tx.last_insert_rowid();
-                tx.execute(
+                tx.prepare_cached(
                     "UPDATE jobs SET queue_position = ?2, changed_seq = ?3,
                         unsynced_since_seq = ?3 WHERE id = ?1",
-                    params![id, position, seq],
-                )?;
+                )?
+                .execute(params![id, position, seq])?;
                 if let Some(k) = known
                     && let Some(phase) = k.phase.filter(|p| p.is_terminal())
                 {
-                    tx.execute(
+                    tx.prepare_cached(
                         "UPDATE jobs SET phase = ?2, schedule_state = 'Done', exit_code = ?3,
                             failure_reason = ?4, attempt = ?5, recovery_count = ?6,
                             restart_count = ?7, finished_at_ms = ?8, queue_position = NULL,
                             message = ?9, workload = ?10, task_index = ?11, tasks = ?12
                          WHERE id = ?1",
-                        params![
-                            id,
-                            phase.as_str(),
-                            k.exit_code,
-                            k.failure_reason,
-                            k.attempt,
-                            k.recovery_count,
-                            k.restart_count,
-                            now,
-                            k.message.clone().unwrap_or_default(),
-                            k.workload,
-                            k.current_task.unwrap_or(0),
-                            serde_json::to_string(&k.tasks).expect("task records serialize"),
-                        ],
-                    )?;
+                    )?
+                    .execute(params![
+                        id,
+                        phase.as_str(),
+                        k.exit_code,
+                        k.failure_reason,
+                        k.attempt,
+                        k.recovery_count,
+                        k.restart_count,
+                        now,
+                        k.message.clone().unwrap_or_default(),
+                        k.workload,
+                        k.current_task.unwrap_or(0),
+                        serde_json::to_string(&k.tasks).expect("task records serialize"),
+                    ])?;
                     history::record(
                         &tx,
                         id,
@@ -282,7 +277,8 @@ impl Store {
 
 fn read_job(tx: &rusqlite::Transaction<'_>, id: i64) -> Result<Option<JobRow>> {
     let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
-    Ok(tx.query_row(&sql, [id], JobRow::from_row).optional()?)
+    let mut stmt = tx.prepare_cached(&sql)?;
+    Ok(stmt.query_row([id], JobRow::from_row).optional()?)
 }
 
 /// Applies `change` to `before` inside `tx` (the guard already matched): checks the edge,
@@ -369,7 +365,7 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     lifecycle::tasks::follow(&before, change, &mut after, now);
     after.status_version += 1;
     let tasks = serde_json::to_string(&after.tasks).expect("task records serialize");
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE jobs SET phase = ?2, schedule_state = ?3, message = ?4, controller_pid = ?5,
                 controller_start_time = ?6, attempt = ?7, launched_attempt = ?8,
                 recovery_count = ?9, restart_count = ?10, exit_code = ?11, failure_reason = ?12,
@@ -379,36 +375,36 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
                 launch_timeouts = ?23, task_index = ?24, task_first_attempt = ?25,
                 task_started_at_ms = ?26, tasks = ?27
              WHERE id = ?1",
-        params![
-            id,
-            after.phase.as_str(),
-            after.schedule_state.as_str(),
-            after.message,
-            after.controller_pid,
-            after.controller_start_time.map(|t| t as i64),
-            after.attempt,
-            after.launched_attempt,
-            after.recovery_count,
-            after.restart_count,
-            after.exit_code,
-            after.failure_reason,
-            after.workload,
-            after.backoff_until_ms,
-            after.started_at_ms,
-            after.finished_at_ms,
-            after.phase_changed_at_ms,
-            after.controller_starts,
-            after.controller_crashes,
-            after.queue_position,
-            after.status_version,
-            after.launched_at_ms,
-            after.launch_timeouts,
-            after.task_index,
-            after.task_first_attempt,
-            after.task_started_at_ms,
-            tasks,
-        ],
-    )?;
+    )?
+    .execute(params![
+        id,
+        after.phase.as_str(),
+        after.schedule_state.as_str(),
+        after.message,
+        after.controller_pid,
+        after.controller_start_time.map(|t| t as i64),
+        after.attempt,
+        after.launched_attempt,
+        after.recovery_count,
+        after.restart_count,
+        after.exit_code,
+        after.failure_reason,
+        after.workload,
+        after.backoff_until_ms,
+        after.started_at_ms,
+        after.finished_at_ms,
+        after.phase_changed_at_ms,
+        after.controller_starts,
+        after.controller_crashes,
+        after.queue_position,
+        after.status_version,
+        after.launched_at_ms,
+        after.launch_timeouts,
+        after.task_index,
+        after.task_first_attempt,
+        after.task_started_at_ms,
+        tasks,
+    ])?;
     if before.phase != after.phase || before.schedule_state != after.schedule_state {
         let seq = history::record(
             tx,
@@ -421,12 +417,12 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
         )?;
         // Had the API seen every earlier change? Then this one starts the unsynced run.
         let was_synced = before.status_version <= before.synced_version;
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE jobs SET changed_seq = ?2,
                     unsynced_since_seq = CASE WHEN ?3 THEN ?2 ELSE unsynced_since_seq END
                  WHERE id = ?1",
-            params![id, seq, was_synced],
-        )?;
+        )?
+        .execute(params![id, seq, was_synced])?;
         after.changed_seq = seq;
         if was_synced {
             after.unsynced_since_seq = seq;
@@ -440,7 +436,8 @@ impl Store {
     pub fn job_count(&self) -> Result<i64> {
         Ok(self
             .conn
-            .query_row("SELECT count(*) FROM jobs", [], |r| r.get(0))?)
+            .prepare_cached("SELECT count(*) FROM jobs")?
+            .query_row([], |r| r.get(0))?)
     }
 
     /// Inserts a job rebuilt from its object's status ([`lifecycle::restore`]), under its
@@ -464,18 +461,16 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let taken: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM jobs WHERE id = ?1)",
-            [r.job_id],
-            |row| row.get(0),
-        )?;
+        let taken: bool = tx
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = ?1)")?
+            .query_row([r.job_id], |row| row.get(0))?;
         if taken {
             tracing::warn!(job_id = r.job_id, %namespace, %name, "two objects show one job id; this one gets a new id");
         }
         let now = now_ms();
         let spec_json = serde_json::to_string(spec).expect("a spec serializes");
         let synced = i64::from(r.synced);
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO jobs (id, uid, namespace, name, generation, executor, spec, priority,
                 phase, schedule_state, message, cancel_requested, attempt, launched_attempt,
                 recovery_count, restart_count, exit_code, failure_reason, workload,
@@ -484,39 +479,39 @@ impl Store {
                 task_started_at_ms, tasks)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                 ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25, ?26, ?27, ?28, ?29)",
-            params![
-                (!taken).then_some(r.job_id),
-                uid,
-                namespace,
-                name,
-                generation,
-                spec.executor().as_str(),
-                spec_json,
-                spec.priority,
-                r.phase.as_str(),
-                r.schedule.as_str(),
-                r.message,
-                r.cancel_requested,
-                r.attempt,
-                r.launched_attempt,
-                r.recovery_count,
-                r.restart_count,
-                r.exit_code,
-                r.failure_reason,
-                r.workload,
-                r.submitted_at_ms.unwrap_or(now),
-                r.started_at_ms,
-                r.finished_at_ms
-                    .or((r.schedule == ScheduleState::Done).then_some(now)),
-                now,
-                created_at_ms,
-                synced,
-                r.task_index,
-                r.task_first_attempt,
-                r.task_started_at_ms,
-                serde_json::to_string(&r.tasks).expect("task records serialize"),
-            ],
-        )?;
+        )?
+        .execute(params![
+            (!taken).then_some(r.job_id),
+            uid,
+            namespace,
+            name,
+            generation,
+            spec.executor().as_str(),
+            spec_json,
+            spec.priority,
+            r.phase.as_str(),
+            r.schedule.as_str(),
+            r.message,
+            r.cancel_requested,
+            r.attempt,
+            r.launched_attempt,
+            r.recovery_count,
+            r.restart_count,
+            r.exit_code,
+            r.failure_reason,
+            r.workload,
+            r.submitted_at_ms.unwrap_or(now),
+            r.started_at_ms,
+            r.finished_at_ms
+                .or((r.schedule == ScheduleState::Done).then_some(now)),
+            now,
+            created_at_ms,
+            synced,
+            r.task_index,
+            r.task_first_attempt,
+            r.task_started_at_ms,
+            serde_json::to_string(&r.tasks).expect("task records serialize"),
+        ])?;
         let id = tx.last_insert_rowid();
         let seq = history::record(
             &tx,
@@ -527,22 +522,23 @@ impl Store {
             Reason::Restored,
             "rebuilt from the object's status after the store was lost",
         )?;
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE jobs SET changed_seq = ?2, unsynced_since_seq = ?2 WHERE id = ?1",
-            params![id, seq],
-        )?;
+        )?
+        .execute(params![id, seq])?;
         tx.commit()?;
         self.get(id)
     }
 
     /// Persists a cancel request (idempotent). Returns the row after it.
     pub fn request_cancel(&mut self, id: i64, deleting: bool) -> Result<JobRow> {
-        self.conn.execute(
-            "UPDATE jobs SET cancel_requested = 1, deleting = max(deleting, ?2),
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET cancel_requested = 1, deleting = max(deleting, ?2),
                 status_version = status_version + (cancel_requested = 0)
              WHERE id = ?1",
-            params![id, deleting],
-        )?;
+            )?
+            .execute(params![id, deleting])?;
         self.get(id)
     }
 
@@ -551,10 +547,14 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute("DELETE FROM transitions WHERE job_id = ?1", [id])?;
-        tx.execute("DELETE FROM pod_observations WHERE job_id = ?1", [id])?;
-        tx.execute("DELETE FROM events_published WHERE job_id = ?1", [id])?;
-        tx.execute("DELETE FROM jobs WHERE id = ?1", [id])?;
+        tx.prepare_cached("DELETE FROM transitions WHERE job_id = ?1")?
+            .execute([id])?;
+        tx.prepare_cached("DELETE FROM pod_observations WHERE job_id = ?1")?
+            .execute([id])?;
+        tx.prepare_cached("DELETE FROM events_published WHERE job_id = ?1")?
+            .execute([id])?;
+        tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
+            .execute([id])?;
         tx.commit()?;
         Ok(())
     }
@@ -647,10 +647,11 @@ impl Store {
 
     /// Records that `version` of a job's status reached the API.
     pub fn mark_synced(&mut self, id: i64, version: i64) -> Result<()> {
-        self.conn.execute(
-            "UPDATE jobs SET synced_version = max(synced_version, ?2) WHERE id = ?1",
-            params![id, version],
-        )?;
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET synced_version = max(synced_version, ?2) WHERE id = ?1",
+            )?
+            .execute(params![id, version])?;
         Ok(())
     }
 

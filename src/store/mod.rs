@@ -67,6 +67,9 @@ pub struct Store {
     conn: Connection,
 }
 
+/// Prepared statements kept per connection (see [`Store::open`]).
+pub const STATEMENT_CACHE: usize = 64;
+
 impl Store {
     /// Opens (creating if needed) the store at `path`, in WAL mode, and migrates its schema.
     ///
@@ -75,6 +78,9 @@ impl Store {
     pub fn open(path: &Path, cache_kib: u32) -> Result<Store> {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Every statement is prepared once and kept (about 40 distinct ones; rusqlite keeps 16 by
+        // default, and re-parsing SQL showed in the operator's profile under load).
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         conn.pragma_update(None, "cache_size", -(cache_kib as i64))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;

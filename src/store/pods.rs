@@ -9,8 +9,10 @@ use crate::lifecycle::now_ms;
 impl Store {
     /// Records what the Pod watch saw; returns true when it differs from what was stored.
     pub fn record_pod(&mut self, o: &PodObservation) -> Result<bool> {
-        let changed = self.conn.execute(
-            "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
+        let changed = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
                 message, deleted, observed_at_ms, node, terminating_since_ms, grace_seconds)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
              ON CONFLICT (job_id, attempt) DO UPDATE SET pod_name = excluded.pod_name,
@@ -23,7 +25,8 @@ impl Store {
                 OR reason != excluded.reason OR message != excluded.message
                 OR deleted != excluded.deleted OR node != excluded.node
                 OR terminating_since_ms IS NOT excluded.terminating_since_ms",
-            params![
+            )?
+            .execute(params![
                 o.job_id,
                 o.attempt,
                 o.pod_name,
@@ -36,8 +39,7 @@ impl Store {
                 o.node,
                 o.terminating_since_ms,
                 o.grace_seconds,
-            ],
-        )?;
+            ])?;
         Ok(changed > 0)
     }
 
@@ -45,37 +47,36 @@ impl Store {
     pub fn pod_observation(&self, job_id: i64, attempt: i32) -> Result<Option<PodObservation>> {
         Ok(self
             .conn
-            .query_row(
+            .prepare_cached(
                 "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted,
                     node, terminating_since_ms, grace_seconds
                  FROM pod_observations WHERE job_id = ?1 AND attempt = ?2",
-                params![job_id, attempt],
-                |r| {
-                    Ok(PodObservation {
-                        job_id: r.get(0)?,
-                        attempt: r.get(1)?,
-                        pod_name: r.get(2)?,
-                        state: {
-                            let s: String = r.get(3)?;
-                            PodState::parse(&s).ok_or_else(|| {
-                                rusqlite::Error::ToSqlConversionFailure(Box::new(
-                                    crate::store::StoreError::Corrupt {
-                                        job_id,
-                                        what: format!("pod state {s:?}"),
-                                    },
-                                ))
-                            })?
-                        },
-                        exit_code: r.get(4)?,
-                        reason: r.get(5)?,
-                        message: r.get(6)?,
-                        deleted: r.get(7)?,
-                        node: r.get(8)?,
-                        terminating_since_ms: r.get(9)?,
-                        grace_seconds: r.get(10)?,
-                    })
-                },
-            )
+            )?
+            .query_row(params![job_id, attempt], |r| {
+                Ok(PodObservation {
+                    job_id: r.get(0)?,
+                    attempt: r.get(1)?,
+                    pod_name: r.get(2)?,
+                    state: {
+                        let s: String = r.get(3)?;
+                        PodState::parse(&s).ok_or_else(|| {
+                            rusqlite::Error::ToSqlConversionFailure(Box::new(
+                                crate::store::StoreError::Corrupt {
+                                    job_id,
+                                    what: format!("pod state {s:?}"),
+                                },
+                            ))
+                        })?
+                    },
+                    exit_code: r.get(4)?,
+                    reason: r.get(5)?,
+                    message: r.get(6)?,
+                    deleted: r.get(7)?,
+                    node: r.get(8)?,
+                    terminating_since_ms: r.get(9)?,
+                    grace_seconds: r.get(10)?,
+                })
+            })
             .optional()?)
     }
 }

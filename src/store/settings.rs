@@ -69,9 +69,8 @@ impl Store {
     pub fn settings(&self) -> Result<Settings> {
         let text: Option<String> = self
             .conn
-            .query_row("SELECT value FROM settings WHERE key = ?1", [KEY], |r| {
-                r.get(0)
-            })
+            .prepare_cached("SELECT value FROM settings WHERE key = ?1")?
+            .query_row([KEY], |r| r.get(0))
             .optional()?;
         Ok(text
             .and_then(|t| serde_json::from_str(&t).ok())
@@ -81,11 +80,12 @@ impl Store {
     /// Writes the settings (the operator, at start).
     pub fn set_settings(&mut self, settings: &Settings) -> Result<()> {
         let text = serde_json::to_string(settings).expect("settings serialize");
-        self.conn.execute(
-            "INSERT INTO settings (key, value) VALUES (?1, ?2)
+        self.conn
+            .prepare_cached(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            params![KEY, text],
-        )?;
+            )?
+            .execute(params![KEY, text])?;
         Ok(())
     }
 }
