@@ -20,9 +20,11 @@ n() { if [[ "$quick" == "--quick" ]]; then echo 200; else echo "$1"; fi; }
 # name | bench arguments
 runs=(
   "local|--scenario local --jobs $(n 1000)"
+  "steady20|--scenario local --jobs $(n 600) --rate 20"
+  "steady35|--scenario local --jobs $(n 1000) --rate 35"
   "steady50|--scenario local --jobs $(n 1000) --rate 50"
   "pod|--scenario pod --jobs $(n 1000)"
-  "pod-churn|--scenario pod --jobs $(n 400) --pod-seconds 90 --churn-seconds 30 --churn-outage-seconds 60"
+  "pod-churn|--scenario pod --jobs $(n 400) --pod-seconds 90 --churn-seconds 30 --churn-outage-seconds 60 --churn-count 2"
   "priorities|--scenario priorities --jobs 200"
   "pipeline|--scenario pipeline --jobs $(n 1000)"
 )

@@ -12,10 +12,12 @@ import sys
 
 SCENARIOS = [
     ("local", "1,000 trivial local jobs (`run: true`), created as fast as the API takes them"),
+    ("steady20", "600 trivial local jobs created at a steady 20/s"),
+    ("steady35", "1,000 trivial local jobs created at a steady 35/s"),
     ("steady50", "1,000 trivial local jobs created at a steady 50/s"),
     ("local10k", "10,000 trivial local jobs"),
     ("pod", "1,000 Pods on 4 kwok nodes, 10 s each"),
-    ("pod-churn", "400 Pods of 90 s on 4 kwok nodes; every 30 s one node leaves for 60 s"),
+    ("pod-churn", "400 Pods of 90 s on 4 kwok nodes; at 30 s and 60 s one node leaves for 60 s (its Pods are lost)"),
     ("priorities", "200 jobs of mixed priority under launch and run caps of 1"),
     ("pipeline", "1,000 three-task pipelines of `run: true`"),
     ("density", "5,000 jobs of `sleep 240` alive at once (run cap 5,000)"),

@@ -158,6 +158,7 @@ impl Engine {
     pub fn start_locked(cfg: Config, lock: Flock<std::fs::File>) -> anyhow::Result<Arc<Engine>> {
         let dir = StateDir::new(&cfg.state_dir);
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
+        store.keep_statements(crate::store::STATEMENT_CACHE);
         claim_for_shard(&mut store, &cfg.state_dir, cfg.shard.as_deref())?;
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;

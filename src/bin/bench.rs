@@ -94,6 +94,9 @@ struct Args {
     /// whose jobs are recovered.
     #[arg(long, default_value_t = 60)]
     churn_outage_seconds: u64,
+    /// How many nodes to churn in all (0: one every `--churn-seconds` until the run ends).
+    #[arg(long, default_value_t = 0)]
+    churn_count: usize,
 }
 
 /// Deletes the `k`-th node (by name order) and creates it again `outage` later, as a node that
@@ -580,9 +583,15 @@ async fn main() -> anyhow::Result<()> {
     let churner = (args.churn_seconds > 0).then(|| {
         let (client, churned, every) = (client.clone(), churned.clone(), args.churn_seconds);
         let outage = Duration::from_secs(args.churn_outage_seconds);
+        let churn_count = args.churn_count;
         let stop = stop_churn.clone();
         tokio::spawn(async move {
-            for k in 0.. {
+            let count = if churn_count == 0 {
+                usize::MAX
+            } else {
+                churn_count
+            };
+            for k in 0..count {
                 tokio::time::sleep(Duration::from_secs(every)).await;
                 // Never stopped between a delete and its create: a node is always put back.
                 if stop.load(std::sync::atomic::Ordering::SeqCst) {
