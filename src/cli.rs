@@ -84,7 +84,8 @@ pub struct RunArgs {
     /// Memory kept for the operator and the host, MiB.
     #[arg(long, env = "MJ_RESERVED_MEMORY_MIB", default_value_t = capacity::DEFAULT_RESERVED_MEMORY_MIB)]
     pub reserved_memory_mib: u64,
-    /// Sustained Kubernetes API requests per second for the operator's writes.
+    /// Sustained Kubernetes API requests per second for the operator's writes: status writes
+    /// first, Events from what they leave.
     #[arg(long, env = "MJ_API_QPS", default_value_t = 50)]
     pub api_qps: u32,
     /// Burst of Kubernetes API requests above the QPS.

@@ -837,6 +837,30 @@ async fn main() -> anyhow::Result<()> {
         .filter(|r| r.name.starts_with("bench-"))
         .map(|r| managed_jobs::lifecycle::tasks::totals(r).1 as i64)
         .sum();
+    // The slowest job, submit to finish, with its history: what a long tail waited for.
+    let slowest = store
+        .all()?
+        .into_iter()
+        .filter(|r| r.name.starts_with("bench-"))
+        .filter_map(|r| Some((r.finished_at_ms? - r.submitted_at_ms, r)))
+        .max_by_key(|(d, _)| *d)
+        .map(|(d, r)| {
+            let history: Vec<String> = store
+                .history(r.id)
+                .unwrap_or_default()
+                .iter()
+                .map(|h| {
+                    format!(
+                        "+{:.1}s {} {}: {}",
+                        (h.at_ms - r.submitted_at_ms) as f64 / 1000.0,
+                        h.to_phase,
+                        h.reason.as_str(),
+                        h.message
+                    )
+                })
+                .collect();
+            json!({ "name": r.name, "seconds": d as f64 / 1000.0, "history": history })
+        });
     let status_writes = per_job
         .get("PATCH managedjobs/status")
         .copied()
@@ -888,6 +912,7 @@ async fn main() -> anyhow::Result<()> {
         "tasks_per_job": tasks_per_job,
         "nodes_churned": churned.lock().unwrap().clone(),
         "recoveries": recoveries,
+        "slowest_job": slowest,
         "visible_changes_per_job": visible as f64 / args.jobs as f64,
         "status_writes_per_job": status_writes,
         "status_writes_per_task": status_writes / tasks_per_job as f64,

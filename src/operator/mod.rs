@@ -13,12 +13,10 @@
 //! Pod watch is the pod executor's ([`crate::executor::pod::watch`]).
 
 use std::collections::HashMap;
-use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -33,10 +31,12 @@ use crate::events::EventPublisher;
 use crate::lifecycle::{self, now_ms};
 use crate::store::{Cas, StoreError};
 
+pub mod budget;
 pub mod lease;
 pub mod rebuild;
 pub mod status_writer;
 
+pub use budget::RequestBudget;
 pub use lease::LeaderElection;
 pub use status_writer::{FIRST_STATUS_DELAY, STATUS_COALESCE, STATUS_WRITERS, slot_rank, writable};
 
@@ -104,7 +104,8 @@ pub enum Error {
 pub struct Operator {
     client: Client,
     engine: Arc<Engine>,
-    limiter: DefaultDirectRateLimiter,
+    /// `--api-qps`/`--api-burst`, status writes first.
+    budget: RequestBudget,
     events: Option<EventPublisher>,
     /// Jobs whose status was written and whose new history may need Events, sharded by job id
     /// over [`EVENT_WORKERS`] bounded queues (one job's Events stay in order).
@@ -147,8 +148,6 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;
-    let quota = Quota::per_second(NonZeroU32::new(budget.qps.max(1)).expect("max(1) > 0"))
-        .allow_burst(NonZeroU32::new(budget.burst.max(1)).expect("max(1) > 0"));
     let events = options.events.then(|| {
         EventPublisher::new(
             client.clone(),
@@ -162,7 +161,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
-        limiter: RateLimiter::direct(quota),
+        budget: RequestBudget::new(budget.qps, budget.burst),
         events,
         events_tx,
         failures: Default::default(),

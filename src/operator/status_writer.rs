@@ -272,7 +272,7 @@ impl Operator {
         };
         let _ = done;
         for event in crate::events::events_for(&history, after) {
-            self.limiter.until_ready().await;
+            self.budget.for_event().await;
             self.engine.metrics.api_request("create_event");
             if let Err(e) = publisher.publish(reference, &event).await {
                 self.engine.metrics.events_refused_total.inc();
@@ -312,7 +312,7 @@ impl Operator {
             ),
             at_ms: now_ms(),
         };
-        self.limiter.until_ready().await;
+        self.budget.for_event().await;
         self.engine.metrics.api_request("create_event");
         if let Err(e) = publisher.publish(&reference, &event).await {
             self.engine.metrics.events_refused_total.inc();
@@ -322,7 +322,7 @@ impl Operator {
 
     /// Writes one row's status.
     async fn write_status(&self, row: &JobRow) -> WriteOutcome {
-        self.limiter.until_ready().await;
+        self.budget.for_status().await;
         let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &row.namespace);
         let patch = crate::status::merge_patch(row);
         let result = api

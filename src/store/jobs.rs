@@ -168,16 +168,15 @@ impl Store {
                 ] {
                     history::record(&tx, id, now, from, (pending, to), reason, "")?;
                 }
-                let position: i64 = tx.prepare_cached(
-                    "SELECT count(*) FROM jobs WHERE schedule_state IN ('Waiting', 'AliveWaiting')
-                        AND schedule_state = 'Waiting'
-                        AND (priority > ?1 OR (priority = ?1 AND (created_at_ms < ?3
-                            OR (created_at_ms = ?3 AND id <= ?2))))",
-                )?
-.query_row(
-                    params![spec.priority, id, created_at_ms],
-                    |r| r.get(0),
-                )?;
+                let position: i64 = tx
+                    .prepare_cached(
+                        "SELECT count(*) FROM jobs
+                            WHERE schedule_state IN ('Waiting', 'AliveWaiting')
+                            AND schedule_state = 'Waiting'
+                            AND (priority > ?1 OR (priority = ?1 AND (created_at_ms < ?3
+                                OR (created_at_ms = ?3 AND id <= ?2))))",
+                    )?
+                    .query_row(params![spec.priority, id, created_at_ms], |r| r.get(0))?;
                 // Its Submitted transition starts the job's unwritten changes.
                 let seq = tx.last_insert_rowid();
                 tx.prepare_cached(
