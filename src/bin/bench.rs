@@ -709,28 +709,35 @@ async fn main() -> anyhow::Result<()> {
         .map(|t| t - start);
     // status.finishedAt has one-second resolution: take the transition time from the store.
     let store = Store::open(&StateDir::new(state.path()).store(), 1024)?;
-    let finished: HashMap<String, i64> = store
-        .all()?
-        .into_iter()
-        .filter_map(|r| Some((r.name, r.finished_at_ms?)))
+    // Every row and its history, read once for all the figures below.
+    let all = store.all()?;
+    let histories: HashMap<i64, Vec<managed_jobs::store::HistoryEntry>> = all
+        .iter()
+        .map(|r| (r.id, store.history(r.id).unwrap_or_default()))
+        .collect();
+    let history = |id: i64| histories.get(&id).map(Vec::as_slice).unwrap_or_default();
+    let bench_jobs: Vec<&managed_jobs::store::JobRow> = all
+        .iter()
+        .filter(|r| r.name.starts_with("bench-"))
+        .collect();
+    let finished: HashMap<&str, i64> = all
+        .iter()
+        .filter_map(|r| Some((r.name.as_str(), r.finished_at_ms?)))
         .collect();
     let latencies = sorted(
         map.iter()
-            .filter_map(|(name, s)| Some((s.seen_ms? - finished.get(name)?) as f64))
+            .filter_map(|(name, s)| Some((s.seen_ms? - finished.get(name.as_str())?) as f64))
             .collect(),
     );
     // Each status a user sees: the store's first transition into the phase to the watch seeing
     // it (a phase the status writer coalesced away is not counted).
-    let rows: HashMap<String, i64> = store
-        .all()?
-        .into_iter()
-        .filter(|r| r.name.starts_with("bench-"))
-        .map(|r| (r.name, r.id))
-        .collect();
+    let ids: HashMap<&str, i64> = bench_jobs.iter().map(|r| (r.name.as_str(), r.id)).collect();
     let mut per_phase: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for (name, s) in map.iter() {
-        let Some(id) = rows.get(name) else { continue };
-        let history = store.history(*id).unwrap_or_default();
+        let Some(&id) = ids.get(name.as_str()) else {
+            continue;
+        };
+        let history = history(id);
         for (phase, seen_ms) in &s.phase_seen_ms {
             let label = match *phase {
                 "Submitted" | "Starting" | "Running" => *phase,
@@ -783,14 +790,12 @@ async fn main() -> anyhow::Result<()> {
     // Priority order: an inversion is a job admitted while another job that should go first
     // (higher priority, or equal priority and earlier in FIFO order) was already known and queued.
     let inversions = if args.scenario == "priorities" {
-        let rows = store.all()?;
+        let rows = &all;
         let scheduled: HashMap<i64, i64> = rows
             .iter()
             .filter_map(|r| {
-                let at = store
-                    .history(r.id)
-                    .ok()?
-                    .into_iter()
+                let at = history(r.id)
+                    .iter()
                     .find(|t| t.reason == lifecycle::Reason::Scheduled)?
                     .at_ms;
                 Some((r.id, at))
@@ -798,8 +803,8 @@ async fn main() -> anyhow::Result<()> {
             .collect();
         let key = |r: &managed_jobs::store::JobRow| (-r.priority, r.created_at_ms, r.id);
         let mut count = 0;
-        for a in &rows {
-            for b in &rows {
+        for a in rows {
+            for b in rows {
                 let (Some(sa), Some(sb)) = (scheduled.get(&a.id), scheduled.get(&b.id)) else {
                     continue;
                 };
@@ -814,13 +819,10 @@ async fn main() -> anyhow::Result<()> {
     };
     // The write budget of a pipeline: every change a user can see (the job's phase, or a task's
     // phase in status.tasks) against the status writes the API server counted.
-    let visible: usize = store
-        .all()?
+    let visible: usize = bench_jobs
         .iter()
-        .filter(|r| r.name.starts_with("bench-"))
         .map(|r| {
-            let history = store.history(r.id).unwrap_or_default();
-            let phases = history
+            let phases = history(r.id)
                 .iter()
                 .filter(|t| t.from_phase.as_deref().is_some_and(|f| f != t.to_phase))
                 .count();
@@ -831,23 +833,17 @@ async fn main() -> anyhow::Result<()> {
         })
         .sum();
     let tasks_per_job = if args.scenario == "pipeline" { 3 } else { 1 };
-    let recoveries: i64 = store
-        .all()?
+    let recoveries: i64 = bench_jobs
         .iter()
-        .filter(|r| r.name.starts_with("bench-"))
         .map(|r| managed_jobs::lifecycle::tasks::totals(r).1 as i64)
         .sum();
     // The slowest job, submit to finish, with its history: what a long tail waited for.
-    let slowest = store
-        .all()?
-        .into_iter()
-        .filter(|r| r.name.starts_with("bench-"))
+    let slowest = bench_jobs
+        .iter()
         .filter_map(|r| Some((r.finished_at_ms? - r.submitted_at_ms, r)))
         .max_by_key(|(d, _)| *d)
         .map(|(d, r)| {
-            let history: Vec<String> = store
-                .history(r.id)
-                .unwrap_or_default()
+            let history: Vec<String> = history(r.id)
                 .iter()
                 .map(|h| {
                     format!(
