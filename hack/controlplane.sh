@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Local Kubernetes control plane for tests and the demo, built from the official Go modules
 # (no Docker): etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok
-# (fake kubelets for fake nodes), plus matching kubectl and helm binaries.
+# (fake kubelets for fake nodes), plus matching kubectl and helm binaries; optionally a real
+# kubelet node (containerd + runc, hack/realnode.sh) for the operator installed by its chart.
 #
 # usage: hack/controlplane.sh <command>
 #   build [TOOL...]    build any missing binary (cached per wrapper-module version);
-#                      TOOL is kubernetes|etcd|kwok|helm (default: all)
-#   up [--nodes N]     start (or reuse a healthy) control plane with N kwok nodes (default 4)
-#   down               stop everything and remove the instance's data
+#                      TOOL is kubernetes|etcd|kwok|helm|kubelet (default: all)
+#   up [--nodes N] [--real-node]
+#                      start (or reuse a healthy) control plane with N kwok nodes (default 4);
+#                      --real-node adds (or reuses) the real kubelet node `mj-real-node`
+#                      (root only; installs containerd, runc, buildah and the CNI plugins from
+#                      Debian packages when missing; see hack/realnode.sh)
+#   down               stop everything (the real node first) and remove the instance's data
+#   load-image FILE... import image archives (docker-archive) into the real node's containerd
 #   status             show components, ports, health and nodes
 #   kubeconfig         print the kubeconfig path
 #   env                print `export KUBECONFIG=...` (and PATH with the matching kubectl/helm)
 #   kubectl ARGS...    run the matching kubectl against the control plane
 #   helm ARGS...       run the matching helm against the control plane
-#   bin-dir [TOOL]     print the binary directory of kubernetes|etcd|kwok|helm
+#   bin-dir [TOOL]     print the binary directory of kubernetes|etcd|kwok|helm|kubelet
 #
 # Environment:
 #   MJ_CACHE_DIR       cache root (default ~/.cache/managed-jobs); binaries live under
 #                      $MJ_CACHE_DIR/controlplane/bin/<key>/, the instance under .../controlplane/run
 #   MJ_NODES           default node count for `up` (default 4)
+#   MJ_REAL_NODE=1     `up` adds the real node as with --real-node
 #   MJ_MIN_FREE_GB     free disk required before a build (default 10)
 #   MJ_LOCK_TIMEOUT    seconds to wait for the lock held by another up/down/build (default 900)
 set -euo pipefail
@@ -55,6 +62,7 @@ tool_packages() {
     etcd) echo "go.etcd.io/etcd/server/v3" ;;
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
+    kubelet) echo "k8s.io/kubernetes/cmd/kubelet" ;;
     *) die "unknown tool $1" ;;
   esac
 }
@@ -64,27 +72,31 @@ tool_binaries() {
     etcd) echo "etcd" ;;
     kwok) echo "kwok" ;;
     helm) echo "helm" ;;
+    kubelet) echo "kubelet" ;;
     *) die "unknown tool $1" ;;
   esac
 }
-TOOLS=(kubernetes etcd kwok helm)
+TOOLS=(kubernetes etcd kwok helm kubelet)
+# The wrapper module a tool is built from: the kubelet comes from the control plane's own
+# Kubernetes module (same version, same dependency pins).
+tool_wrapper() { if [[ "$1" == kubelet ]]; then echo kubernetes; else echo "$1"; fi; }
 
 # Version of the main module a wrapper requires, read from its go.mod.
 tool_version() {
   local mod
   case "$1" in
-    kubernetes) mod=k8s.io/kubernetes ;;
+    kubernetes | kubelet) mod=k8s.io/kubernetes ;;
     etcd) mod=go.etcd.io/etcd/server/v3 ;;
     kwok) mod=sigs.k8s.io/kwok ;;
     helm) mod=helm.sh/helm/v3 ;;
   esac
   awk -v m="$mod" '($1 == m && $2 ~ /^v/) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' \
-    "$WRAPPERS/$1/go.mod"
+    "$WRAPPERS/$(tool_wrapper "$1")/go.mod"
 }
 
 tool_ldflags() {
   local flags="-s -w"
-  if [[ "$1" == kubernetes ]]; then
+  if [[ "$1" == kubernetes || "$1" == kubelet ]]; then
     local v major minor p
     v="$(tool_version kubernetes)"
     [[ "$v" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "cannot parse k8s.io/kubernetes version '$v'"
@@ -105,7 +117,7 @@ BUILD_FLAGS="-trimpath"
 # Cache key: wrapper go.mod + go.sum contents and the build flags.
 tool_key() {
   local h
-  h="$({ cat "$WRAPPERS/$1/go.mod" "$WRAPPERS/$1/go.sum"
+  h="$({ cat "$WRAPPERS/$(tool_wrapper "$1")/go.mod" "$WRAPPERS/$(tool_wrapper "$1")/go.sum"
          printf '%s\n%s\n%s\n%s\n' "$BUILD_ENV" "$BUILD_FLAGS" "$(tool_ldflags "$1")" "$(tool_packages "$1")"
        } | sha256sum | cut -c1-12)"
   printf '%s-%s' "$1" "$h"
@@ -177,7 +189,7 @@ build_tool() {
   log "building $t $(tool_version "$t") -> $dir"
   start="$(now_ms)"
   # shellcheck disable=SC2086
-  if ! (cd "$WRAPPERS/$t" && env $BUILD_ENV GOFLAGS="${GOFLAGS:-} -mod=readonly" \
+  if ! (cd "$WRAPPERS/$(tool_wrapper "$t")" && env $BUILD_ENV GOFLAGS="${GOFLAGS:-} -mod=readonly" \
           go build $BUILD_FLAGS -ldflags "$(tool_ldflags "$t")" -o "$tmp/" $pkgs); then
     rm -rf "$tmp"
     die "building $t failed (see the go output above)"
@@ -318,6 +330,12 @@ EOF
     openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin" 2>/dev/null
     openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile admin.ext -out admin.crt 2>/dev/null
+    # The API server's client certificate towards kubelets (logs, exec, port-forward): a real
+    # node's kubelet refuses anonymous requests and authorizes this identity.
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver-kubelet-client.key -out apiserver-kubelet-client.csr \
+      -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" 2>/dev/null
+    openssl x509 -req -in apiserver-kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile admin.ext -out apiserver-kubelet-client.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f ./*.csr ./*.srl
@@ -385,7 +403,10 @@ etcd_healthy() {
 apiserver_ready() { [[ "$(api_get /readyz)" == ok ]]; }
 default_ns_exists() { api_get /api/v1/namespaces/default >/dev/null; }
 
-instance_key() { printf '%s %s %s' "$(tool_key kubernetes)" "$(tool_key etcd)" "$(tool_key kwok)"; }
+# Bump INSTANCE_LAYOUT when the components' flags or certificates change, so that `up` replaces an
+# instance started by an older version of this script.
+INSTANCE_LAYOUT=2
+instance_key() { printf '%s %s %s %s' "$(tool_key kubernetes)" "$(tool_key etcd)" "$(tool_key kwok)" "$INSTANCE_LAYOUT"; }
 
 # 0 = healthy running instance, 1 = nothing there, 2 = stale (something left over, not healthy)
 instance_state() {
@@ -523,9 +544,10 @@ nodes_ready() { # count: Ready and without the not-ready/unreachable taints
 # ---------------------------------------------------------------------------------------------
 
 cmd_up() {
-  local nodes="${MJ_NODES:-4}"
+  local nodes="${MJ_NODES:-4}" real_node="${MJ_REAL_NODE:-0}"
   while (($#)); do
     case "$1" in
+      --real-node) real_node=1; shift ;;
       --nodes) [[ $# -ge 2 ]] || die "--nodes needs a value"; nodes="$2"; shift 2 ;;
       --nodes=*) nodes="${1#--nodes=}"; shift ;;
       *) die "unknown argument to up: $1" ;;
@@ -537,6 +559,7 @@ cmd_up() {
   local start state=0
   start="$(now_ms)"
   cmd_build kubernetes etcd kwok
+  [[ "$real_node" == 1 ]] && cmd_build kubelet
 
   instance_state || state=$?
   if ((state == 0)); then
@@ -544,11 +567,13 @@ cmd_up() {
     ensure_nodes "$nodes"
     wait_for "$nodes kwok nodes Ready" 60 nodes_ready "$nodes" || die_with_logs kwok "nodes did not become Ready"
     log "reusing the running control plane ($(elapsed "$start"))"
+    [[ "$real_node" == 1 ]] && realnode up
     echo "$KUBECONFIG_PATH"
     return 0
   fi
   if ((state == 2)); then
     log "found a stale or unhealthy instance; stopping it and cleaning up"
+    realnode down || true
     stop_all
   fi
 
@@ -558,8 +583,12 @@ cmd_up() {
   local try rc
   for try in 1 2; do
     rc=0
-    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" || rc=$?
-    ((rc == 0)) && return 0
+    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" >/dev/null || rc=$?
+    if ((rc == 0)); then
+      [[ "$real_node" == 1 ]] && realnode up
+      echo "$KUBECONFIG_PATH"
+      return 0
+    fi
     ((try == 1)) && log "start failed (status $rc); trying once more with fresh ports and data"
   done
   die "the control plane did not start twice in a row (logs: $RUN/logs)"
@@ -600,7 +629,10 @@ start_instance() { # nodes start_ms
     --service-cluster-ip-range=10.96.0.0/16 \
     --authorization-mode=Node,RBAC \
     --allow-privileged=true --endpoint-reconciler-type=none \
-    --cert-dir="$RUN/data/apiserver-certs"
+    --cert-dir="$RUN/data/apiserver-certs" \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname
   wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
   wait_component kube-apiserver "the default namespace" 30 default_ns_exists
 
@@ -627,12 +659,18 @@ start_instance() { # nodes start_ms
   wait_component kwok "$nodes kwok nodes Ready" 60 nodes_ready "$nodes"
   trap - EXIT
   log "control plane up in $(elapsed "$start") (apiserver https://127.0.0.1:$api_port, $nodes nodes)"
-  echo "$KUBECONFIG_PATH"
+}
+
+# hack/realnode.sh with what it needs to know of this instance.
+realnode() {
+  RUN="$RUN" CACHE="$CACHE" KUBECONFIG_PATH="$KUBECONFIG_PATH" KUBECTL_BIN="$(bin_path kubectl)" \
+    KUBELET_BIN="$(bin_path kubelet)" bash "$ROOT/hack/realnode.sh" "$@"
 }
 
 cmd_down() {
   local start
   start="$(now_ms)"
+  realnode down
   stop_all
   log "control plane stopped in $(elapsed "$start")"
 }
@@ -653,6 +691,7 @@ cmd_status() {
     echo "apiserver /readyz: ok"
     echo "kubeconfig: $KUBECONFIG_PATH"
     kc get nodes -o wide 2>/dev/null || true
+    [[ -d "$RUN/realnode/pids" ]] && { echo "real node:"; realnode status || true; }
   else
     echo "apiserver /readyz: not ready"; rc=1
   fi
@@ -682,6 +721,7 @@ main() {
       echo "export KUBECONFIG=$KUBECONFIG_PATH"
       echo "export PATH=$(tool_bin_dir kubernetes):$(tool_bin_dir helm):\$PATH"
       ;;
+    load-image) with_lock realnode load "$@" ;;
     kubectl) exec "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     helm) exec "$(bin_path helm)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     bin-dir) tool_bin_dir "${1:-kubernetes}"; echo ;;

@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
 # Runs every test of the project: unit, property, engine (real processes and SQLite) and the
 # integration tests against the real dev control plane (kube-apiserver, etcd, kube-scheduler,
-# kube-controller-manager, kwok). The first run builds the control plane from the official Go
-# modules (about 15 minutes on 2 cores; cached per user afterwards).
+# kube-controller-manager, kwok), and, as root, the operator image installed by its chart on the
+# control plane's real kubelet node (containerd and runc from Debian packages, installed when
+# missing). The first run builds the control plane from the official Go modules (about 15
+# minutes on 2 cores; cached per user afterwards) and the release binary for the image.
 #
 # usage: hack/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 start=$(date +%s)
-hack/controlplane.sh build kubernetes etcd kwok helm
+hack/controlplane.sh build kubernetes etcd kwok helm kubelet
 was_running=0
 if hack/controlplane.sh status >/dev/null 2>&1; then was_running=1; fi
-MJ_KUBECONFIG="$(hack/controlplane.sh up)"
-export MJ_KUBECONFIG
 if [[ $was_running == 0 ]]; then
   trap 'hack/controlplane.sh down >/dev/null 2>&1 || true' EXIT
 fi
+# The real kubelet node and the operator image for tests/real_node.rs (root only). When either
+# cannot be had, the other tests still run; the real-node tests then skip, or fail under CI=true.
+real_node=0
+if [[ $EUID == 0 ]]; then
+  if MJ_KUBECONFIG="$(hack/controlplane.sh up --real-node)"; then
+    real_node=1
+  else
+    echo "[test] the real node did not start (logs: ~/.cache/managed-jobs/controlplane/run/realnode/logs)" >&2
+  fi
+else
+  echo "[test] not root: no real node; tests/real_node.rs will skip (or fail under CI=true)" >&2
+fi
+if [[ $real_node == 0 ]]; then
+  MJ_KUBECONFIG="$(hack/controlplane.sh up)"
+fi
+export MJ_KUBECONFIG
 echo "[test] control plane ready after $(( $(date +%s) - start )) s; kubeconfig $MJ_KUBECONFIG" >&2
+if [[ $real_node == 1 ]]; then
+  image_start=$(date +%s)
+  if hack/image.sh --load >/dev/null; then
+    echo "[test] operator image built and loaded in $(( $(date +%s) - image_start )) s" >&2
+  else
+    echo "[test] building the operator image failed; tests/real_node.rs will fail under CI=true" >&2
+  fi
+fi
 log="$(mktemp)"
 # Each integration test that skips (no control plane) appends a line here; see tests/support.
 MJ_SKIPPED_FILE="$(mktemp)"

@@ -1,4 +1,4 @@
-//! The `managed-jobs` command line: `run`, `crd`, `queue`, `logs` and the internal
+//! The `managed-jobs` command line: `run`, `crd`, `queue`, `logs`, `smoke-test` and the internal
 //! `job-controller`.
 
 use std::path::{Path, PathBuf};
@@ -44,6 +44,9 @@ pub enum Command {
     Queue(QueueArgs),
     /// Print a job's workload log (or its job controller's log).
     Logs(LogsArgs),
+    /// Create a ManagedJob, wait until it finishes, delete it: exit 0 only if it Succeeded (the
+    /// chart's `helm test`).
+    SmokeTest(crate::smoke_test::SmokeTestArgs),
     /// Internal: drive one job (started by the operator).
     #[command(hide = true)]
     JobController(JobControllerArgs),

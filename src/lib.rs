@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod operator;
 pub mod process;
 pub mod scheduler;
+pub mod smoke_test;
 pub mod state_dir;
 pub mod status;
 pub mod store;

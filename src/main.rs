@@ -1,6 +1,6 @@
 use clap::Parser;
 use managed_jobs::cli::{self, Cli, Command};
-use managed_jobs::{api, capacity, engine, job_controller, operator, telemetry};
+use managed_jobs::{api, capacity, engine, job_controller, operator, smoke_test, telemetry};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -11,6 +11,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Queue(args) => cli::queue(&args),
         Command::Logs(args) => cli::logs(&args),
+        Command::SmokeTest(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(smoke_test::run(args)),
         Command::JobController(args) => {
             telemetry::init(cli.log_format);
             // A small single-threaded runtime: there are many of these processes.

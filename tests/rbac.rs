@@ -1,6 +1,6 @@
 //! The chart's RBAC is enough, and no more: the operator binary, running with a token of the
 //! chart's ServiceAccount (real RBAC enforced by the dev control plane), completes a pod job and a
-//! cancellation; verbs it does not need are denied.
+//! cancellation, holding its Lease; verbs it does not need are denied.
 
 mod support;
 
@@ -107,6 +107,11 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         ("get", "nodes", "yes"),
         ("list", "nodes", "no"),
         ("create", "managedjobs.managedjobs.dev", "no"),
+        // Leader election (kube-lease-manager): get, create, and patches to take or renew.
+        ("patch", "leases.coordination.k8s.io", "yes"),
+        ("create", "leases.coordination.k8s.io", "yes"),
+        ("update", "leases.coordination.k8s.io", "no"),
+        ("delete", "leases.coordination.k8s.io", "no"),
     ] {
         let (_, answer) = support::kubectl(
             cp,
@@ -132,7 +137,18 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
     std::fs::write(&path, serde_norway::to_string(&config).unwrap()).unwrap();
     let as_sa = support::ControlPlane { kubeconfig: path };
 
-    let _op = support::OperatorProcess::start(&as_sa, &ns.name, &["--executors", "pod"]);
+    // With leader election on, as the chart runs it: the Lease is taken with the chart's Role.
+    let _op = support::OperatorProcess::start(
+        &as_sa,
+        &ns.name,
+        &[
+            "--executors",
+            "pod",
+            "--leader-election",
+            "--leader-election-namespace",
+            &ns.name,
+        ],
+    );
     let job = |name: &str, annotations: &str| {
         format!(
             "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  template:\n    metadata:\n      annotations: {{{annotations}}}\n    spec:\n      containers:\n        - name: main\n          image: busybox\n"

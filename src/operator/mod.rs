@@ -144,7 +144,17 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // anything is admitted.
     let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
     let lock = crate::engine::lock_state_dir(&dir)?;
-    rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref(), cfg.shard.as_deref()).await?;
+    let rebuilt =
+        rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref(), cfg.shard.as_deref())
+            .await?;
+    if rebuilt.jobs > 0 {
+        tracing::info!(
+            jobs = rebuilt.jobs,
+            pods_adopted = rebuilt.pods_adopted,
+            pods_missing = rebuilt.pods_missing,
+            "the store was empty: rebuilt from the ManagedJobs' status"
+        );
+    }
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;

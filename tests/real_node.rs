@@ -1,0 +1,935 @@
+//! The operator the way users run it: the image `hack/image.sh` builds from the repository's
+//! Dockerfile, installed by `helm install` with the chart's defaults (only the image and the node
+//! placement in `tests/real-node/values.yaml`) on the dev control plane's real kubelet node
+//! (`hack/controlplane.sh up --real-node`: containerd, runc and a kubelet built from the control
+//! plane's own Kubernetes module). Pods here really run (busybox), the kubelet sends the signals
+//! and kills the containers, and the operator runs in its container under its ServiceAccount.
+//!
+//! The installed operator watches every namespace, so one release exists at a time: each test
+//! holds [`LOCK`] and installs and uninstalls its own. What must never happen is counted over the
+//! whole test: every Pod a watch saw (one per attempt), every phase a watch saw (never
+//! FailedController).
+//!
+//! Needs root, the real node and the image; without them a test records a skip, except under
+//! `CI=true`, where it fails (hack/test.sh brings both up first).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::{Client, ResourceExt as _};
+use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobStatus};
+use serde_json::{Value, json};
+
+/// One installed operator at a time (it is cluster-wide).
+static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const RELEASE: &str = "mj";
+const NAMESPACE: &str = "mj-system";
+/// The StatefulSet's Pod and its state volume's claim (release `mj`: full name `mj-managed-jobs`).
+const OPERATOR_POD: &str = "mj-managed-jobs-0";
+const CLAIM: &str = "state-mj-managed-jobs-0";
+/// The real node, its containerd and the image `hack/image.sh --load` imports (hack/realnode.sh).
+const NODE: &str = "mj-real-node";
+const CONTAINERD: &str = "/run/mj-realnode/containerd/containerd.sock";
+const IMAGE: &str = "docker.io/library/managed-jobs:dev";
+/// The host folder behind the state volume: under the real node's data dir, which
+/// `hack/controlplane.sh down` removes.
+const VOLUME_DIR: &str = "/var/lib/mj-realnode/volumes/mj-state";
+const PV: &str = "mj-real-node-state";
+/// Long enough for a Pod of a few seconds plus image start on a loaded 2-core machine.
+const T: Duration = Duration::from_secs(300);
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("running a command");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn helm(cp: &support::ControlPlane, args: &[&str]) -> (bool, String) {
+    let out = Command::new(support::root().join("hack/controlplane.sh"))
+        .args(["bin-dir", "helm"])
+        .output()
+        .expect("hack/controlplane.sh bin-dir helm");
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("helm");
+    run(Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .args(args)
+        .current_dir(support::root()))
+}
+
+fn kubectl(cp: &support::ControlPlane, args: &[&str]) -> (bool, String) {
+    support::kubectl(cp, args)
+}
+
+/// `ctr` against the real node's containerd, namespace k8s.io (the kubelet's).
+fn ctr(args: &[&str]) -> (bool, String) {
+    run(Command::new("ctr")
+        .args(["-a", CONTAINERD, "-n", "k8s.io"])
+        .args(args))
+}
+
+/// Is the real node Ready with the operator image imported? If not: a skip, or under CI a failure.
+fn real_node_ready(cp: &support::ControlPlane) -> bool {
+    let (_, ready) = kubectl(
+        cp,
+        &[
+            "get",
+            "node",
+            NODE,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+    );
+    let images = ctr(&["images", "ls", "-q"]).1;
+    let image = images.lines().any(|l| l.trim() == IMAGE);
+    if ready.trim() == "True" && image {
+        return true;
+    }
+    let why = format!(
+        "the real node is {} and the image {IMAGE} is {}: run `hack/controlplane.sh up --real-node` \
+         and `hack/image.sh --load` (as root)",
+        if ready.trim() == "True" {
+            "Ready"
+        } else {
+            "not Ready"
+        },
+        if image { "imported" } else { "missing" }
+    );
+    assert!(
+        std::env::var("CI").unwrap_or_default().is_empty(),
+        "CI is set but {why}"
+    );
+    support::record_skip(&format!("real-node test: {why}"));
+    false
+}
+
+/// The control plane, the lock and a client, or a skip (see [`real_node_ready`]).
+macro_rules! real_node_or_skip {
+    () => {{
+        let cp = control_plane_or_skip!();
+        let guard = LOCK.lock().await;
+        if !real_node_ready(cp) {
+            return;
+        }
+        (cp, guard, support::client(cp).await)
+    }};
+}
+
+/// One `helm install` of the chart in [`NAMESPACE`], uninstalled (with its volume) when dropped.
+struct Release {
+    cp: &'static support::ControlPlane,
+    sets: Vec<String>,
+}
+
+impl Release {
+    /// Installs the chart with the test values and `sets`, waits until it is Ready.
+    fn install(cp: &'static support::ControlPlane, sets: &[&str]) -> Release {
+        clean_up(cp);
+        adopt_cluster_objects(cp);
+        let release = Release {
+            cp,
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+        };
+        if !sets.contains(&"persistence.enabled=false") {
+            create_state_volume(cp);
+        }
+        release.helm_install_or_upgrade("install", &[]);
+        release
+    }
+
+    fn helm_install_or_upgrade(&self, verb: &str, more: &[&str]) {
+        let values = support::root().join("tests/real-node/values.yaml");
+        let mut args = vec![
+            verb,
+            RELEASE,
+            "charts/managed-jobs",
+            "-n",
+            NAMESPACE,
+            "-f",
+            values.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "180s",
+        ];
+        if verb == "install" {
+            args.push("--create-namespace");
+        }
+        for s in self
+            .sets
+            .iter()
+            .map(String::as_str)
+            .chain(more.iter().copied())
+        {
+            args.extend(["--set", s]);
+        }
+        let start = Instant::now();
+        let (ok, out) = helm(self.cp, &args);
+        assert!(
+            ok,
+            "helm {verb} failed after {:?}: {out}\n{}",
+            start.elapsed(),
+            self.diagnostics()
+        );
+        eprintln!(
+            "helm {verb}: Ready after {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+    }
+
+    /// `helm upgrade` with `more` values on top of the install's: rolls the operator Pod when
+    /// its template changes. Returns once the new Pod is Ready.
+    fn upgrade(&self, more: &[&str]) {
+        self.helm_install_or_upgrade("upgrade", more);
+    }
+
+    fn operator_pod(&self) -> Option<Value> {
+        let (ok, out) = kubectl(
+            self.cp,
+            &["-n", NAMESPACE, "get", "pod", OPERATOR_POD, "-o", "json"],
+        );
+        ok.then(|| serde_json::from_str(&out).ok()).flatten()
+    }
+
+    /// Waits until the operator Pod is Ready and passes `pred`; returns it.
+    fn wait_operator(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Some(pod) = self.operator_pod()
+                && is_ready(&pod)
+                && pred(&pod)
+            {
+                return pod;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "the operator Pod never became Ready ({what})\n{}",
+                self.diagnostics()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The operator container's log (`kubectl logs`: the API server reaches the kubelet with its
+    /// client certificate).
+    fn logs(&self, previous: bool) -> String {
+        let mut args = vec!["-n", NAMESPACE, "logs", OPERATOR_POD];
+        if previous {
+            args.push("--previous");
+        }
+        kubectl(self.cp, &args).1
+    }
+
+    fn diagnostics(&self) -> String {
+        let describe = kubectl(self.cp, &["-n", NAMESPACE, "describe", "pod", OPERATOR_POD]).1;
+        let logs = self.logs(false);
+        let tail: Vec<&str> = logs.lines().rev().take(40).collect();
+        format!(
+            "--- kubectl describe pod {OPERATOR_POD}:\n{describe}\n--- its log (last 40 lines):\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn uninstall(&self) {
+        let (ok, out) = helm(
+            self.cp,
+            &[
+                "uninstall",
+                RELEASE,
+                "-n",
+                NAMESPACE,
+                "--wait",
+                "--timeout",
+                "120s",
+            ],
+        );
+        assert!(ok, "helm uninstall: {out}");
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.diagnostics());
+        }
+        clean_up(self.cp);
+    }
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// Removes any release, its claim, the volume and its folder: each test starts from nothing.
+fn clean_up(cp: &support::ControlPlane) {
+    let (_, list) = helm(cp, &["list", "-n", NAMESPACE, "-q"]);
+    if list.lines().any(|l| l.trim() == RELEASE) {
+        let _ = helm(
+            cp,
+            &[
+                "uninstall",
+                RELEASE,
+                "-n",
+                NAMESPACE,
+                "--wait",
+                "--timeout",
+                "120s",
+            ],
+        );
+    }
+    kubectl(
+        cp,
+        &[
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pvc",
+            CLAIM,
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+    );
+    kubectl(
+        cp,
+        &[
+            "delete",
+            "pv",
+            PV,
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(VOLUME_DIR);
+}
+
+/// The cluster-scoped objects of `crds/` (the CRD and the admission policies) were applied by
+/// `kubectl apply -f crds/` for the other tests; `helm install` adopts them only when they carry
+/// its ownership metadata, as a user who installed them by hand first must also add.
+fn adopt_cluster_objects(cp: &support::ControlPlane) {
+    for object in [
+        "customresourcedefinition/managedjobs.managedjobs.dev",
+        "mutatingadmissionpolicy/managedjobs.dev-finalizer",
+        "mutatingadmissionpolicybinding/managedjobs.dev-finalizer",
+        "validatingadmissionpolicy/managedjobs.dev-shard",
+        "validatingadmissionpolicybinding/managedjobs.dev-shard",
+    ] {
+        if !kubectl(cp, &["get", object]).0 {
+            continue;
+        }
+        let (ok, out) = kubectl(
+            cp,
+            &[
+                "annotate",
+                "--overwrite",
+                object,
+                &format!("meta.helm.sh/release-name={RELEASE}"),
+                &format!("meta.helm.sh/release-namespace={NAMESPACE}"),
+            ],
+        );
+        assert!(ok, "annotating {object}: {out}");
+        let (ok, out) = kubectl(
+            cp,
+            &[
+                "label",
+                "--overwrite",
+                object,
+                "app.kubernetes.io/managed-by=Helm",
+            ],
+        );
+        assert!(ok, "labelling {object}: {out}");
+    }
+}
+
+/// A hostPath PersistentVolume on the real node, bound ahead to the StatefulSet's claim (the dev
+/// control plane has no provisioner), its folder owned by the container's user.
+fn create_state_volume(cp: &support::ControlPlane) {
+    std::fs::create_dir_all(VOLUME_DIR).unwrap();
+    std::os::unix::fs::chown(VOLUME_DIR, Some(65532), Some(65532))
+        .expect("chown of the volume folder (the real-node tests run as root)");
+    let pv = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": PV},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": VOLUME_DIR, "type": "Directory"},
+            "claimRef": {"namespace": NAMESPACE, "name": CLAIM},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
+            ]}]}}
+        }
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), pv.to_string()).unwrap();
+    let (ok, out) = kubectl(cp, &["apply", "-f", file.path().to_str().unwrap()]);
+    assert!(ok, "creating the state volume: {out}");
+}
+
+/// `job` (a ManagedJob as YAML) with every Pod template placed on the real node.
+fn on_real_node(yaml: &str) -> ManagedJob {
+    let mut job: Value = serde_norway::from_str(yaml).expect("ManagedJob YAML");
+    let place = |template: &mut Value| {
+        template["spec"]["nodeSelector"] = json!({"managedjobs.dev/real-node": "true"});
+        template["spec"]["tolerations"] = json!([
+            {"key": "managedjobs.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}
+        ]);
+    };
+    if job["spec"]["template"].is_object() {
+        place(&mut job["spec"]["template"]);
+    }
+    if let Some(tasks) = job["spec"].get_mut("tasks").and_then(Value::as_array_mut) {
+        for task in tasks {
+            if task["template"].is_object() {
+                place(&mut task["template"]);
+            }
+        }
+    }
+    serde_json::from_value(job).expect("a ManagedJob")
+}
+
+async fn create(client: &Client, ns: &str, yaml: &str) {
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .create(&Default::default(), &on_real_node(yaml))
+        .await
+        .expect("creating the ManagedJob");
+}
+
+/// A pod job whose busybox container sleeps `seconds`, then exits 0.
+fn sleeper(name: &str, seconds: u32) -> String {
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  template:\n    spec:\n      terminationGracePeriodSeconds: 2\n      containers:\n        - name: main\n          image: busybox:1.36\n          command: [\"sh\", \"-c\", \"sleep {seconds}; echo done\"]\n          resources:\n            requests: {{cpu: 10m, memory: 16Mi}}\n"
+    )
+}
+
+/// A pipeline of three busybox tasks of `seconds` each.
+fn pipeline(name: &str, seconds: u32) -> String {
+    let task = |t: &str| {
+        format!(
+            "    - name: {t}\n      template:\n        spec:\n          terminationGracePeriodSeconds: 2\n          containers:\n            - name: main\n              image: busybox:1.36\n              command: [\"sh\", \"-c\", \"sleep {seconds}; echo {t}\"]\n              resources:\n                requests: {{cpu: 10m, memory: 16Mi}}\n"
+        )
+    };
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  tasks:\n{}{}{}",
+        task("fetch"),
+        task("train"),
+        task("publish")
+    )
+}
+
+/// Every Pod a watch saw in `ns`, by name, with its job's name (label `managedjobs.dev/job-name`).
+type PodsSeen = Arc<Mutex<BTreeMap<String, String>>>;
+
+fn watch_pods(client: &Client, ns: &str) -> (tokio::task::JoinHandle<()>, PodsSeen) {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    let seen: PodsSeen = Arc::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            if let Ok(
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p),
+            ) = ev
+            {
+                let job = p
+                    .labels()
+                    .get("managedjobs.dev/job-name")
+                    .cloned()
+                    .unwrap_or_default();
+                out.lock().unwrap().insert(p.name_any(), job);
+            }
+        }
+    });
+    (task, seen)
+}
+
+/// Every phase a watch saw each ManagedJob in `ns` take, in order.
+type PhasesSeen = Arc<Mutex<BTreeMap<String, Vec<String>>>>;
+
+fn watch_phases(client: &Client, ns: &str) -> (tokio::task::JoinHandle<()>, PhasesSeen) {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let api = Api::<ManagedJob>::namespaced(client.clone(), ns);
+    let seen: PhasesSeen = Arc::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            if let Ok(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) = ev
+                && let Some(phase) = j.status.as_ref().and_then(|s| s.phase)
+            {
+                let mut seen = out.lock().unwrap();
+                let phases = seen.entry(j.name_any()).or_default();
+                if phases.last().map(String::as_str) != Some(phase.as_str()) {
+                    phases.push(phase.as_str().to_string());
+                }
+            }
+        }
+    });
+    (task, seen)
+}
+
+async fn finished(client: &Client, ns: &str, name: &str) -> ManagedJobStatus {
+    support::wait_status(client, ns, name, T, "a terminal phase", |s| {
+        s.phase.is_some_and(JobPhase::is_terminal)
+    })
+    .await
+    .status
+    .unwrap()
+}
+
+async fn running(client: &Client, ns: &str, name: &str) -> ManagedJobStatus {
+    support::wait_status(
+        client,
+        ns,
+        name,
+        T,
+        "Running",
+        support::phase_is(JobPhase::Running),
+    )
+    .await
+    .status
+    .unwrap()
+}
+
+/// Asserts that the job ended Succeeded on its first attempt of each task, no restart, no
+/// recovery, and that it had exactly `pods` Pods over the whole test.
+fn assert_clean_success(name: &str, s: &ManagedJobStatus, pods: &PodsSeen, expected_pods: usize) {
+    assert_eq!(
+        s.phase,
+        Some(JobPhase::Succeeded),
+        "{name}: {:?} {:?}",
+        s.failure_reason,
+        s.message
+    );
+    assert_eq!(
+        (s.restart_count, s.recovery_count),
+        (0, 0),
+        "{name}: restarts and recoveries: {s:#?}"
+    );
+    let seen: Vec<String> = pods
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, job)| *job == name)
+        .map(|(pod, _)| pod.clone())
+        .collect();
+    assert_eq!(
+        seen.len(),
+        expected_pods,
+        "{name}: exactly one Pod per attempt, over the whole test; saw {seen:?}"
+    );
+}
+
+fn assert_never(phases: &PhasesSeen, bad: &[&str]) {
+    for (job, seen) in phases.lock().unwrap().iter() {
+        for phase in seen {
+            assert!(
+                !bad.contains(&phase.as_str()),
+                "{job} was seen {phase}: {seen:?}"
+            );
+        }
+    }
+}
+
+/// The host pid of a running container of the operator Pod (its containerd task).
+fn container_pid(pod: &Value) -> (String, i32) {
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .expect("the operator container's id")
+        .to_string();
+    let (ok, tasks) = ctr(&["tasks", "ls"]);
+    assert!(ok, "{tasks}");
+    let pid = tasks
+        .lines()
+        .find_map(|l| {
+            let mut cols = l.split_whitespace();
+            (cols.next() == Some(id.as_str())).then(|| cols.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no containerd task {id}: {tasks}"));
+    (id, pid)
+}
+
+/// The default install becomes Ready and `helm test` passes; the container runs as 65532 on a
+/// read-only root filesystem, writes its state only to the volume, and derives its caps from
+/// the chart's default limits (2 CPUs, 2Gi).
+#[tokio::test]
+async fn the_default_install_becomes_ready_and_passes_helm_test() {
+    let (cp, _guard, _client) = real_node_or_skip!();
+    let release = Release::install(cp, &[]);
+    let pod = release.wait_operator("after install", |_| true);
+
+    let (ok, out) = helm(
+        cp,
+        &[
+            "test",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--timeout",
+            "240s",
+            "--logs",
+        ],
+    );
+    assert!(ok, "helm test failed: {out}\n{}", release.diagnostics());
+    assert!(out.contains("smoke test passed"), "{out}");
+    assert!(out.contains("phase Succeeded"), "{out}");
+
+    // The process as the kernel sees it.
+    let (_, pid) = container_pid(&pod);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uids = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert_eq!(
+        uids.split_whitespace().skip(1).collect::<Vec<_>>(),
+        ["65532"; 4],
+        "{uids}"
+    );
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let mut writable = BTreeSet::new();
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (point, options) = (fields[4], fields[5]);
+        if point == "/" {
+            assert!(
+                options.split(',').any(|o| o == "ro"),
+                "root filesystem: {line}"
+            );
+        }
+        if options.split(',').any(|o| o == "rw")
+            && !point.starts_with("/proc")
+            && !point.starts_with("/sys")
+            && !point.starts_with("/dev")
+        {
+            writable.insert(point.to_string());
+        }
+    }
+    // What the container may write: its state dir, /tmp, and the files the kubelet manages.
+    let allowed = [
+        "/var/lib/managed-jobs",
+        "/tmp",
+        "/etc/hosts",
+        "/etc/hostname",
+        "/etc/resolv.conf",
+    ];
+    for point in &writable {
+        assert!(
+            allowed.contains(&point.as_str()),
+            "writable mount {point} (all: {writable:?})"
+        );
+    }
+    // Its state is on the volume.
+    let files: BTreeSet<String> = std::fs::read_dir(VOLUME_DIR)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_string()))
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with(".db") || f.ends_with(".sqlite")),
+        "no store on the volume: {files:?}"
+    );
+
+    // The caps from the container's cgroup: 4 x 2 CPUs, (2048 - 512) / 16 MiB.
+    let logs = release.logs(false);
+    assert!(
+        logs.contains("launch cap 8 (derived 8 = 4 x 2 CPUs), run cap 96 (derived 96 = (2048 MiB - 512 MiB reserved) / 16 MiB per job)"),
+        "caps line: {}",
+        logs.lines().find(|l| l.contains("caps in force")).unwrap_or("(none)")
+    );
+}
+
+/// The kubelet of the real node is not open to whoever reaches it: an anonymous request is
+/// refused, while the API server (its client certificate) reads logs through it (the other tests).
+#[tokio::test]
+async fn the_real_nodes_kubelet_refuses_anonymous_requests() {
+    let cp = control_plane_or_skip!();
+    let _guard = LOCK.lock().await;
+    if !real_node_ready(cp) {
+        return;
+    }
+    let (ok, node) = kubectl(cp, &["get", "node", NODE, "-o", "json"]);
+    assert!(ok, "{node}");
+    let node: Value = serde_json::from_str(&node).unwrap();
+    let port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        .as_u64()
+        .unwrap();
+    let ip = node["status"]["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["type"] == "InternalIP")
+        .unwrap()["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, code) = run(Command::new("curl").args([
+        "-sk",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("https://{ip}:{port}/pods"),
+    ]));
+    assert_eq!(code.trim(), "401", "an anonymous GET /pods of the kubelet");
+}
+
+/// The examples' pod jobs, applied as they are (placed on the real node), end as their comments
+/// say, through the installed operator, with real containers.
+#[tokio::test]
+async fn the_examples_pod_jobs_run_through_the_installed_operator() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let _release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-examples").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    for example in ["pod-hello", "pod-pipeline", "pod-failing", "pod-long"] {
+        let yaml =
+            std::fs::read_to_string(support::root().join(format!("examples/{example}.yaml")))
+                .unwrap();
+        create(&client, &ns.name, &yaml).await;
+    }
+    let hello = finished(&client, &ns.name, "pod-hello").await;
+    assert_clean_success("pod-hello", &hello, &pods, 1);
+    let hello_pod = hello.workload.clone().unwrap_or_default();
+    let hello_pod = hello_pod.strip_prefix("pod/").unwrap_or(&hello_pod);
+    let (_, log) = kubectl(cp, &["-n", &ns.name, "logs", hello_pod]);
+    assert!(
+        log.contains("hello from a pod"),
+        "the container's own output: {log}"
+    );
+
+    let pipeline = finished(&client, &ns.name, "pod-pipeline").await;
+    assert_clean_success("pod-pipeline", &pipeline, &pods, 3);
+    let tasks: Vec<_> = pipeline.tasks.iter().map(|t| t.phase).collect();
+    assert!(
+        tasks
+            .iter()
+            .all(|p| *p == managed_jobs::api::TaskPhase::Succeeded),
+        "{tasks:?}"
+    );
+
+    let failing = finished(&client, &ns.name, "pod-failing").await;
+    assert_eq!(
+        (failing.phase, failing.exit_code, failing.restart_count),
+        (Some(JobPhase::Failed), Some(3), 1),
+        "{failing:#?}"
+    );
+
+    running(&client, &ns.name, "pod-long").await;
+    support::cancel(&client, &ns.name, "pod-long").await;
+    let long = finished(&client, &ns.name, "pod-long").await;
+    assert_eq!(long.phase, Some(JobPhase::Cancelled), "{long:#?}");
+    let left = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.labels()
+                .get("managedjobs.dev/job-name")
+                .map(String::as_str)
+                == Some("pod-long")
+        })
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .count();
+    assert_eq!(left, 0, "the cancelled job's Pod is gone");
+    pods_task.abort();
+}
+
+/// Three `helm upgrade`s roll the operator Pod (the kubelet sends SIGTERM and kills the
+/// container with its job controllers) while a pod job of 120 s and a pipeline run: both succeed
+/// with one Pod per attempt, no restart, no recovery, never FailedController.
+#[tokio::test]
+async fn three_rollouts_while_a_pod_job_and_a_pipeline_run() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-rollouts").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    let (phases_task, phases) = watch_phases(&client, &ns.name);
+    create(&client, &ns.name, &sleeper("long", 120)).await;
+    create(&client, &ns.name, &pipeline("steps", 20)).await;
+    running(&client, &ns.name, "long").await;
+    running(&client, &ns.name, "steps").await;
+    let mut uid = release.operator_pod().unwrap()["metadata"]["uid"].clone();
+    for i in 1..=3 {
+        let start = Instant::now();
+        release.upgrade(&[&format!("podAnnotations.rollout=r{i}")]);
+        let pod = release.wait_operator("after a rollout", |p| p["metadata"]["uid"] != uid);
+        uid = pod["metadata"]["uid"].clone();
+        eprintln!(
+            "rollout {i}: new operator Ready after {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    let long = finished(&client, &ns.name, "long").await;
+    let steps = finished(&client, &ns.name, "steps").await;
+    pods_task.abort();
+    phases_task.abort();
+    assert_clean_success("long", &long, &pods, 1);
+    assert_clean_success("steps", &steps, &pods, 3);
+    assert_eq!(long.attempt, 1);
+    assert_never(&phases, &["FailedController", "Recovering", "Failed"]);
+}
+
+/// The runtime kills the operator's container (SIGKILL through containerd, as an OOM kill
+/// does): the kubelet restarts it and the jobs still succeed, one Pod per attempt.
+#[tokio::test]
+async fn the_runtime_killing_the_operator_container_loses_no_job() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-sigkill").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    let (phases_task, phases) = watch_phases(&client, &ns.name);
+    create(&client, &ns.name, &sleeper("sturdy", 45)).await;
+    create(&client, &ns.name, &pipeline("chain", 12)).await;
+    running(&client, &ns.name, "sturdy").await;
+    running(&client, &ns.name, "chain").await;
+    let pod = release.operator_pod().unwrap();
+    let (id, _) = container_pid(&pod);
+    let (ok, out) = ctr(&["tasks", "kill", "-s", "SIGKILL", &id]);
+    assert!(ok, "ctr tasks kill: {out}");
+    let pod = release.wait_operator("after the kill", |p| {
+        p["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1)
+    });
+    let last = &pod["status"]["containerStatuses"][0]["lastState"]["terminated"];
+    assert_eq!(last["exitCode"], 137, "killed by SIGKILL: {last}");
+    let sturdy = finished(&client, &ns.name, "sturdy").await;
+    let chain = finished(&client, &ns.name, "chain").await;
+    pods_task.abort();
+    phases_task.abort();
+    assert_clean_success("sturdy", &sturdy, &pods, 1);
+    assert_clean_success("chain", &chain, &pods, 3);
+    assert_never(&phases, &["FailedController", "Recovering", "Failed"]);
+}
+
+/// With `persistence.enabled=false` the state dir is an emptyDir: the operator Pod deleted
+/// mid-run comes back empty, rebuilds the job from its status and adopts its running Pod.
+#[tokio::test]
+async fn an_operator_on_an_empty_dir_rebuilds_from_status_after_its_pod_is_deleted() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let release = Release::install(cp, &["persistence.enabled=false"]);
+    let ns = support::TestNamespace::new(&client, cp, "real-emptydir").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    create(&client, &ns.name, &sleeper("kept", 45)).await;
+    let before = running(&client, &ns.name, "kept").await;
+    let uid = release.operator_pod().unwrap()["metadata"]["uid"].clone();
+    let (ok, out) = kubectl(
+        cp,
+        &[
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pod",
+            OPERATOR_POD,
+            "--wait=true",
+        ],
+    );
+    assert!(ok, "{out}");
+    release.wait_operator("after the deletion", |p| p["metadata"]["uid"] != uid);
+    let logs = release.logs(false);
+    assert!(
+        logs.contains("rebuilt from the ManagedJobs' status"),
+        "the new operator rebuilt its store: {logs}"
+    );
+    let after = finished(&client, &ns.name, "kept").await;
+    pods_task.abort();
+    assert_clean_success("kept", &after, &pods, 1);
+    assert_eq!(after.job_id, before.job_id, "the job id is kept");
+}
+
+/// `resources.limits` of 1 CPU and 512Mi: the caps the installed operator logs follow the
+/// container's limits by the README's formula (launch = 4 x CPUs; run = (memory - reserved) /
+/// per-job budget, at least 1), and `managed-jobs queue` (kubectl exec) shows them.
+#[tokio::test]
+async fn the_caps_follow_the_containers_limits() {
+    let (cp, _guard, _client) = real_node_or_skip!();
+    let release = Release::install(
+        cp,
+        &[
+            "resources.limits.cpu=1",
+            "resources.limits.memory=512Mi",
+            "resources.requests.cpu=100m",
+            "resources.requests.memory=256Mi",
+        ],
+    );
+    let logs = release.logs(false);
+    let line = logs
+        .lines()
+        .find(|l| l.contains("caps in force"))
+        .unwrap_or("(none)");
+    assert!(
+        line.contains("launch cap 4 (derived 4 = 4 x 1 CPUs), run cap 1 (derived 1 = (512 MiB - 512 MiB reserved) / 16 MiB per job)"),
+        "caps line: {line}"
+    );
+    let (ok, queue) = kubectl(
+        cp,
+        &[
+            "-n",
+            NAMESPACE,
+            "exec",
+            OPERATOR_POD,
+            "--",
+            "/managed-jobs",
+            "queue",
+            "--state-dir",
+            "/var/lib/managed-jobs",
+        ],
+    );
+    assert!(ok, "kubectl exec queue: {queue}");
+    assert!(queue.contains("caps: launch=4,run=1"), "{queue}");
+}
+
+/// `helm uninstall` with jobs running, then `helm install` again: the jobs' Pods run on without
+/// an operator, and every job ends as it would have without the pause (README of the chart).
+#[tokio::test]
+async fn uninstall_then_install_again_ends_every_job_as_without_the_pause() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-reinstall").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    let (phases_task, phases) = watch_phases(&client, &ns.name);
+    create(&client, &ns.name, &sleeper("paused", 40)).await;
+    create(&client, &ns.name, &pipeline("relay", 10)).await;
+    running(&client, &ns.name, "paused").await;
+    running(&client, &ns.name, "relay").await;
+    release.uninstall();
+    // The StatefulSet's Pod goes with it (the garbage collector deletes it a moment later).
+    let start = Instant::now();
+    while release.operator_pod().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the operator Pod outlived its StatefulSet"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A while without an operator: the Pods run on (the pipeline's first task ends meanwhile).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    release.helm_install_or_upgrade("install", &[]);
+    let paused = finished(&client, &ns.name, "paused").await;
+    let relay = finished(&client, &ns.name, "relay").await;
+    pods_task.abort();
+    phases_task.abort();
+    assert_clean_success("paused", &paused, &pods, 1);
+    assert_clean_success("relay", &relay, &pods, 3);
+    assert_never(&phases, &["FailedController", "Recovering", "Failed"]);
+}
