@@ -677,3 +677,56 @@ async fn processes_forked_while_the_attempt_is_stopped_are_stopped_too() {
     assert_eq!(row.phase, JobPhase::Cancelled);
     assert_eq!(marked(dir.path(), forker, 1), Vec::<i32>::new());
 }
+
+/// Issue 21, class 8 (stops that re-signal): a stop is SIGTERM once, then SIGKILL after the
+/// grace period. A workload whose TERM handler runs a command (`sleep 2`, then saves) gets one
+/// SIGTERM: the handler runs once, to its end, and the cancel takes the handler's 2 s, not the
+/// grace (5 s) nor more. Every TERM the handler saw is counted in a file over the whole test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signals_once_and_a_term_handler_runs_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), CAPS);
+    cfg.cancel_grace = Duration::from_secs(5);
+    let engine = Engine::start(cfg).expect("engine starts");
+    let (started, terms, saved) = (
+        out.path().join("started"),
+        out.path().join("terms"),
+        out.path().join("saved"),
+    );
+    let run = format!(
+        "trap 'echo term >> {terms}; sleep 2; echo saved > {saved}; exit 0' TERM\n\
+         echo started >> {started}\n\
+         while true; do sleep 0.1; done",
+        terms = terms.display(),
+        saved = saved.display(),
+        started = started.display(),
+    );
+    let id = submit(&engine, "checkpointer", &spec(&run));
+    wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let begin = Instant::now();
+    while !started.exists() {
+        assert!(begin.elapsed() < Duration::from_secs(10), "never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let row = engine.store().get(id).unwrap();
+    let asked = Instant::now();
+    engine.cancel(row, false).unwrap();
+    let row = wait_done(&engine, id).await;
+    let took = asked.elapsed();
+    assert_eq!(row.phase, JobPhase::Cancelled, "{}", row.message);
+    assert_eq!(
+        std::fs::read_to_string(&terms).unwrap(),
+        "term\n",
+        "the TERM handler ran more than once: the workload was signalled again"
+    );
+    assert_eq!(std::fs::read_to_string(&saved).unwrap(), "saved\n");
+    assert_eq!(std::fs::read_to_string(&started).unwrap(), "started\n");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+        "the cancel took {took:?}: the handler needs 2 s, the grace is 5 s"
+    );
+}
