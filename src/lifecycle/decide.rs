@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::FailureReason;
 use super::transitions::{self as t, Transition, current_attempt};
 use crate::api::{JobPhase, ScheduleState, validate_spec};
-use crate::executor::Outcome;
+use crate::executor::{Outcome, Refused};
 use crate::store::JobRow;
 
 /// What an executor observes of one attempt's workload.
@@ -46,6 +46,16 @@ pub enum Observed {
         /// Whether its node is Ready, when asked (past `force_at_ms`); None: not asked or
         /// unknown (never forced then).
         node_ready: Option<bool>,
+    },
+    /// Its create failed and may succeed later (the API answered 5xx, or could not be
+    /// reached): tried again at `retry_at_ms`, against the launch deadline.
+    CreateFailed {
+        /// `pod/NAME`.
+        workload: String,
+        /// What the API said.
+        message: String,
+        /// When to try the create again (ms since epoch).
+        retry_at_ms: i64,
     },
     /// It runs.
     Running {
@@ -281,10 +291,59 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 intent: Some(intent),
             }
         }
-        Observed::NotFound if cx.create_is_idempotent => Action::Launch {
-            attempt,
-            intent: None,
-        },
+        // Created (or adopted) but never reported, e.g. a Pod of that name that is not the
+        // attempt's: created again until the launch deadline, then timed out like any launch.
+        Observed::NotFound if cx.create_is_idempotent => {
+            if launch_deadline_ms(row, cx).is_some_and(|d| d <= cx.now_ms) {
+                return Action::RemoveThen(t::launch_timed_out(
+                    row,
+                    attempt,
+                    "PodNotSeen",
+                    "its Pod was created but never seen by the operator's Pod watch",
+                    launch_timeout(row, cx),
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            Action::Launch {
+                attempt,
+                intent: None,
+            }
+        }
+        Observed::CreateFailed {
+            workload,
+            message,
+            retry_at_ms,
+        } => {
+            let launch_deadline = launch_deadline_ms(row, cx);
+            if launch_deadline.is_some_and(|d| d <= cx.now_ms) {
+                return Action::RemoveThen(t::launch_timed_out(
+                    row,
+                    attempt,
+                    "CreateFailed",
+                    message,
+                    launch_timeout(row, cx),
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
+            let waiting = format!("creating Pod {pod} failed, trying again: {message}");
+            if row.message != super::tasks::stored_message(row, &waiting) {
+                return Action::Apply(t::waiting_to_start(row, waiting));
+            }
+            if *retry_at_ms <= cx.now_ms {
+                return Action::Launch {
+                    attempt,
+                    intent: None,
+                };
+            }
+            Action::Wait {
+                until_ms: sooner(super::earliest(Some(*retry_at_ms), launch_deadline)),
+            }
+        }
         Observed::NotFound => Action::Apply(t::after_outcome(
             row,
             attempt,
@@ -383,6 +442,30 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
     }
+}
+
+/// What a launch the API refused for good means for the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterRefusal {
+    /// Its namespace is being deleted, which cancels the job (DESIGN.md section 8): persist a
+    /// cancel request, then decide again (the workload is stopped, the job ends Cancelled).
+    Cancel,
+    /// Write this: the job fails its precheck, with the refusal's reason and message.
+    Apply(Box<Transition>),
+}
+
+/// Decides on a launch of `row` refused for good ([`Refused`]): a namespace being deleted is a
+/// cancel, anything else fails the job's precheck.
+pub fn after_refusal(row: &JobRow, refused: &Refused) -> AfterRefusal {
+    if refused.reason == FailureReason::NamespaceTerminating {
+        return AfterRefusal::Cancel;
+    }
+    AfterRefusal::Apply(Box::new(t::fail(
+        row,
+        JobPhase::FailedPrecheck,
+        refused.reason,
+        refused.message.clone(),
+    )))
 }
 
 /// What the operator does when a job's controller process (`pid`) exited.
@@ -835,6 +918,90 @@ mod tests {
         assert!(check_edge(&r, &t.change).is_ok());
     }
 
+    /// Issue 21, class 5: a create the API keeps failing (HTTP 500) is tried again on its own
+    /// back-off, says why in the message, and counts against the launch deadline: past it the
+    /// attempt times out like any launch (requeued, then FailedNoResource naming CreateFailed).
+    /// A cancel comes first whatever the create does.
+    #[test]
+    fn a_failing_create_is_retried_within_the_launch_deadline_and_a_cancel_comes_first() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Launching);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.launched_at_ms = Some(9_000);
+        r.spec.launch_timeout_seconds = Some(5);
+        let failing = |retry_at_ms| Observed::CreateFailed {
+            workload: "pod/j-1-1-x".into(),
+            message: "the API answered 500: failed calling webhook".into(),
+            retry_at_ms,
+        };
+        let a = next_action(&r, Some(&failing(10_500)), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        let message = t.change.message.clone().unwrap();
+        assert!(message.contains("creating Pod j-1-1-x failed") && message.contains("500"));
+        r.message = message;
+        assert_eq!(
+            next_action(&r, Some(&failing(10_500)), &cx(true)),
+            Action::Wait {
+                until_ms: Some(10_500)
+            }
+        );
+        assert_eq!(
+            next_action(&r, Some(&failing(9_500)), &cx(true)),
+            Action::Launch {
+                attempt: 1,
+                intent: None
+            }
+        );
+        // Past the launch deadline (9 s + 5 s).
+        r.launched_at_ms = Some(4_000);
+        let a = next_action(&r, Some(&failing(10_500)), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::LaunchTimedOut);
+        r.launch_timeouts = DEFAULT_MAX_LAUNCH_TIMEOUTS - 1;
+        let Action::RemoveThen(t) = next_action(&r, Some(&failing(10_500)), &cx(true)) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
+        assert_eq!(t.change.failure_reason, Some(Some("CreateFailed".into())));
+        // A created Pod the watch never reports is timed out the same way, not created forever.
+        let Action::RemoveThen(t) = next_action(&r, Some(&Observed::NotFound), &cx(true)) else {
+            panic!()
+        };
+        assert_eq!(t.change.failure_reason, Some(Some("PodNotSeen".into())));
+        // A cancel: stopped, whatever the create does.
+        r.cancel_requested = true;
+        r.phase = JobPhase::Cancelling;
+        assert!(matches!(
+            next_action(&r, Some(&failing(9_500)), &cx(true)),
+            Action::StopThen(_)
+        ));
+    }
+
+    /// Issue 21, class 9: a launch refused because the namespace is being deleted is a cancel;
+    /// any other refusal fails the precheck.
+    #[test]
+    fn a_namespace_being_deleted_cancels_instead_of_failing() {
+        let r = row(JobPhase::Starting, ScheduleState::Launching);
+        let refused = |reason| Refused {
+            reason,
+            message: "the API refused the Pod".into(),
+        };
+        assert_eq!(
+            after_refusal(&r, &refused(FailureReason::NamespaceTerminating)),
+            AfterRefusal::Cancel
+        );
+        let AfterRefusal::Apply(t) = after_refusal(&r, &refused(FailureReason::PodRejected)) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedPrecheck));
+        assert!(check_edge(&r, &t.change).is_ok());
+    }
+
     #[test]
     fn a_controller_exit_resumes_until_the_crash_limit() {
         let ran = ExitSeen::WhileOperatorRan;
@@ -893,6 +1060,16 @@ mod tests {
             })),
             Just(Some(Observed::Running {
                 workload: "pod/p".into()
+            })),
+            Just(Some(Observed::CreateFailed {
+                workload: "pod/p".into(),
+                message: "the API answered 500".into(),
+                retry_at_ms: 9_000,
+            })),
+            Just(Some(Observed::CreateFailed {
+                workload: "pod/p".into(),
+                message: "the API answered 500".into(),
+                retry_at_ms: 20_000,
             })),
             Just(Some(Observed::Unschedulable {
                 workload: "pod/p".into(),

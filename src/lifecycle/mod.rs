@@ -25,10 +25,12 @@ pub mod reason;
 pub mod restore;
 pub mod tasks;
 pub mod transitions;
+pub mod world;
 
 pub use decide::{
-    Action, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS, ExitSeen,
-    Observed, controller_exited, in_backoff, launch_deadline_ms, next_action, observes,
+    Action, AfterRefusal, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS,
+    ExitSeen, Observed, after_refusal, controller_exited, in_backoff, launch_deadline_ms,
+    next_action, observes,
 };
 pub use reason::{FailureReason, Reason};
 pub use restore::{Restored, restore};

@@ -150,6 +150,9 @@ pub enum FailureReason {
     ControllerCrashed,
     /// No job controller process could be started.
     ControllerStartFailed,
+    /// The API refused the workload because its namespace is being deleted. Never a job's
+    /// failure: deleting a namespace cancels its jobs ([`crate::lifecycle::after_refusal`]).
+    NamespaceTerminating,
 }
 
 impl FailureReason {
@@ -165,6 +168,7 @@ impl FailureReason {
             FailureReason::RecoveryBudgetSpent => "RecoveryBudgetSpent",
             FailureReason::ControllerCrashed => "ControllerCrashed",
             FailureReason::ControllerStartFailed => "ControllerStartFailed",
+            FailureReason::NamespaceTerminating => "NamespaceTerminating",
         }
     }
 }

@@ -654,6 +654,38 @@ impl Store {
         Ok(())
     }
 
+    /// Every Done job, briefly: (id, object uid, attempts whose files it may have). For the
+    /// world check ([`crate::lifecycle::world`]), which forgets those whose object is gone;
+    /// reads two small columns per finished job.
+    pub fn done_jobs_brief(&self) -> Result<Vec<(i64, String, i32)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, uid, max(attempt, launched_attempt) FROM jobs
+             WHERE schedule_state = 'Done'",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Every job not admitted yet (Inactive, Waiting), briefly: (id, object uid, executor,
+    /// deleting). For the world check: such a job has no workload, only an object.
+    pub fn pending_jobs_brief(&self) -> Result<Vec<(i64, String, crate::api::ExecutorKind, bool)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, uid, executor, deleting FROM jobs
+             WHERE schedule_state IN ('Inactive', 'Waiting')",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let executor: String = r.get(2)?;
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                crate::api::ExecutorKind::parse(&executor)
+                    .unwrap_or(crate::api::ExecutorKind::Local),
+                r.get(3)?,
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Jobs not Done whose cancel was requested (the operator acts on each).
     pub fn pending_cancels(&self) -> Result<Vec<JobRow>> {
         self.select(

@@ -685,3 +685,33 @@ pub fn watch_pod_names(
     });
     (task, names)
 }
+
+/// The name of attempt `attempt`'s Pod of job `name` in `ns`, from the object's uid and job id
+/// (waits for the id): `<name>-<id>-<attempt>-<uid tag>`.
+pub async fn pod_name(client: &Client, ns: &str, name: &str, attempt: i32) -> String {
+    let (uid, id) = uid_and_id(client, ns, name).await;
+    managed_jobs::executor::pod::pod_name(name, &uid, id, attempt)
+}
+
+/// The name of attempt `task_attempt` (from 1) of task `task`'s Pod of pipeline `name` in `ns`.
+pub async fn task_pod_name(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    task: usize,
+    task_attempt: i32,
+) -> String {
+    let (uid, id) = uid_and_id(client, ns, name).await;
+    managed_jobs::executor::pod::pipeline_pod_name(name, &uid, id, task, task_attempt)
+}
+
+async fn uid_and_id(client: &Client, ns: &str, name: &str) -> (String, i64) {
+    let mj = wait_status(client, ns, name, Duration::from_secs(90), "a job id", |s| {
+        s.job_id.is_some()
+    })
+    .await;
+    (
+        mj.metadata.uid.clone().expect("an object has a uid"),
+        mj.status.and_then(|s| s.job_id).expect("checked"),
+    )
+}
