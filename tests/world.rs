@@ -270,3 +270,315 @@ async fn a_create_the_api_keeps_failing_is_bounded_and_cancellable() {
     );
     println!("cancel and delete done {stopped:?} after they were asked");
 }
+
+fn local_job_yaml(name: &str, run: &str) -> String {
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  run: {run:?}\n"
+    )
+}
+
+/// The pid of a local job's workload, from its status (`pid/N`).
+async fn workload_pid(client: &kube::Client, ns: &str, name: &str) -> i32 {
+    let mj = support::wait_status(client, ns, name, T, "Running", |s| {
+        s.phase == Some(JobPhase::Running)
+    })
+    .await;
+    mj.status
+        .unwrap()
+        .workload
+        .unwrap()
+        .trim_start_matches("pid/")
+        .parse()
+        .unwrap()
+}
+
+/// True while process `pid` exists (and is no zombie).
+fn alive(pid: i32) -> bool {
+    managed_jobs::process::start_time(pid).is_some()
+}
+
+/// Waits up to `timeout` for `pred`, polling every 200 ms; panics naming `what`.
+async fn eventually(timeout: Duration, what: &str, mut pred: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !pred() {
+        assert!(start.elapsed() < timeout, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Class 1, a ManagedJob that disappears without the operator seeing its deletion keeps its
+/// workload: with the operator stopped, a running local job and a running pod job lose their
+/// finalizer by hand and are deleted. The operator, started again, cancels both as deletions
+/// at once: the local workload is stopped, no Pod is ever created again for the vanished pod
+/// job (the garbage collector took its Pod), both run slots go to the job queued behind them,
+/// and the rows are forgotten. Another restart changes nothing: the local workload started once
+/// over the whole test.
+#[tokio::test]
+async fn jobs_deleted_while_no_operator_watched_are_stopped_and_release_their_slots() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "vanished").await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &["--run-cap", "2"]);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
+    let out = tempfile::tempdir().unwrap();
+    let starts = out.path().join("starts");
+    let run = format!("echo started >> {}; sleep 300", starts.display());
+    support::create_yaml(&client, &ns.name, &local_job_yaml("gone-local", &run)).await;
+    support::create_yaml(&client, &ns.name, &pod_job_yaml("gone-pod", "600s", "")).await;
+    let pid = workload_pid(&client, &ns.name, "gone-local").await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "gone-pod",
+        T,
+        "Running",
+        support::phase_is(JobPhase::Running),
+    )
+    .await;
+    let first_pod = support::pod_name(&client, &ns.name, "gone-pod", 1).await;
+    let uids: Vec<String> = {
+        let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+        let mut uids = Vec::new();
+        for name in ["gone-local", "gone-pod"] {
+            uids.push(api.get(name).await.unwrap().uid().unwrap());
+        }
+        uids
+    };
+    // Queued behind them: both run slots are held.
+    support::create_yaml(&client, &ns.name, &local_job_yaml("next", "true")).await;
+    support::wait_status(&client, &ns.name, "next", T, "Pending", |s| {
+        s.phase == Some(JobPhase::Pending)
+    })
+    .await;
+    op.terminate();
+    for name in ["gone-local", "gone-pod"] {
+        let (ok, out) = support::kubectl(
+            cp,
+            &[
+                "-n",
+                &ns.name,
+                "patch",
+                "managedjob",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ],
+        );
+        assert!(ok, "{out}");
+        support::delete(&client, &ns.name, name).await;
+        support::wait_gone(&client, &ns.name, name, T).await;
+    }
+    // The garbage collector removes the orphaned Pod meanwhile.
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
+    let start = Instant::now();
+    while pods.get_opt(&first_pod).await.unwrap().is_some() {
+        assert!(
+            start.elapsed() < T,
+            "the garbage collector kept {first_pod}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    op.start_again();
+    eventually(T, "the vanished job's workload stopped", || !alive(pid)).await;
+    let next = support::wait_status(&client, &ns.name, "next", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    assert_eq!(next.status.unwrap().phase, Some(JobPhase::Succeeded));
+    // Forgotten: no row keeps either job (within a world check period).
+    let store_path = managed_jobs::state_dir::StateDir::new(op.state_path()).store();
+    eventually(
+        Duration::from_secs(60),
+        "the vanished jobs forgotten",
+        || {
+            let store = managed_jobs::store::Store::open(&store_path, 256).unwrap();
+            uids.iter().all(|u| store.find_by_uid(u).unwrap().is_none())
+        },
+    )
+    .await;
+    op.restart();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    watch.abort();
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "started\n");
+    let seen = names.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        BTreeSet::from([first_pod]),
+        "no Pod for a vanished job"
+    );
+}
+
+/// Class 2, a job in a terminal phase keeps its Pod: a pod job whose job controller is killed
+/// `--max-controller-crashes` (2) times ends FailedController, and its running Pod is deleted
+/// at once (not left running until the object is deleted); an operator restart creates none.
+#[tokio::test]
+async fn a_pod_job_given_up_for_its_controller_keeps_no_running_pod() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "givenup").await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &["--max-controller-crashes", "2"]);
+    let (watch, names) = support::watch_pod_names(&client, &ns.name);
+    support::create_yaml(&client, &ns.name, &pod_job_yaml("crashy", "600s", "")).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "crashy",
+        T,
+        "Running",
+        support::phase_is(JobPhase::Running),
+    )
+    .await;
+    let pod = support::pod_name(&client, &ns.name, "crashy", 1).await;
+    let mut killed = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        let pid = loop {
+            let found = op
+                .job_controllers()
+                .into_iter()
+                .map(|(_, pid)| pid)
+                .find(|pid| !killed.contains(pid));
+            if let Some(pid) = found {
+                break pid;
+            }
+            assert!(start.elapsed() < T, "no job controller to kill");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        killed.push(pid);
+    }
+    let failed = support::wait_status(&client, &ns.name, "crashy", T, "a final phase", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await
+    .status
+    .unwrap();
+    assert_eq!(
+        failed.phase,
+        Some(JobPhase::FailedController),
+        "{:?}",
+        failed.message
+    );
+    let given_up = Instant::now();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
+    while pods.get_opt(&pod).await.unwrap().is_some() {
+        assert!(
+            given_up.elapsed() < Duration::from_secs(30),
+            "{pod} still exists {:?} after the job failed",
+            given_up.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = given_up.elapsed();
+    op.restart();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    watch.abort();
+    let seen = names.lock().unwrap().clone();
+    assert_eq!(seen, BTreeSet::from([pod]), "one Pod ever");
+    println!("the Pod was gone {took:?} after the job failed");
+}
+
+/// CPU time (user + system, clock ticks) of process `pid` so far.
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Class 3, after a lost store the old store's job controllers live on: the operator is
+/// killed (its job controllers live on), its state dir deleted, and it starts again on an empty
+/// one. The store is rebuilt from the objects' status and the running workloads are adopted;
+/// the old store's job controllers exit without touching them (fencing), so each job has one
+/// job controller. A cancel stops its job; nothing spins; the other job succeeds on its first
+/// attempt, and each workload started once over the whole test.
+#[tokio::test]
+async fn a_lost_stores_job_controllers_exit_and_leave_their_workloads_to_the_new_store() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "fencing").await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let out = tempfile::tempdir().unwrap();
+    let starts = |job: &str| out.path().join(format!("{job}.starts"));
+    for (job, secs) in [("finisher", 25), ("cancelled", 300)] {
+        let run = format!("echo started >> {}; sleep {secs}", starts(job).display());
+        support::create_yaml(&client, &ns.name, &local_job_yaml(job, &run)).await;
+    }
+    let pids = [
+        workload_pid(&client, &ns.name, "finisher").await,
+        workload_pid(&client, &ns.name, "cancelled").await,
+    ];
+    // Let the Running statuses (the rebuild's source) be written.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let old: Vec<i32> = op.job_controllers().into_iter().map(|(_, p)| p).collect();
+    assert_eq!(old.len(), 2, "{old:?}");
+    op.kill();
+    std::fs::remove_dir_all(op.state_path()).unwrap();
+    std::fs::create_dir_all(op.state_path()).unwrap();
+    op.start_again();
+    let restarted = Instant::now();
+    eventually(
+        Duration::from_secs(45),
+        "the old store's job controllers exited",
+        || old.iter().all(|&p| !alive(p)),
+    )
+    .await;
+    let fenced_after = restarted.elapsed();
+    eventually(T, "one job controller per job", || {
+        let now = op.job_controllers();
+        let mut ids: Vec<i64> = now.iter().map(|(id, _)| *id).collect();
+        ids.sort();
+        ids.dedup();
+        now.len() == 2 && ids.len() == 2
+    })
+    .await;
+    assert!(
+        pids.iter().all(|&p| alive(p)),
+        "the workloads were left alone"
+    );
+    support::cancel(&client, &ns.name, "cancelled").await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "cancelled",
+        T,
+        "Cancelled",
+        support::phase_is(JobPhase::Cancelled),
+    )
+    .await;
+    assert!(!alive(pids[1]), "the cancelled workload is stopped");
+    // Nothing spins: every job controller left idles over 2 s.
+    let controllers: Vec<i32> = op.job_controllers().into_iter().map(|(_, p)| p).collect();
+    let before: Vec<Option<u64>> = controllers.iter().map(|&p| cpu_ticks(p)).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (pid, before) in controllers.iter().zip(before) {
+        if let (Some(b), Some(a)) = (before, cpu_ticks(*pid)) {
+            assert!(
+                a - b < 50,
+                "job controller {pid} used {} ticks in 2 s",
+                a - b
+            );
+        }
+    }
+    let done = support::wait_status(&client, &ns.name, "finisher", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await
+    .status
+    .unwrap();
+    assert_eq!(done.phase, Some(JobPhase::Succeeded), "{:?}", done.message);
+    assert_eq!((done.attempt, done.recovery_count), (1, 0));
+    for job in ["finisher", "cancelled"] {
+        assert_eq!(
+            std::fs::read_to_string(starts(job)).unwrap(),
+            "started\n",
+            "{job} ran once"
+        );
+    }
+    println!("the old store's job controllers exited {fenced_after:?} after the restart");
+}

@@ -221,11 +221,14 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // fields, the client-side-apply annotation), which is most of a small object's size.
     let (reader, writer) = kube::runtime::reflector::store();
     let objects_deleted = Arc::new(tokio::sync::Notify::new());
+    // Set once the watch listed every object (the reader holds them all from then on).
+    let objects_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tokio::spawn(world::world_loop(
         op.clone(),
         reader.clone(),
         pod_cache,
         objects_deleted.clone(),
+        objects_listed.clone(),
     ));
     // This shard's jobs only (the default instance: the jobs without a shard label).
     let selector = crate::api::shard_selector(op.engine.config().shard.as_deref());
@@ -246,6 +249,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             // A deletion the finalizer did not hold (removed by hand): the world check cancels
             // the job soon, before its workload is relaunched.
             Ok(watcher::Event::Delete(_)) => objects_deleted.notify_one(),
+            Ok(watcher::Event::InitDone) => {
+                objects_listed.store(true, std::sync::atomic::Ordering::SeqCst)
+            }
             Err(e) => watched.watch_failed(e),
             Ok(_) => {}
         }

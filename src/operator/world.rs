@@ -117,15 +117,20 @@ pub(super) async fn world_loop(
     reader: kube::runtime::reflector::Store<ManagedJob>,
     pods: Option<Arc<PodCache>>,
     objects_deleted: Arc<tokio::sync::Notify>,
+    objects_listed: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    if reader.wait_until_ready().await.is_err() {
-        return;
+    while !objects_listed.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if let Some(cache) = &pods {
         while cache.snapshot().is_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    tracing::info!(
+        period = ?WORLD_CHECK_PERIOD,
+        "checking the store against the world (objects, Pods, processes)"
+    );
     let mut full = true;
     loop {
         let objects =
@@ -149,6 +154,7 @@ pub(super) async fn world_loop(
                     controllers: if full { controllers } else { Vec::new() },
                 };
                 let fixes = world::check(&jobs, &world);
+                tracing::debug!(jobs = jobs.len(), fixes = fixes.len(), full, "world check");
                 for fix in op.engine.apply_fixes(fixes) {
                     if let Fix::DeletePod {
                         namespace,
