@@ -812,7 +812,7 @@ async fn scheduler_loop(op: Arc<Engine>) {
             .observe(started.elapsed().as_secs_f64());
         match result {
             Ok(r) => {
-                let acted = !r.started.is_empty() || !r.relaunched.is_empty();
+                let acted = !r.started.is_empty() || !r.relaunched.is_empty() || r.messages > 0;
                 for row in r.started {
                     op.spawn_controller(&row);
                 }

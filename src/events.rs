@@ -109,6 +109,11 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "LaunchTimedOut",
                 t.message.as_str().into(),
             )),
+            (Reason::Requeued, _) => events.push(event(
+                EventType::Warning,
+                "Requeued",
+                t.message.as_str().into(),
+            )),
             (_, Some(JobPhase::Running)) if entered => {
                 let note = match waited_ms.take() {
                     Some(ms) => format!("{} (waited {} in the queue)", t.message, seconds(ms)),

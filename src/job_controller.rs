@@ -184,6 +184,11 @@ impl<E: Executor> JobController<E> {
                 stop_after_exit: E::STOPS_AFTER_EXIT,
                 launch_timeout: self.launch_timeout,
                 max_launch_timeouts: self.max_launch_timeouts,
+                // Asked only of a Pod waiting for a node (one indexed query).
+                run_slot_wanted: matches!(
+                    observed,
+                    Some(lifecycle::Observed::Unschedulable { .. })
+                ) && self.store.run_slot_wanted(now_ms())?,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             // Nothing of a workload that never started needs a grace period.

@@ -582,3 +582,63 @@ async fn a_lost_stores_job_controllers_exit_and_leave_their_workloads_to_the_new
     }
     println!("the old store's job controllers exited {fenced_after:?} after the restart");
 }
+
+/// Class 7, jobs that cannot run starve jobs that can: run cap 5; 10 pod jobs request more CPU
+/// than any node has (launchTimeoutSeconds 5), then one that fits, all at one priority. A Pod
+/// no node takes gives its run slot back after its launch timeout while other jobs wait (its
+/// job goes to the back of the queue, a Requeued Event says so), so the fitting job runs
+/// within a bounded time; while it waits, its message names the run slot (never a launch slot,
+/// none of which is in use).
+#[tokio::test]
+async fn jobs_whose_pods_no_node_takes_do_not_starve_a_job_that_fits() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "starve").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &["--run-cap", "5"]);
+    let unfit = |name: &str| {
+        pod_job_yaml(name, "600s", "  launchTimeoutSeconds: 5\n")
+            .replace("cpu: 100m", "cpu: \"64\"")
+    };
+    for i in 0..10 {
+        support::create_yaml(&client, &ns.name, &unfit(&format!("big-{i}"))).await;
+    }
+    // Created one second later: behind every unfit job in FIFO order.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let created = Instant::now();
+    support::create_yaml(&client, &ns.name, &pod_job_yaml("fits", "1s", "")).await;
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    let mut messages: Vec<String> = Vec::new();
+    let done = loop {
+        let s = api.get("fits").await.unwrap().status.unwrap_or_default();
+        if s.phase == Some(JobPhase::Pending)
+            && let Some(m) = &s.message
+            && messages.last() != Some(m)
+        {
+            messages.push(m.clone());
+        }
+        if s.phase.is_some_and(|p| p.is_terminal()) {
+            break s;
+        }
+        assert!(
+            created.elapsed() < T,
+            "the job that fits never ran; its messages: {messages:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = created.elapsed();
+    assert_eq!(done.phase, Some(JobPhase::Succeeded), "{:?}", done.message);
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("waiting for a run slot")),
+        "{messages:#?}"
+    );
+    assert!(
+        !messages.iter().any(|m| m.contains("launch slot")),
+        "no launch slot was missing: {messages:#?}"
+    );
+    let e = support::wait_event(&client, &ns.name, "big-0", "Requeued", T).await;
+    let note = e.message.clone().unwrap_or_default();
+    assert!(note.contains("run slot given back"), "{note}");
+    println!("the job that fits ran {took:?} after its creation; its messages: {messages:#?}");
+}

@@ -87,6 +87,9 @@ pub struct Context {
     pub launch_timeout: Duration,
     /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
     pub max_launch_timeouts: i32,
+    /// Some job waits for a run slot (Pending, admissible, not in a back-off): a Pod that no
+    /// node took within its launch timeout then gives its run slot back.
+    pub run_slot_wanted: bool,
 }
 
 /// Default of `--launch-timeout-seconds`: 10 minutes. Kueue's waitForPodsReady defaults to 5;
@@ -227,7 +230,10 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             };
         }
         ScheduleState::Alive => {}
-        // Waiting for the operator to grant a launch slot (or to admit the job at all).
+        // Back in the queue (its run slot given back): no job controller waits there; the next
+        // admission starts one.
+        ScheduleState::Inactive | ScheduleState::Waiting => return Action::Exit,
+        // Waiting for the operator to grant a launch slot.
         _ => {
             return Action::Wait {
                 until_ms: sooner(None),
@@ -361,12 +367,31 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
         Observed::Unschedulable { workload, message } => {
+            // A run slot held by a Pod no node takes is given back after its launch timeout,
+            // when another job wants it.
+            let timeout = launch_timeout(row, cx);
+            let give_back_at = row
+                .node_wait_since_ms
+                .map(|since| since + timeout.as_millis() as i64);
+            if !launching && cx.run_slot_wanted && give_back_at.is_some_and(|at| at <= cx.now_ms) {
+                return Action::RemoveThen(t::node_wait_timed_out(
+                    row,
+                    attempt,
+                    message,
+                    timeout,
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
             let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let message = format!("waiting for a node for Pod {pod}: {message}");
             if launching || row.message != super::tasks::stored_message(row, &message) {
                 Action::Apply(t::unschedulable(row, workload.clone(), message))
             } else {
-                wait
+                Action::Wait {
+                    until_ms: sooner(give_back_at.filter(|at| *at > cx.now_ms)),
+                }
             }
         }
         Observed::Terminating {
@@ -557,7 +582,7 @@ mod tests {
             phase_changed_at_ms: 1_000,
             status_version: 1,
             synced_version: 0,
-            created_at_ms: 1_000,
+            queued_at_ms: 1_000,
             changed_seq: 0,
             unsynced_since_seq: 0,
             launched_at_ms: None,
@@ -566,6 +591,7 @@ mod tests {
             task_first_attempt: 1,
             task_started_at_ms: None,
             tasks: vec![],
+            node_wait_since_ms: None,
         }
     }
 
@@ -578,6 +604,7 @@ mod tests {
             stop_after_exit: !create_is_idempotent,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
+            run_slot_wanted: false,
         }
     }
 
@@ -1002,6 +1029,73 @@ mod tests {
         assert!(check_edge(&r, &t.change).is_ok());
     }
 
+    /// Issue 21, class 7: a Pod no node takes holds its job's run slot only for its launch
+    /// timeout, and only while another job waits for one; then it is removed and the job goes
+    /// back to the queue (the back of its priority, after a back-off, its controller released),
+    /// and the `--max-launch-timeouts`-th time it ends FailedNoResource. Its controller then
+    /// exits; the queue's head says which slot it waits for.
+    #[test]
+    fn a_pod_no_node_takes_gives_its_run_slot_back_when_others_wait() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.spec.launch_timeout_seconds = Some(5);
+        r.message = "waiting for a node for Pod j-1-1: 0/4 nodes are available".into();
+        r.node_wait_since_ms = Some(4_000);
+        let waiting = Observed::Unschedulable {
+            workload: "pod/j-1-1".into(),
+            message: "0/4 nodes are available".into(),
+        };
+        // Past its timeout, but nobody wants the slot: it keeps it.
+        assert_eq!(
+            next_action(&r, Some(&waiting), &cx(true)),
+            Action::Wait { until_ms: None }
+        );
+        let mut wanted = cx(true);
+        wanted.run_slot_wanted = true;
+        let Action::RemoveThen(t) = next_action(&r, Some(&waiting), &wanted) else {
+            panic!()
+        };
+        assert_eq!(t.change.reason, Reason::Requeued);
+        assert_eq!(t.change.phase, Some(JobPhase::Pending));
+        assert_eq!(t.change.schedule, Some(ScheduleState::Waiting));
+        assert_eq!(t.change.attempt, Some(2));
+        assert!(t.change.requeue, "to the back of its priority");
+        assert_eq!(t.change.controller, Some(None));
+        assert_eq!(t.change.backoff_until_ms, Some(Some(11_000)));
+        assert!(check_edge(&r, &t.change).is_ok());
+        // Within its timeout: waits until it ends.
+        r.node_wait_since_ms = Some(8_000);
+        assert_eq!(
+            next_action(&r, Some(&waiting), &wanted),
+            Action::Wait {
+                until_ms: Some(13_000)
+            }
+        );
+        // The last launch timeout allowed: FailedNoResource.
+        r.node_wait_since_ms = Some(4_000);
+        r.launch_timeouts = DEFAULT_MAX_LAUNCH_TIMEOUTS - 1;
+        let Action::RemoveThen(t) = next_action(&r, Some(&waiting), &wanted) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
+        assert_eq!(t.change.failure_reason, Some(Some("Unschedulable".into())));
+        // Back in the queue, its controller leaves.
+        let queued = row(JobPhase::Pending, ScheduleState::Waiting);
+        assert_eq!(next_action(&queued, None, &cx(true)), Action::Exit);
+        // The message names the slot that is missing.
+        let m = crate::lifecycle::queued_message(0, 2, 5, 5, 5);
+        assert!(
+            m.starts_with("waiting for a run slot: all 5 in use, 5 by Pods waiting for a node"),
+            "{m}"
+        );
+        assert_eq!(
+            crate::lifecycle::queued_message(2, 2, 3, 5, 0),
+            "waiting for a launch slot: all 2 in use"
+        );
+    }
+
     #[test]
     fn a_controller_exit_resumes_until_the_crash_limit() {
         let ran = ExitSeen::WhileOperatorRan;
@@ -1109,6 +1203,8 @@ mod tests {
             launched_at in prop::option::of(0i64..20_000),
             launch_timeouts in 0i32..3,
             launch_timeout_s in prop::option::of(1i64..20),
+            node_wait in prop::option::of(0i64..20_000),
+            run_slot_wanted in any::<bool>(),
         ) {
             // Rows the state machines allow.
             prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
@@ -1123,7 +1219,10 @@ mod tests {
             r.launched_at_ms = launched_at;
             r.launch_timeouts = launch_timeouts;
             r.spec.launch_timeout_seconds = launch_timeout_s;
-            let a = next_action(&r, observed.as_ref(), &cx(idempotent));
+            r.node_wait_since_ms = node_wait;
+            let mut cx = cx(idempotent);
+            cx.run_slot_wanted = run_slot_wanted;
+            let a = next_action(&r, observed.as_ref(), &cx);
             if schedule == ScheduleState::Done {
                 prop_assert_eq!(a, Action::Exit);
                 return Ok(());
