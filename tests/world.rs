@@ -642,3 +642,137 @@ async fn jobs_whose_pods_no_node_takes_do_not_starve_a_job_that_fits() {
     assert!(note.contains("run slot given back"), "{note}");
     println!("the job that fits ran {took:?} after its creation; its messages: {messages:#?}");
 }
+
+/// Class 9, the smaller ones (Events): 100 jobs with `ttlSecondsAfterFinished: 0` created at
+/// once, by an operator whose `POD_NAME` has 200 characters (longer than the 128 an Event's
+/// `reportingInstance` may have). Every job is deleted at once when it finishes, and every one
+/// got its Launched and Succeeded Events first (before, 41 of 100 got none, and a long
+/// `POD_NAME` lost them all).
+#[tokio::test]
+async fn every_job_deleted_at_its_end_gets_its_events_whatever_the_pod_name() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "ttlevents").await;
+    let pod_name = "p".repeat(200);
+    let _op = support::OperatorProcess::start_with_env(
+        cp,
+        &ns.name,
+        &[],
+        &[("POD_NAME", pod_name.as_str())],
+    );
+    const JOBS: usize = 100;
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    let names: Vec<String> = (0..JOBS).map(|i| format!("quick-{i}")).collect();
+    futures::future::join_all(names.iter().map(|name| {
+        let yaml = format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  run: \"true\"\n  ttlSecondsAfterFinished: 0\n"
+        );
+        let api = api.clone();
+        async move {
+            let mj: ManagedJob = serde_norway::from_str(&yaml).unwrap();
+            api.create(&PostParams::default(), &mj).await.unwrap();
+        }
+    }))
+    .await;
+    let start = Instant::now();
+    loop {
+        let left = api
+            .list_metadata(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "{left} jobs never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let mut missing = Vec::new();
+    for name in &names {
+        let reasons: BTreeSet<String> = events
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
+            .filter_map(|e| e.reason.clone())
+            .collect();
+        if !(reasons.contains("Launched") && reasons.contains("Succeeded")) {
+            missing.push((name.clone(), reasons));
+        }
+    }
+    assert!(missing.is_empty(), "jobs without their Events: {missing:?}");
+    let instance = events
+        .iter()
+        .find_map(|e| e.reporting_instance.clone())
+        .unwrap_or_default();
+    assert!(
+        instance.len() <= 128 && instance.starts_with("ppp"),
+        "{instance}"
+    );
+}
+
+/// Class 9, the smaller ones (namespace deletion is a cancel): a pod job's namespace is deleted
+/// while the job's Pod create fails (a failing webhook) and no operator runs; the job
+/// controller's next create is refused because the namespace is being deleted, which cancels
+/// the job. Started again, the operator writes its final status before letting the object go:
+/// the phases seen over the whole test end Cancelled and never show FailedPrecheck.
+#[tokio::test]
+async fn a_job_in_a_namespace_being_deleted_is_cancelled_not_failed() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "nsdelete").await;
+    let _hook = FailingWebhook::install(&client, cp, &ns.name).await;
+    let mut op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(&client, &ns.name, &pod_job_yaml("doomed", "1s", "")).await;
+    support::wait_status(&client, &ns.name, "doomed", T, "a failing create", |s| {
+        s.message
+            .as_deref()
+            .is_some_and(|m| m.contains("failed, trying again"))
+    })
+    .await;
+    op.kill();
+    let (ok, out) = support::kubectl(cp, &["delete", "namespace", &ns.name, "--wait=false"]);
+    assert!(ok, "{out}");
+    // The job controller alone meets the refusal and cancels the job in the store (no
+    // operator runs to see the deletion).
+    let store_path = managed_jobs::state_dir::StateDir::new(op.state_path()).store();
+    let mut in_store = None;
+    eventually(
+        Duration::from_secs(30),
+        "the job cancelled in the store",
+        || {
+            let store = managed_jobs::store::Store::open(&store_path, 256).unwrap();
+            let row = store.find_by_name(&ns.name, "doomed").unwrap().pop();
+            let done = row
+                .as_ref()
+                .is_some_and(|r| r.schedule_state == managed_jobs::api::ScheduleState::Done);
+            in_store = row;
+            done
+        },
+    )
+    .await;
+    let row = in_store.unwrap();
+    assert_eq!(row.phase, JobPhase::Cancelled, "{}", row.message);
+    op.start_again();
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    let mut phases: Vec<JobPhase> = Vec::new();
+    let start = Instant::now();
+    while let Some(mj) = api.get_opt("doomed").await.unwrap() {
+        if let Some(p) = mj.status.and_then(|s| s.phase)
+            && phases.last() != Some(&p)
+        {
+            phases.push(p);
+        }
+        assert!(start.elapsed() < T, "never deleted; phases {phases:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!phases.contains(&JobPhase::FailedPrecheck), "{phases:?}");
+    assert_eq!(phases.last(), Some(&JobPhase::Cancelled), "{phases:?}");
+}

@@ -13,6 +13,8 @@
 //! - [`decide`]: what a job controller does next ([`next_action`]) given the job's row and what
 //!   its executor observes, and what the operator does when a job controller exits
 //!   ([`controller_exited`]).
+//! - [`world`]: the store checked against the world (objects, Pods, processes), and the
+//!   fencing of stores.
 //!
 //! The processes only read, call these functions, and carry out the result (a compare-and-set,
 //! a launch, a stop); the property test (`tests/scheduler_props.rs`) drives the same functions.

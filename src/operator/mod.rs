@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource as _, ResourceExt};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
@@ -459,6 +459,16 @@ impl Operator {
             return Ok(Action::await_change());
         };
         if row.schedule_state == ScheduleState::Done {
+            // Its final status reaches the object before the object goes (a GitOps tool, a
+            // `kubectl wait`, a namespace being deleted: each sees how it ended), and its Events
+            // before its history does (a job deleted at once by ttlSecondsAfterFinished: 0).
+            if row.status_version > row.synced_version {
+                self.engine.status_changed.notify_one();
+                return Err(Error::CleanupPending(row.id));
+            }
+            if self.events.is_some() {
+                self.publish_events(row.id, true, &mj.object_ref(&())).await;
+            }
             tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
             self.engine.store().delete(row.id)?;
             self.engine

@@ -1,5 +1,5 @@
 //! The world check's I/O (DESIGN.md section 7): gathers what exists (the ManagedJobs, the Pods
-//! with our marks, the processes of the state dir), lets [`lifecycle::world::check`] decide
+//! with our marks, the processes of the state dir), lets [`world::check`] decide
 //! against the store, and carries the decision out. At start, before anything is admitted or
 //! resumed, the store is checked against a list of the objects; then continuously: every
 //! [`WORLD_CHECK_PERIOD`], soon after a job is given up while its workload may run on, and soon

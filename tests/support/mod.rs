@@ -216,6 +216,8 @@ pub struct OperatorProcess {
     shared_dir: Option<PathBuf>,
     /// (soft, hard) RLIMIT_NOFILE to start it with, as `ulimit -Sn`/`-Hn` would.
     open_files: Option<(u64, u64)>,
+    /// Environment variables to start it with (e.g. `POD_NAME`).
+    env: Vec<(String, String)>,
 }
 
 /// The `managed-jobs` binary under test.
@@ -234,6 +236,31 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: None,
             open_files: None,
+            env: Vec::new(),
+        };
+        op.spawn();
+        op
+    }
+
+    /// [`OperatorProcess::start`] with environment variables `env` set.
+    pub fn start_with_env(
+        cp: &ControlPlane,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: None,
+            open_files: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         op.spawn();
         op
@@ -255,6 +282,7 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: None,
             open_files: Some((soft, hard)),
+            env: Vec::new(),
         };
         op.spawn();
         op
@@ -275,6 +303,7 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: Some(other.state_path()),
             open_files: None,
+            env: Vec::new(),
         };
         op.spawn();
         op
@@ -324,6 +353,7 @@ impl OperatorProcess {
             .args(&self.extra)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -40,7 +40,7 @@ pub fn pod_name(job_name: &str, uid: &str, job_id: i64, attempt: i32) -> String 
 
 /// Characters of a [`uid_tag`]: Kubernetes' `rand.SafeEncodeString` alphabet (no vowels, no
 /// look-alikes such as 0/o, 1/l), as in the names of a ReplicaSet's Pods.
-const TAG_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+pub const TAG_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 /// Characters in a [`uid_tag`]: 27^6, about 3.9 x 10^8 tags.
 pub const TAG_LEN: usize = 6;
 
