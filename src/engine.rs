@@ -526,16 +526,9 @@ impl Engine {
             store
                 .pending_jobs_brief()?
                 .into_iter()
-                .map(|(id, uid, executor, deleting)| {
-                    pending_world_job(id, uid, executor, deleting)
-                }),
+                .map(pending_world_job),
         );
-        jobs.extend(
-            store
-                .done_jobs_brief()?
-                .into_iter()
-                .map(|(id, uid, attempts)| done_world_job(id, uid, attempts)),
-        );
+        jobs.extend(store.done_jobs_brief()?.into_iter().map(done_world_job));
         Ok(LocalWorld {
             jobs,
             processes,
@@ -712,39 +705,27 @@ pub struct LocalWorld {
 
 /// A job not admitted yet (Inactive, Waiting) as the world check sees it: an object, no
 /// workload.
-pub fn pending_world_job(
-    id: i64,
-    uid: String,
-    executor: ExecutorKind,
-    deleting: bool,
-) -> world::Job {
+pub fn pending_world_job(brief: crate::store::JobBrief) -> world::Job {
     world::Job {
-        id,
-        uid,
-        namespace: String::new(),
-        executor,
+        id: brief.id,
+        uid: brief.uid,
+        namespace: brief.namespace,
+        executor: brief.executor,
         done: false,
-        deleting,
+        deleting: brief.deleting,
         attempt: 0,
         pod_names: Vec::new(),
         controller: None,
-        attempts: 0,
+        attempts: brief.attempts,
     }
 }
 
-/// A Done job as the world check sees it: an object, and files of `attempts` attempts.
-pub fn done_world_job(id: i64, uid: String, attempts: i32) -> world::Job {
+/// A Done job as the world check sees it: an object, and files of some attempts.
+pub fn done_world_job(brief: crate::store::JobBrief) -> world::Job {
     world::Job {
-        id,
-        uid,
-        namespace: String::new(),
-        executor: ExecutorKind::Local,
         done: true,
         deleting: true,
-        attempt: 0,
-        pod_names: Vec::new(),
-        controller: None,
-        attempts,
+        ..pending_world_job(brief)
     }
 }
 

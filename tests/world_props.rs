@@ -14,8 +14,10 @@
 //!    to no live attempt; so a live attempt's Pod is never deleted, and after the fixes no Pod
 //!    of a Done job runs;
 //! 2. a process is stopped iff it belongs to no live attempt;
-//! 3. with the objects known, a live job whose uid is not among them is cancelled (unless a
-//!    deletion is already requested) and a Done one forgotten; with the objects unknown, none;
+//! 3. with the objects known, a live job of the listed namespace (or any, when all were
+//!    listed) whose uid is not among them is cancelled (unless a deletion is already requested)
+//!    and a Done one forgotten; with the objects unknown, or for a job of another namespace,
+//!    none;
 //! 4. a job controller is woken iff it is not the recorded controller of a live job;
 //! 5. nothing is decided twice for one job, Pod or process.
 //!
@@ -133,44 +135,48 @@ fn world(jobs: &[Job]) -> impl Strategy<Value = World> + use<> {
         prop::collection::vec((1i32..50, 1u64..3, 1i64..12, 0i32..3), 0..6),
         prop::collection::vec((100i32..104, 1u64..3, 1i64..12), 0..4),
         prop::sample::subsequence(recorded.clone(), 0..=recorded.len()),
+        prop::option::of(prop::sample::select(NAMESPACES.to_vec())),
     )
-        .prop_map(|(objects, pods, processes, controllers, recorded)| World {
-            objects: objects.map(|o| o.into_iter().chain(["stranger".to_string()]).collect()),
-            pods,
-            processes: processes
-                .into_iter()
-                .enumerate()
-                .map(|(i, (pid, start_time, job_id, attempt))| ProcessSeen {
-                    pid: pid * 100 + i as i32,
-                    start_time,
-                    job_id,
-                    attempt,
-                })
-                .collect(),
-            controllers: controllers
-                .into_iter()
-                .map(|(pid, start_time, job_id)| ControllerSeen {
-                    pid,
-                    start_time,
-                    job_id,
-                })
-                .chain(
-                    recorded
-                        .into_iter()
-                        .map(|(job_id, pid, start_time)| ControllerSeen {
-                            pid,
-                            start_time,
-                            job_id,
-                        }),
-                )
-                // One process per pid: a process is seen once.
-                .fold(Vec::new(), |mut seen: Vec<ControllerSeen>, c| {
-                    if !seen.iter().any(|s| s.pid == c.pid) {
-                        seen.push(c);
-                    }
-                    seen
-                }),
-        })
+        .prop_map(
+            |(objects, pods, processes, controllers, recorded, scope)| World {
+                objects: objects.map(|o| o.into_iter().chain(["stranger".to_string()]).collect()),
+                objects_namespace: scope.map(str::to_string),
+                pods,
+                processes: processes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (pid, start_time, job_id, attempt))| ProcessSeen {
+                        pid: pid * 100 + i as i32,
+                        start_time,
+                        job_id,
+                        attempt,
+                    })
+                    .collect(),
+                controllers: controllers
+                    .into_iter()
+                    .map(|(pid, start_time, job_id)| ControllerSeen {
+                        pid,
+                        start_time,
+                        job_id,
+                    })
+                    .chain(
+                        recorded
+                            .into_iter()
+                            .map(|(job_id, pid, start_time)| ControllerSeen {
+                                pid,
+                                start_time,
+                                job_id,
+                            }),
+                    )
+                    // One process per pid: a process is seen once.
+                    .fold(Vec::new(), |mut seen: Vec<ControllerSeen>, c| {
+                        if !seen.iter().any(|s| s.pid == c.pid) {
+                            seen.push(c);
+                        }
+                        seen
+                    }),
+            },
+        )
 }
 
 fn store_and_world() -> impl Strategy<Value = (Vec<Job>, World)> {
@@ -251,7 +257,8 @@ proptest! {
         }
         // 3. Objects.
         for j in &jobs {
-            let gone = world.objects.as_ref().is_some_and(|o| !o.contains(&j.uid));
+            let in_scope = world.objects_namespace.as_ref().is_none_or(|ns| *ns == j.namespace);
+            let gone = in_scope && world.objects.as_ref().is_some_and(|o| !o.contains(&j.uid));
             prop_assert_eq!(cancelled.contains_key(&j.id), gone && !j.done && !j.deleting, "{:?}", j);
             prop_assert_eq!(forgotten.contains_key(&j.id), gone && j.done, "{:?}", j);
         }

@@ -113,6 +113,10 @@ pub struct World {
     /// The uids of every ManagedJob this operator owns, when known completely (None: not
     /// listed, nothing is decided about objects).
     pub objects: Option<HashSet<String>>,
+    /// The namespace the objects were listed in (`--namespace`; None: every namespace). A job
+    /// of another namespace (an operator restarted on its state dir with a narrower
+    /// `--namespace`) is no concern of the object check: its object is merely not watched.
+    pub objects_namespace: Option<String>,
     /// Every Pod with our marks, when known completely (None: the pod executor is off or the
     /// Pods are not listed yet).
     pub pods: Option<Vec<PodSeen>>,
@@ -193,7 +197,17 @@ pub fn check(jobs: &[Job], world: &World) -> Vec<Fix> {
     let by_id: HashMap<i64, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     let mut fixes = Vec::new();
     if let Some(objects) = &world.objects {
-        for job in jobs.iter().filter(|j| !objects.contains(&j.uid)) {
+        let in_scope = |j: &&Job| {
+            world
+                .objects_namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == j.namespace)
+        };
+        for job in jobs
+            .iter()
+            .filter(in_scope)
+            .filter(|j| !objects.contains(&j.uid))
+        {
             if job.done {
                 fixes.push(Fix::Forget {
                     job_id: job.id,
@@ -389,6 +403,7 @@ mod tests {
         let jobs = [job(1, ExecutorKind::Pod), job(2, ExecutorKind::Local)];
         let world = World {
             objects: Some(HashSet::from(["u1".to_string(), "u2".to_string()])),
+            objects_namespace: None,
             pods: Some(vec![
                 pod(1, 1),
                 PodSeen {
@@ -413,5 +428,12 @@ mod tests {
             }],
         };
         assert_eq!(check(&jobs, &world), vec![]);
+        // A job of a namespace the objects were not listed in keeps its row.
+        let scoped = World {
+            objects: Some(HashSet::new()),
+            objects_namespace: Some("elsewhere".into()),
+            ..Default::default()
+        };
+        assert_eq!(check(&jobs, &scoped), vec![]);
     }
 }

@@ -50,21 +50,20 @@ pub async fn check_objects_at_start(
         store
             .pending_jobs_brief()?
             .into_iter()
-            .map(|(id, uid, executor, deleting)| {
-                crate::engine::pending_world_job(id, uid, executor, deleting)
-            }),
+            .map(crate::engine::pending_world_job),
     );
     jobs.extend(
         store
             .done_jobs_brief()?
             .into_iter()
-            .map(|(id, uid, attempts)| crate::engine::done_world_job(id, uid, attempts)),
+            .map(crate::engine::done_world_job),
     );
     let objects = list_object_uids(client, namespace, shard).await?;
     let fixes = world::check(
         &jobs,
         &World {
             objects: Some(objects),
+            objects_namespace: namespace.map(str::to_string),
             ..Default::default()
         },
     );
@@ -149,6 +148,7 @@ pub(super) async fn world_loop(
             }) => {
                 let world = World {
                     objects: Some(objects()),
+                    objects_namespace: op.engine.config().namespace.clone(),
                     pods: pods_seen,
                     processes: if full { processes } else { Vec::new() },
                     controllers: if full { controllers } else { Vec::new() },

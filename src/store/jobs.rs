@@ -29,6 +29,24 @@ impl Cas {
     }
 }
 
+/// A job as the world check reads it when it holds no slot ([`Store::pending_jobs_brief`],
+/// [`Store::done_jobs_brief`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobBrief {
+    /// Store id.
+    pub id: i64,
+    /// Its object's uid.
+    pub uid: String,
+    /// Its object's namespace.
+    pub namespace: String,
+    /// Its executor.
+    pub executor: crate::api::ExecutorKind,
+    /// A cancel for a deletion is requested.
+    pub deleting: bool,
+    /// Attempts whose files it may have.
+    pub attempts: i32,
+}
+
 /// Outcome of mirroring a ManagedJob into the store.
 #[derive(Debug)]
 pub struct Upserted {
@@ -701,34 +719,35 @@ impl Store {
         Ok(())
     }
 
-    /// Every Done job, briefly: (id, object uid, attempts whose files it may have). For the
-    /// world check ([`crate::lifecycle::world`]), which forgets those whose object is gone;
-    /// reads two small columns per finished job.
-    pub fn done_jobs_brief(&self) -> Result<Vec<(i64, String, i32)>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT id, uid, max(attempt, launched_attempt) FROM jobs
-             WHERE schedule_state = 'Done'",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    /// Every Done job, briefly (for the world check, [`crate::lifecycle::world`], which
+    /// forgets those whose object is gone); reads a few small columns per finished job.
+    pub fn done_jobs_brief(&self) -> Result<Vec<JobBrief>> {
+        self.briefly("schedule_state = 'Done'")
     }
 
-    /// Every job not admitted yet (Inactive, Waiting), briefly: (id, object uid, executor,
-    /// deleting). For the world check: such a job has no workload, only an object.
-    pub fn pending_jobs_brief(&self) -> Result<Vec<(i64, String, crate::api::ExecutorKind, bool)>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT id, uid, executor, deleting FROM jobs
-             WHERE schedule_state IN ('Inactive', 'Waiting')",
-        )?;
+    /// Every job not admitted yet (Inactive, Waiting), briefly. For the world check: such a
+    /// job has no workload, only an object.
+    pub fn pending_jobs_brief(&self) -> Result<Vec<JobBrief>> {
+        self.briefly("schedule_state IN ('Inactive', 'Waiting')")
+    }
+
+    fn briefly(&self, where_clause: &str) -> Result<Vec<JobBrief>> {
+        let sql = format!(
+            "SELECT id, uid, namespace, executor, deleting, max(attempt, launched_attempt)
+             FROM jobs WHERE {where_clause}"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
         let rows = stmt.query_map([], |r| {
-            let executor: String = r.get(2)?;
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                crate::api::ExecutorKind::parse(&executor)
+            let executor: String = r.get(3)?;
+            Ok(JobBrief {
+                id: r.get(0)?,
+                uid: r.get(1)?,
+                namespace: r.get(2)?,
+                executor: crate::api::ExecutorKind::parse(&executor)
                     .unwrap_or(crate::api::ExecutorKind::Local),
-                r.get(3)?,
-            ))
+                deleting: r.get(4)?,
+                attempts: r.get(5)?,
+            })
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }

@@ -27,7 +27,7 @@ pub mod schema;
 pub mod settings;
 
 pub use history::HistoryEntry;
-pub use jobs::{Cas, Upserted};
+pub use jobs::{Cas, JobBrief, Upserted};
 pub use row::JobRow;
 pub use settings::Settings;
 
