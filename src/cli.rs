@@ -550,7 +550,7 @@ fn pod_logs_hint(row: &JobRow, task: Option<usize>) -> String {
         if row.launched_attempt == 0 {
             return format!("job {} has not launched a Pod yet\n", row.key());
         }
-        let name = pod::pod_name(&row.name, row.id, row.attempt.max(1));
+        let name = pod::attempt_pod_name(row, row.attempt.max(1));
         return format!("kubectl logs -n {ns} {name}\n");
     }
     let mut out = String::new();

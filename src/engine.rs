@@ -19,6 +19,7 @@ use crate::api::{ExecutorKind, JobPhase, ScheduleState};
 use crate::capacity::Capacity;
 use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
+use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
 use crate::lifecycle::{self, ControllerExit, ExitSeen};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
@@ -67,6 +68,16 @@ pub struct Engine {
     schedule: Notify,
     /// Notified whenever a job's status may have changed (the operator's status writer waits on it).
     pub status_changed: Notify,
+    /// Notified when the world may have left the store (a job given up while its workload
+    /// may run on): the operator's world check runs soon instead of at its next period.
+    pub world_changed: Notify,
+    /// Orphaned processes being stopped by the world check (pid, start time): each is stopped
+    /// once, never signalled again by a later check.
+    stopping: Arc<Mutex<std::collections::HashSet<(i32, u64)>>>,
+    /// Why the state dir cannot be written, while it cannot (None: it can).
+    state_dir_problem: Mutex<Option<String>>,
+    /// Notified when the state dir starts or stops failing.
+    pub state_dir_changed: Notify,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Jobs whose job controller could not be started for lack of resources, with the failures
@@ -74,6 +85,17 @@ pub struct Engine {
     spawn_retries: Mutex<std::collections::HashMap<i64, i32>>,
     _lock: Flock<std::fs::File>,
 }
+
+/// How long the engine waits before recording a job controller's exit again when the state
+/// dir could not be written.
+pub const STORAGE_RETRY: Duration = Duration::from_secs(2);
+
+/// How often the engine probes its state dir ([`Engine::probe_state_dir`]).
+pub const STATE_DIR_PROBE_PERIOD: Duration = Duration::from_secs(5);
+
+/// Bytes the probe writes (and syncs) in the state dir: one page, about what a transition
+/// costs the store.
+pub const STATE_DIR_PROBE_BYTES: usize = 4096;
 
 /// First back-off before starting a job controller again after the node lacked the resources
 /// (EMFILE, ENFILE, EAGAIN, ENOMEM); doubles per failure in a row up to
@@ -162,7 +184,7 @@ impl Engine {
         claim_for_shard(&mut store, &cfg.state_dir, cfg.shard.as_deref())?;
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;
-        store.set_settings(&Settings {
+        let shared = store.set_settings(&Settings {
             executors: cfg.executors.clone(),
             cancel_grace_ms: cfg.cancel_grace.as_millis() as u64,
             restart_backoff_ms: cfg.restart_backoff.as_millis() as u64,
@@ -171,7 +193,16 @@ impl Engine {
             max_launch_timeouts: cfg.max_launch_timeouts,
             capacity: Some(cfg.capacity.to_string()),
             shard: cfg.shard.clone(),
-        })?;
+        });
+        match shared {
+            Ok(()) => {}
+            // A full disk must not keep the operator from starting: its job controllers hold
+            // outcomes it must adopt. They run with the settings last written meanwhile.
+            Err(e) if e.is_storage_failure() => {
+                tracing::error!(error = %e, "the settings could not be written to the state dir; job controllers keep the previous ones")
+            }
+            Err(e) => return Err(e.into()),
+        }
         tracing::info!(
             launch_cap = caps.launch,
             run_cap = caps.run,
@@ -189,6 +220,10 @@ impl Engine {
             store: Mutex::new(store),
             schedule: Notify::new(),
             status_changed: Notify::new(),
+            world_changed: Notify::new(),
+            stopping: Default::default(),
+            state_dir_problem: Mutex::new(None),
+            state_dir_changed: Notify::new(),
             metrics: Arc::new(metrics),
             spawn_retries: Mutex::new(Default::default()),
             _lock: lock,
@@ -198,7 +233,61 @@ impl Engine {
         tokio::spawn(listen(engine.clone(), socket));
         engine.startup_sweep()?;
         tokio::spawn(scheduler_loop(engine.clone()));
+        tokio::spawn(probe_loop(engine.clone()));
         Ok(engine)
+    }
+
+    /// Why the state dir cannot be written, while it cannot ([`Engine::probe_state_dir`]).
+    pub fn state_dir_problem(&self) -> Option<String> {
+        self.state_dir_problem
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Writes and syncs [`STATE_DIR_PROBE_BYTES`] in the state dir and one row of the store:
+    /// what a job's next transition needs. A failure (a full disk, an I/O error) makes the
+    /// operator not ready (`/readyz` says why) and is logged once; its end too. Returns the
+    /// problem, if any.
+    pub fn probe_state_dir(&self) -> Option<String> {
+        let probe = || -> anyhow::Result<()> {
+            use std::io::Write as _;
+            let path = self.dir.run_dir().join("probe");
+            let mut f = std::fs::File::create(&path)?;
+            f.write_all(&[0u8; STATE_DIR_PROBE_BYTES])?;
+            f.sync_all()?;
+            drop(f);
+            std::fs::remove_file(&path)?;
+            self.store().heartbeat(lifecycle::now_ms())?;
+            Ok(())
+        };
+        let problem = probe().err().map(|e| {
+            format!(
+                "the state dir {} cannot be written: {e:#}",
+                self.cfg.state_dir.display()
+            )
+        });
+        let changed = {
+            let mut held = self
+                .state_dir_problem
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let changed = held.is_some() != problem.is_some();
+            *held = problem.clone();
+            changed
+        };
+        self.metrics.set_problem("state-dir", problem.clone());
+        if changed {
+            match &problem {
+                Some(p) => tracing::error!("{p}; jobs hold their outcomes until it can be"),
+                None => {
+                    tracing::info!(state_dir = %self.cfg.state_dir.display(), "the state dir can be written again")
+                }
+            }
+            self.state_dir_changed.notify_one();
+            self.wake_all();
+        }
+        problem
     }
 
     /// The configuration.
@@ -272,7 +361,7 @@ impl Engine {
                     op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
                 });
             }
-            Err(e) if lacks_resources(&e) => {
+            Err(e) if lacks_resources(&e) || crate::store::storage_failing(&e) => {
                 // Not the job's fault: it keeps its place (and slots) and is started again after
                 // a back-off; never a failure phase.
                 let failures = {
@@ -282,7 +371,7 @@ impl Engine {
                     *n
                 };
                 let wait = lifecycle::backoff(SPAWN_RETRY_BASE, failures);
-                tracing::warn!(job_id = row.id, error = %e, failures, retry_in = ?wait, "the node lacks the resources to start a job controller; retrying");
+                tracing::warn!(job_id = row.id, error = %e, failures, retry_in = ?wait, "the node lacks the resources to start a job controller (or the state dir cannot be written); retrying");
                 self.metrics.controller_spawns_deferred_total.inc();
                 let op = self.clone();
                 let id = row.id;
@@ -338,9 +427,15 @@ impl Engine {
         let start = process::start_time(pid).unwrap_or(0);
         // The new process may already have moved the job on (Starting, Running): decided on
         // the row as it is when written, in one transaction.
-        self.store().apply(row.id, |now| {
+        let recorded = self.store().apply(row.id, |now| {
             Some(lifecycle::controller_started(now, pid, start))
-        })?;
+        });
+        if let Err(e) = recorded {
+            // Unrecorded, it must not run (it would drive the job beside the next one).
+            let mut child = child;
+            let _ = child.start_kill();
+            return Err(e.into());
+        }
         tracing::info!(job_id = row.id, pid, "job controller process started");
         if row.phase == JobPhase::Pending {
             let waited = (crate::lifecycle::now_ms() - row.submitted_at_ms).max(0) as f64 / 1000.0;
@@ -372,6 +467,15 @@ impl Engine {
             }
             Err(e) => {
                 tracing::error!(job_id = id, error = %e, "recording a job controller exit failed");
+                if e.is_storage_failure() {
+                    // The job must not stay with a dead controller: try again once the state
+                    // dir can be written (a full disk, an I/O error).
+                    let op = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(STORAGE_RETRY).await;
+                        op.on_controller_exit(id, pid, start, seen);
+                    });
+                }
                 return;
             }
         };
@@ -391,6 +495,9 @@ impl Engine {
                         let _ = local.stop(&row, grace).await;
                     });
                 }
+                // A Pod has no stop here (the engine has no API client): the world check
+                // deletes a Done job's running Pod, now rather than at its next period.
+                self.world_changed.notify_one();
             }
             _ => {
                 tracing::warn!(
@@ -403,6 +510,134 @@ impl Engine {
                 self.spawn_controller(&row);
             }
         }
+    }
+
+    /// The engine's side of one observation of the world ([`lifecycle::world`]): the local
+    /// attempts' wrapper processes and the job controller processes of this state dir, then
+    /// the jobs (read after the processes: a workload seen is known to the rows read after
+    /// it). Live jobs are read whole, Done ones briefly. Cost: one read of each process's
+    /// command line, the live rows, two columns of each Done row.
+    pub fn observe_world(&self) -> Result<LocalWorld, StoreError> {
+        let processes = LocalExecutor::new(&self.dir).wrappers();
+        let controllers = self.job_controller_processes();
+        let store = self.store();
+        let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world_job).collect();
+        jobs.extend(
+            store
+                .pending_jobs_brief()?
+                .into_iter()
+                .map(pending_world_job),
+        );
+        jobs.extend(store.done_jobs_brief()?.into_iter().map(done_world_job));
+        Ok(LocalWorld {
+            jobs,
+            processes,
+            controllers,
+        })
+    }
+
+    /// The job controller processes of this state dir (found by their command line).
+    fn job_controller_processes(&self) -> Vec<ControllerSeen> {
+        let dir = self.cfg.state_dir.to_string_lossy().into_owned();
+        process::find_by_arguments(&["job-controller", "--state-dir", &dir])
+            .into_iter()
+            .filter_map(|pid| {
+                let args = process::cmdline(pid)?;
+                let at = args.iter().position(|a| *a == "--state-dir")?;
+                (args.get(at + 1)? == &dir).then_some(())?;
+                Some(ControllerSeen {
+                    pid,
+                    start_time: process::start_time(pid)?,
+                    job_id: args.last()?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Carries out the world check's fixes that are the engine's (cancel a job whose object
+    /// vanished, forget a finished one, stop an orphaned process, wake a stray job controller)
+    /// and returns the others (Pods to delete: the operator's).
+    pub fn apply_fixes(self: &Arc<Self>, fixes: Vec<Fix>) -> Vec<Fix> {
+        let mut rest = Vec::new();
+        for fix in fixes {
+            match fix {
+                Fix::CancelVanished { job_id } => {
+                    let row = match self.store().find(job_id) {
+                        Ok(Some(row)) => row,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::error!(job_id, error = %e, "reading a vanished job failed");
+                            continue;
+                        }
+                    };
+                    tracing::warn!(job_id, job = %row.key(), uid = %row.uid, "the job's object is gone (deleted while no operator watched, or without its finalizer): cancelling it as a deletion");
+                    if let Err(e) = self.cancel(row, true) {
+                        tracing::error!(job_id, error = %e, "cancelling a vanished job failed");
+                    }
+                }
+                Fix::Forget { job_id, attempts } => {
+                    tracing::info!(
+                        job_id,
+                        "the finished job's object is gone: forgetting the job"
+                    );
+                    match self.store().delete(job_id) {
+                        Ok(()) => self.dir.forget_job(job_id, attempts),
+                        Err(e) => {
+                            tracing::error!(job_id, error = %e, "forgetting a job failed")
+                        }
+                    }
+                }
+                Fix::StopProcess { process: p, why } => {
+                    let key = (p.pid, p.start_time);
+                    if !self
+                        .stopping
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key)
+                    {
+                        continue;
+                    }
+                    tracing::warn!(
+                        job_id = p.job_id,
+                        attempt = p.attempt,
+                        pid = p.pid,
+                        "stopping a workload process that no live attempt owns: {why}"
+                    );
+                    let local = LocalExecutor::new(&self.dir);
+                    let (grace, stopping) = (self.cfg.cancel_grace, self.stopping.clone());
+                    tokio::spawn(async move {
+                        local.stop_orphan(p, grace).await;
+                        stopping
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&key);
+                    });
+                }
+                Fix::WakeController { controller: c } => {
+                    tracing::info!(
+                        job_id = c.job_id,
+                        pid = c.pid,
+                        "waking a job controller that is not its job's recorded one"
+                    );
+                    process::signal_if_alive(
+                        c.pid,
+                        c.start_time,
+                        nix::sys::signal::Signal::SIGUSR1,
+                    );
+                }
+                other => rest.push(other),
+            }
+        }
+        if !rest.is_empty()
+            || !self
+                .stopping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        {
+            self.wake_all();
+        }
+        rest
     }
 
     fn count_exit(&self, reason: &str) {
@@ -457,6 +692,68 @@ impl Engine {
     }
 }
 
+/// The engine's side of one observation of the world ([`Engine::observe_world`]).
+#[derive(Clone, Debug, Default)]
+pub struct LocalWorld {
+    /// Every job (live ones whole, the others briefly), read after the processes.
+    pub jobs: Vec<world::Job>,
+    /// The local attempts' wrapper processes of this state dir.
+    pub processes: Vec<ProcessSeen>,
+    /// The job controller processes of this state dir.
+    pub controllers: Vec<ControllerSeen>,
+}
+
+/// A job not admitted yet (Inactive, Waiting) as the world check sees it: an object, no
+/// workload.
+pub fn pending_world_job(brief: crate::store::JobBrief) -> world::Job {
+    world::Job {
+        id: brief.id,
+        uid: brief.uid,
+        namespace: brief.namespace,
+        executor: brief.executor,
+        done: false,
+        deleting: brief.deleting,
+        attempt: 0,
+        pod_names: Vec::new(),
+        controller: None,
+        attempts: brief.attempts,
+    }
+}
+
+/// A Done job as the world check sees it: an object, and files of some attempts.
+pub fn done_world_job(brief: crate::store::JobBrief) -> world::Job {
+    world::Job {
+        done: true,
+        deleting: true,
+        ..pending_world_job(brief)
+    }
+}
+
+/// A live job as the world check sees it: its current attempt, the names that attempt's Pod
+/// may have (pod jobs), its recorded controller.
+pub fn world_job(row: &JobRow) -> world::Job {
+    let attempt = lifecycle::current_attempt(row);
+    let pod_names = match row.executor {
+        ExecutorKind::Pod => vec![
+            crate::executor::pod::attempt_pod_name(row, attempt),
+            crate::executor::pod::legacy_attempt_pod_name(row, attempt),
+        ],
+        ExecutorKind::Local => Vec::new(),
+    };
+    world::Job {
+        id: row.id,
+        uid: row.uid.clone(),
+        namespace: row.namespace.clone(),
+        executor: row.executor,
+        done: false,
+        deleting: row.deleting,
+        attempt,
+        pod_names,
+        controller: row.controller_pid.zip(row.controller_start_time),
+        attempts: row.attempt.max(row.launched_attempt),
+    }
+}
+
 fn bind_socket(dir: &StateDir) -> anyhow::Result<tokio::net::UnixDatagram> {
     let path = dir.wake_socket();
     // We hold the state dir lock, so a socket file left here belongs to a dead operator.
@@ -470,6 +767,13 @@ async fn listen(op: Arc<Engine>, socket: tokio::net::UnixDatagram) {
         if socket.recv(&mut buf).await.is_ok() {
             op.wake_all();
         }
+    }
+}
+
+async fn probe_loop(op: Arc<Engine>) {
+    loop {
+        op.probe_state_dir();
+        tokio::time::sleep(STATE_DIR_PROBE_PERIOD).await;
     }
 }
 
@@ -489,7 +793,7 @@ async fn scheduler_loop(op: Arc<Engine>) {
             .observe(started.elapsed().as_secs_f64());
         match result {
             Ok(r) => {
-                let acted = !r.started.is_empty() || !r.relaunched.is_empty();
+                let acted = !r.started.is_empty() || !r.relaunched.is_empty() || r.messages > 0;
                 for row in r.started {
                     op.spawn_controller(&row);
                 }

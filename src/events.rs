@@ -109,6 +109,11 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "LaunchTimedOut",
                 t.message.as_str().into(),
             )),
+            (Reason::Requeued, _) => events.push(event(
+                EventType::Warning,
+                "Requeued",
+                t.message.as_str().into(),
+            )),
             (_, Some(JobPhase::Running)) if entered => {
                 let note = match waited_ms.take() {
                     Some(ms) => format!("{} (waited {} in the queue)", t.message, seconds(ms)),
@@ -145,6 +150,10 @@ fn seconds(ms: i64) -> String {
         _ => format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000),
     }
 }
+
+/// Longest `reportingController` and `reportingInstance` an events.k8s.io/v1 Event may carry
+/// (the API server's validation: 128 characters).
+pub const MAX_REPORTING: usize = 128;
 
 /// Longest object name the API accepts (a DNS subdomain).
 pub const MAX_NAME: usize = 253;
@@ -188,13 +197,19 @@ pub struct EventPublisher {
 
 impl EventPublisher {
     /// `controller` becomes `reportingController`; `instance` (e.g. the Pod name)
-    /// `reportingInstance`, defaulting to the controller name.
+    /// `reportingInstance`, defaulting to the controller name. Each is cut to
+    /// [`MAX_REPORTING`] bytes, the API's limit (a longer one loses every Event).
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
         EventPublisher {
             client,
-            controller: controller.to_string(),
-            instance: instance.unwrap_or_else(|| controller.to_string()),
+            controller: truncate(controller, MAX_REPORTING),
+            instance: truncate(instance.as_deref().unwrap_or(controller), MAX_REPORTING),
         }
+    }
+
+    /// The `reportingInstance` this publisher writes.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// Creates one Event regarding `regarding`, in its namespace, named

@@ -16,10 +16,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::api::{ExecutorKind, JobPhase};
+use crate::api::ExecutorKind;
 use crate::executor::local::LocalExecutor;
 use crate::executor::pod::PodExecutor;
-use crate::executor::{Executor, Stop};
+use crate::executor::{Executor, Launched, Stop};
 use crate::lifecycle::{self, Action, Transition, decide::Context, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::{Cas, JobRow, Store};
@@ -37,9 +37,24 @@ pub const QUEUED_BACKSTOP: Duration = Duration::from_secs(5);
 pub const REMOVE_CONFIRM: Duration = Duration::from_secs(10);
 /// How long a pod job waits for the Pod watch to report a Pod it just created.
 pub const POD_REPORT_WAIT: Duration = Duration::from_secs(10);
+/// First wait before a turn is tried again after the state dir could not be read or written;
+/// doubles per failure in a row up to [`STORAGE_RETRY_MAX`].
+pub const STORAGE_RETRY_BASE: Duration = Duration::from_millis(200);
+/// Longest wait between two tries while the state dir fails.
+pub const STORAGE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// After a turn: decide again, or the job is Done.
+enum Flow {
+    Continue,
+    Exit,
+}
 
 struct JobController<E: Executor> {
     store: Store,
+    /// The store's path, and the identity of the file opened there: while another file (or
+    /// none) is at the path, the store was replaced and this process no longer acts.
+    store_path: PathBuf,
+    store_id: lifecycle::world::FileId,
     job_id: i64,
     executor: E,
     waker: OperatorWaker,
@@ -69,6 +84,12 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
     crate::process::set_sigusr1_blocked(false);
     let store = Store::open(&dir.store(), CACHE_KIB)
         .with_context(|| format!("opening the store in {}", dir.root().display()))?;
+    let store_id = file_id(&dir.store()).with_context(|| {
+        format!(
+            "the store in {} vanished as it was opened",
+            dir.root().display()
+        )
+    })?;
     let settings = store.settings()?;
     let executor = store.get(job_id)?.executor;
     // A local attempt's detached processes are reparented to this process when their parent
@@ -84,6 +105,8 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
         ($executor:expr) => {
             JobController {
                 store,
+                store_path: dir.store(),
+                store_id,
                 job_id,
                 executor: $executor,
                 waker,
@@ -104,10 +127,48 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
     }
 }
 
+/// The identity (device, inode) of the file at `path`, if any.
+fn file_id(path: &std::path::Path) -> Option<lifecycle::world::FileId> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 impl<E: Executor> JobController<E> {
-    /// Read, decide, act, until the job is Done.
+    /// Read, decide, act, until the job is Done. A turn that fails because the state dir
+    /// cannot be read or written (disk full, I/O error) is tried again with a back-off, for as
+    /// long as it takes: this process may hold the only knowledge of an outcome (decided again
+    /// from the workload's own evidence at each turn), and leaving would lose it.
     async fn drive(&mut self) -> anyhow::Result<()> {
+        let mut failures = 0;
         loop {
+            match self.turn().await {
+                Ok(Flow::Exit) => return Ok(()),
+                Ok(Flow::Continue) => failures = 0,
+                Err(e) if crate::store::storage_failing(&e) => {
+                    failures += 1;
+                    let wait =
+                        lifecycle::backoff(STORAGE_RETRY_BASE, failures).min(STORAGE_RETRY_MAX);
+                    tracing::warn!(error = %e, failures, retry_in = ?wait, "the state dir cannot be written; holding on and trying again");
+                    self.wait(None, wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One turn: read, decide, act.
+    async fn turn(&mut self) -> anyhow::Result<Flow> {
+        {
+            // Fencing: only the operator's current store is acted on. One replaced (a lost
+            // state dir rebuilt) or removed leaves the workload to the current store, which
+            // adopts or stops it.
+            if !lifecycle::world::store_is_current(self.store_id, file_id(&self.store_path)) {
+                tracing::warn!(
+                    store = %self.store_path.display(),
+                    "the store this job controller opened was replaced or removed; exiting without touching the workload"
+                );
+                return Ok(Flow::Exit);
+            }
             let row = self.store.get(self.job_id)?;
             let attempt = lifecycle::current_attempt(&row);
             let observed = if lifecycle::observes(&row) {
@@ -123,6 +184,11 @@ impl<E: Executor> JobController<E> {
                 stop_after_exit: E::STOPS_AFTER_EXIT,
                 launch_timeout: self.launch_timeout,
                 max_launch_timeouts: self.max_launch_timeouts,
+                // Asked only of a Pod waiting for a node (one indexed query).
+                run_slot_wanted: matches!(
+                    observed,
+                    Some(lifecycle::Observed::Unschedulable { .. })
+                ) && self.store.run_slot_wanted(now_ms())?,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             // Nothing of a workload that never started needs a grace period.
@@ -134,7 +200,7 @@ impl<E: Executor> JobController<E> {
             match action {
                 Action::Exit => {
                     tracing::info!(phase = %row.phase, "job is done");
-                    return Ok(());
+                    return Ok(Flow::Exit);
                 }
                 Action::Apply(t) => {
                     self.set(&row, &t)?;
@@ -143,19 +209,32 @@ impl<E: Executor> JobController<E> {
                     if let Some(intent) = intent
                         && !self.set(&row, &intent)?
                     {
-                        continue;
+                        return Ok(Flow::Continue);
                     }
-                    if let Err(refused) = self.executor.launch(&row, attempt).await? {
-                        let t = lifecycle::fail(
-                            &row,
-                            JobPhase::FailedPrecheck,
-                            refused.reason,
-                            refused.message,
-                        );
-                        self.set(&row, &t)?;
-                    } else if E::CREATE_IS_IDEMPOTENT {
-                        // Its state comes from the operator's watch, which wakes us.
-                        self.wait(None, POD_REPORT_WAIT).await;
+                    // No create after a cancel, ever: the request may have come since the row
+                    // was read.
+                    if self.store.get(self.job_id)?.cancel_requested {
+                        return Ok(Flow::Continue);
+                    }
+                    match self.executor.launch(&row, attempt).await? {
+                        Launched::Refused(refused) => {
+                            match lifecycle::after_refusal(&row, &refused) {
+                                lifecycle::AfterRefusal::Cancel => {
+                                    tracing::info!(message = %refused.message, "the namespace is being deleted: cancelling the job");
+                                    self.store.request_cancel(self.job_id, false)?;
+                                }
+                                lifecycle::AfterRefusal::Apply(t) => {
+                                    self.set(&row, t.as_ref())?;
+                                }
+                            }
+                        }
+                        // Observed as CreateFailed from now on: decided again at once.
+                        Launched::Failed { .. } => {}
+                        Launched::Created if E::CREATE_IS_IDEMPOTENT => {
+                            // Its state comes from the operator's watch, which wakes us.
+                            self.wait(None, POD_REPORT_WAIT).await;
+                        }
+                        Launched::Created => {}
                     }
                 }
                 Action::StopThen(t) => match self.executor.stop(&row, grace).await? {
@@ -204,6 +283,7 @@ impl<E: Executor> JobController<E> {
                 }
             }
         }
+        Ok(Flow::Continue)
     }
 
     /// Waits for a wake-up (SIGUSR1: a launch slot, a cancel, the Pod watch), the workload's own

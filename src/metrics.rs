@@ -85,6 +85,9 @@ pub struct Metrics {
     /// write that carries it, seconds.
     pub terminal_status_lag_seconds: Histogram,
     ready: AtomicBool,
+    /// Why the operator is not ready although started, by what fails (e.g. `crd`,
+    /// `state-dir`): one sentence each.
+    problems: std::sync::Mutex<std::collections::BTreeMap<&'static str, String>>,
 }
 
 impl Default for Metrics {
@@ -129,6 +132,7 @@ impl Metrics {
             controller_spawns_deferred_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             ready: AtomicBool::new(false),
+            problems: Default::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -218,9 +222,32 @@ impl Metrics {
         self.ready.store(true, Ordering::Relaxed);
     }
 
-    /// True once [`Metrics::set_ready`] was called.
+    /// True once [`Metrics::set_ready`] was called and while no problem is set.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.readiness().is_ok()
+    }
+
+    /// Records (Some) or clears (None) a problem that makes the operator not ready, under
+    /// `what` fails (`crd`, `state-dir`). Returns true when this changed whether `what` fails.
+    pub fn set_problem(&self, what: &'static str, problem: Option<String>) -> bool {
+        let mut problems = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        match problem {
+            Some(p) => problems.insert(what, p).is_none(),
+            None => problems.remove(what).is_some(),
+        }
+    }
+
+    /// Ok once started and while nothing fails; else why not (`/readyz`'s body).
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err("starting".into());
+        }
+        let problems = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.values().cloned().collect::<Vec<_>>().join("; "))
+        }
     }
 
     /// Refreshes the store-derived gauges and renders the text exposition format.
@@ -255,8 +282,8 @@ impl Metrics {
 
 /// Renders the `/metrics` body.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
-/// Answers whether `/readyz` is 200.
-pub type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
+/// Answers whether `/readyz` is 200 (Ok), or why not.
+pub type Ready = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process ends.
 pub async fn serve(addr: SocketAddr, ready: Ready, render: Render) -> std::io::Result<()> {
@@ -269,10 +296,9 @@ pub async fn serve(addr: SocketAddr, ready: Ready, render: Render) -> std::io::R
             get(move || {
                 let ready = ready.clone();
                 async move {
-                    if ready() {
-                        (StatusCode::OK, "ok")
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                    match ready() {
+                        Ok(()) => (StatusCode::OK, "ok".to_string()),
+                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
                     }
                 }
             }),

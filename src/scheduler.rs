@@ -76,11 +76,45 @@ pub struct PassResult {
     pub relaunched: Vec<JobRow>,
     /// Slot usage after the pass.
     pub usage: SlotUsage,
+    /// Queued jobs whose message changed to say what they wait for.
+    pub messages: usize,
 }
 
-/// One scheduling pass over the store: plans and applies admissions as compare-and-sets.
-/// Cost: two indexed queries bounded by the free slots, independent of finished jobs.
+/// Queued jobs at the head of the queue whose message a pass keeps saying what they wait for
+/// ([`lifecycle::queued_message`]); the others keep the one they were queued with.
+pub const QUEUE_MESSAGES: usize = 8;
+
+/// One scheduling pass over the store: plans and applies admissions as compare-and-sets, then
+/// tells the head of the queue which slot it really waits for. Cost: three indexed queries
+/// bounded by the free slots and [`QUEUE_MESSAGES`], independent of finished jobs.
 pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
+    let now = lifecycle::now_ms();
+    let mut result = admit(store, caps, now)?;
+    if result.usage.waiting > 0 {
+        let usage = result.usage;
+        let node_waits = if usage.alive >= caps.run {
+            store.node_waits()?
+        } else {
+            0
+        };
+        let message = lifecycle::queued_message(
+            usage.launching,
+            caps.launch,
+            usage.alive,
+            caps.run,
+            node_waits,
+        );
+        for row in store.queue_head(ScheduleState::Waiting, QUEUE_MESSAGES, now)? {
+            if row.message != message {
+                store.transition(row.id, &lifecycle::queued(&row, message.clone()))?;
+                result.messages += 1;
+            }
+        }
+    }
+    Ok(result)
+}
+
+fn admit(store: &mut Store, caps: Caps, now: i64) -> Result<PassResult, StoreError> {
     let usage = store.slot_usage()?;
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
@@ -89,12 +123,12 @@ pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
             ..Default::default()
         });
     }
-    let relaunches = store.queue_head(ScheduleState::AliveWaiting, free_launch)?;
+    let relaunches = store.queue_head(ScheduleState::AliveWaiting, free_launch, now)?;
     let free_new = free_launch
         .saturating_sub(relaunches.len())
         .min(caps.run.saturating_sub(usage.alive));
     let new_jobs = if free_new > 0 {
-        store.queue_head(ScheduleState::Waiting, free_new)?
+        store.queue_head(ScheduleState::Waiting, free_new, now)?
     } else {
         Vec::new()
     };

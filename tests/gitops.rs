@@ -60,7 +60,7 @@ fn change_for(phase: JobPhase) -> Change {
         ..base(message)
     };
     match phase {
-        // Keeps what the store wrote at first sight ("queued: waiting for a launch slot").
+        // Keeps what the store wrote at first sight ("queued: waiting to be admitted").
         JobPhase::Pending => Change {
             message: None,
             attempt: None,

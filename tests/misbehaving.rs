@@ -74,12 +74,12 @@ async fn a_pod_the_node_refuses_is_a_failure_not_a_relaunch_loop() {
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let mj = support::create_yaml(&client, &ns.name, &pod_job("refused", "60s", 1)).await;
     let _ = mj;
-    let id = support::wait_job_id(&client, &ns.name, "refused", T).await;
+    let _id = support::wait_job_id(&client, &ns.name, "refused", T).await;
     let api = Api::<Pod>::namespaced(client.clone(), &ns.name);
     let refuse = serde_json::json!({"status": {"phase": "Failed", "reason": "OutOfcpu",
         "message": "Pod was rejected: Node didn't have enough resource: cpu", "containerStatuses": null}});
     for attempt in 1..=2 {
-        let name = format!("refused-{id}-{attempt}");
+        let name = support::pod_name(&client, &ns.name, "refused", attempt).await;
         wait_pod(&client, &ns.name, &name).await;
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&refuse))
             .await
@@ -103,7 +103,10 @@ async fn a_pod_the_node_refuses_is_a_failure_not_a_relaunch_loop() {
     let seen = names.lock().unwrap().clone();
     assert_eq!(
         seen,
-        BTreeSet::from([format!("refused-{id}-1"), format!("refused-{id}-2")]),
+        BTreeSet::from([
+            support::pod_name(&client, &ns.name, "refused", 1).await,
+            support::pod_name(&client, &ns.name, "refused", 2).await,
+        ]),
         "one Pod per allowed attempt, no relaunch loop"
     );
 }
@@ -128,7 +131,7 @@ async fn a_relabelled_pod_is_not_taken_as_deleted() {
     )
     .await;
     let id = running.status.unwrap().job_id.unwrap();
-    let pod = format!("relabel-{id}-1");
+    let pod = support::pod_name(&client, &ns.name, "relabel", 1).await;
     let (ok, out) = support::kubectl(
         cp,
         &[
@@ -214,7 +217,7 @@ async fn an_oom_killed_container_fails_the_attempt_whatever_its_exit_code() {
         support::phase_is(JobPhase::Running),
     )
     .await;
-    let id = running.status.unwrap().job_id.unwrap();
+    let _id = running.status.unwrap().job_id.unwrap();
     let now = "2026-01-01T00:00:00Z";
     let patch = serde_json::json!({"status": {"phase": "Succeeded", "containerStatuses": [{
         "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
@@ -222,7 +225,7 @@ async fn an_oom_killed_container_fails_the_attempt_whatever_its_exit_code() {
     }]}});
     Api::<Pod>::namespaced(client.clone(), &ns.name)
         .patch_status(
-            &format!("oom-{id}-1"),
+            &support::pod_name(&client, &ns.name, "oom", 1).await,
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
@@ -293,8 +296,8 @@ async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
         "      nodeName: no-such-node\n      containers:",
     );
     support::create_yaml(&client, &ns.name, &yaml).await;
-    let id = support::wait_job_id(&client, &ns.name, "unstartable", T).await;
-    let pod = format!("unstartable-{id}-1");
+    let _id = support::wait_job_id(&client, &ns.name, "unstartable", T).await;
+    let pod = support::pod_name(&client, &ns.name, "unstartable", 1).await;
     wait_pod(&client, &ns.name, &pod).await;
     play_waiting(
         &client,
@@ -357,7 +360,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
             "      nodeName: no-such-node\n      containers:",
         );
     support::create_yaml(&client, &ns.name, &stuck).await;
-    let id = support::wait_status(&client, &ns.name, "stuck", T, "Starting", |s| {
+    let _id = support::wait_status(&client, &ns.name, "stuck", T, "Starting", |s| {
         s.phase == Some(JobPhase::Starting)
     })
     .await
@@ -368,7 +371,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     // The only launch slot is held by the stuck job; this one must still get it.
     support::create_yaml(&client, &ns.name, &pod_job("quick", "1s", 0)).await;
     // The second attempt's Pod plays a kubelet that cannot pull the image.
-    let second = format!("stuck-{id}-2");
+    let second = support::pod_name(&client, &ns.name, "stuck", 2).await;
     wait_pod(&client, &ns.name, &second).await;
     play_waiting(
         &client,
@@ -410,7 +413,10 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     );
     // Both stuck Pods are removed; each attempt had one Pod.
     let api = Api::<Pod>::namespaced(client.clone(), &ns.name);
-    for pod in [format!("stuck-{id}-1"), second.clone()] {
+    for pod in [
+        support::pod_name(&client, &ns.name, "stuck", 1).await,
+        second.clone(),
+    ] {
         let start = std::time::Instant::now();
         while api.get_opt(&pod).await.unwrap().is_some() {
             assert!(start.elapsed() < T, "{pod} was left behind");
@@ -430,7 +436,13 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
         .filter(|n| n.starts_with("stuck-"))
         .cloned()
         .collect();
-    assert_eq!(seen, BTreeSet::from([format!("stuck-{id}-1"), second]));
+    assert_eq!(
+        seen,
+        BTreeSet::from([
+            support::pod_name(&client, &ns.name, "stuck", 1).await,
+            second
+        ])
+    );
 }
 
 /// A Node nobody runs (no kwok annotation), marked NotReady: Pods bound to it never start and,
@@ -496,7 +508,7 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
         support::create_yaml(&client, &ns.name, &on_dead_node(name)).await;
         let id = support::wait_job_id(&client, &ns.name, name, T).await;
         // Play the kubelet once: the Pod runs.
-        let pod = format!("{name}-{id}-1");
+        let pod = support::pod_name(&client, &ns.name, name, 1).await;
         wait_pod(&client, &ns.name, &pod).await;
         let running = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
             "name": "main", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
@@ -515,10 +527,10 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
         .await;
         ids.push(id);
     }
-    let (evicted, cancelled) = (ids[0], ids[1]);
+    let _ = (ids[0], ids[1]);
 
     // Someone else deletes the running Pod: nobody confirms, it stays Terminating.
-    let first = format!("evicted-{evicted}-1");
+    let first = support::pod_name(&client, &ns.name, "evicted", 1).await;
     pods.delete(&first, &Default::default())
         .await
         .expect("delete");
@@ -549,7 +561,7 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
     );
 
     // Past grace + margin on a node that is not Ready: forced, then recovered with one new Pod.
-    let second = format!("evicted-{evicted}-2");
+    let second = support::pod_name(&client, &ns.name, "evicted", 2).await;
     wait_pod(&client, &ns.name, &second).await;
     let s = support::wait_status(&client, &ns.name, "evicted", T, "recovery 1", |s| {
         s.recovery_count == 1
@@ -613,7 +625,11 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
     let seen = names.lock().unwrap().clone();
     assert_eq!(
         seen,
-        BTreeSet::from([first, second, format!("cancelled-{cancelled}-1")]),
+        BTreeSet::from([
+            first,
+            second,
+            support::pod_name(&client, &ns.name, "cancelled", 1).await
+        ]),
         "one Pod per attempt"
     );
 }

@@ -309,10 +309,12 @@ async fn an_eviction_of_task_twos_pod_recovers_task_two_only() {
     })
     .await;
     let s = mj.status.unwrap();
-    let id = s.job_id.unwrap();
     assert_eq!(s.task_progress.as_deref(), Some("2/3 train"));
     let pod = s.workload.unwrap().trim_start_matches("pod/").to_string();
-    assert_eq!(pod, format!("podline-{id}-1-1"));
+    assert_eq!(
+        pod,
+        support::task_pod_name(&client, &ns.name, "podline", 1, 1).await
+    );
     let labels = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name)
         .get(&pod)
         .await
@@ -344,10 +346,10 @@ async fn an_eviction_of_task_twos_pod_recovers_task_two_only() {
     assert_eq!(
         seen,
         BTreeSet::from([
-            format!("podline-{id}-0-1"),
-            format!("podline-{id}-1-1"),
-            format!("podline-{id}-1-2"),
-            format!("podline-{id}-2-1"),
+            support::task_pod_name(&client, &ns.name, "podline", 0, 1).await,
+            support::task_pod_name(&client, &ns.name, "podline", 1, 1).await,
+            support::task_pod_name(&client, &ns.name, "podline", 1, 2).await,
+            support::task_pod_name(&client, &ns.name, "podline", 2, 1).await,
         ]),
         "task 1 never re-run, one Pod per attempt"
     );
@@ -391,9 +393,9 @@ async fn a_lost_store_during_task_two_resumes_task_two() {
     assert_eq!(
         seen,
         BTreeSet::from([
-            format!("keeper-{id}-0-1"),
-            format!("keeper-{id}-1-1"),
-            format!("keeper-{id}-2-1"),
+            support::task_pod_name(&client, &ns.name, "keeper", 0, 1).await,
+            support::task_pod_name(&client, &ns.name, "keeper", 1, 1).await,
+            support::task_pod_name(&client, &ns.name, "keeper", 2, 1).await,
         ]),
         "one Pod per task: task 2's Pod adopted"
     );

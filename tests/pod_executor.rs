@@ -132,7 +132,10 @@ async fn pod_job_succeeds_with_an_owned_labelled_pod_and_is_garbage_collected() 
     let pods = pods_of(&client, &ns.name, "pod-hello").await;
     assert_eq!(pods.len(), 1);
     let pod = &pods[0];
-    assert_eq!(pod.name_any(), format!("pod-hello-{id}-1"));
+    assert_eq!(
+        pod.name_any(),
+        support::pod_name(&client, &ns.name, "pod-hello", 1).await
+    );
     assert_eq!(pod.labels()["managedjobs.dev/job-id"], id.to_string());
     assert_eq!(pod.labels()["managedjobs.dev/attempt"], "1");
     assert_eq!(pod.owner_references()[0].uid, mj.uid().unwrap());
@@ -488,7 +491,7 @@ async fn killing_the_operator_and_job_controller_never_duplicates_a_pod() {
     let names: BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
     assert_eq!(
         names,
-        BTreeSet::from([format!("sturdy-pod-{id}-1")]),
+        BTreeSet::from([support::pod_name(&client, &ns.name, "sturdy-pod", 1).await]),
         "exactly one Pod per attempt"
     );
 }

@@ -438,6 +438,7 @@ impl Model {
             stop_after_exit: false,
             launch_timeout: lifecycle::DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
+            run_slot_wanted: false,
         }
     }
 
@@ -830,7 +831,7 @@ impl Model {
         for state in [ScheduleState::Waiting, ScheduleState::AliveWaiting] {
             let head = self
                 .store
-                .queue_head(state, usize::MAX >> 1)
+                .queue_head(state, usize::MAX >> 1, 0)
                 .expect("queue_head");
             for h in &head {
                 prop_assert_eq!(

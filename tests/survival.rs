@@ -123,13 +123,9 @@ async fn five_operator_restarts_are_hand_overs() {
     watch.abort();
     let mut seen = pod_names_so_far(&client, &ns.name).await;
     seen.extend(names.lock().unwrap().iter().cloned());
-    let id = status_of(&client, &ns.name, "long-pod")
-        .await
-        .job_id
-        .unwrap();
     assert_eq!(
         seen,
-        BTreeSet::from([format!("long-pod-{id}-1")]),
+        BTreeSet::from([support::pod_name(&client, &ns.name, "long-pod", 1).await]),
         "exactly one Pod ever"
     );
     let runs = std::fs::read_to_string(&runs_file).unwrap();
@@ -231,7 +227,7 @@ async fn a_lost_store_is_rebuilt_from_status_and_pods() {
     seen.extend(names.lock().unwrap().iter().cloned());
     assert_eq!(
         seen,
-        BTreeSet::from([format!("survivor-{pod_id}-1")]),
+        BTreeSet::from([support::pod_name(&client, &ns.name, "survivor", 1).await]),
         "one Pod ever"
     );
 }
@@ -255,9 +251,9 @@ async fn a_pod_with_a_jobs_labels_and_owner_but_not_its_name_changes_nothing() {
         support::phase_is(JobPhase::Running),
     )
     .await;
-    let id = running.status.clone().unwrap().job_id.unwrap();
+    let _ = running;
     let real: Pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
-        .get(&format!("fenced-{id}-1"))
+        .get(&support::pod_name(&client, &ns.name, "fenced", 1).await)
         .await
         .unwrap();
     // A copy beside it: same labels and owner, another name, failing at once with code 7.
@@ -266,7 +262,10 @@ async fn a_pod_with_a_jobs_labels_and_owner_but_not_its_name_changes_nothing() {
         spec: real.spec.clone(),
         status: None,
     };
-    fake.metadata.name = Some(format!("fenced-{id}-1-copy"));
+    fake.metadata.name = Some(format!(
+        "{}-copy",
+        support::pod_name(&client, &ns.name, "fenced", 1).await
+    ));
     fake.metadata.resource_version = None;
     fake.metadata.uid = None;
     fake.metadata.creation_timestamp = None;
@@ -457,7 +456,7 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
     seen.extend(names.lock().unwrap().iter().cloned());
     assert_eq!(
         seen,
-        BTreeSet::from([format!("sturdy-{id}-1")]),
+        BTreeSet::from([support::pod_name(&client, &ns.name, "sturdy", 1).await]),
         "one Pod ever"
     );
 }

@@ -801,7 +801,7 @@ async fn main() -> anyhow::Result<()> {
                 Some((r.id, at))
             })
             .collect();
-        let key = |r: &managed_jobs::store::JobRow| (-r.priority, r.created_at_ms, r.id);
+        let key = |r: &managed_jobs::store::JobRow| (-r.priority, r.queued_at_ms, r.id);
         let mut count = 0;
         for a in rows {
             for b in rows {

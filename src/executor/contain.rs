@@ -96,10 +96,40 @@ pub fn with_scope(scope: &str) -> Vec<i32> {
 /// while it is being stopped (or ignores SIGTERM and keeps forking) is caught by the next look.
 const RESCAN_EVERY: Duration = Duration::from_millis(200);
 
-/// Stops process group `pgid` (when given) and every process `find` returns: SIGTERM (and
+/// Whom a stop signals, and how, when a process is first found (DESIGN.md section 8: "a stop is
+/// SIGTERM once, then SIGKILL after the grace period").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstSignal {
+    /// SIGTERM (and SIGCONT, so a stopped process can act on it): the process is outside the
+    /// attempt's process group, which got its own SIGTERM when the stop began.
+    Term,
+    /// Nothing before the grace ends: the process joined the process group after the group's
+    /// SIGTERM (a TERM handler's child, e.g. the command that saves a checkpoint); signalling
+    /// it again would kill the handler's work.
+    None,
+    /// SIGKILL: the grace period is over.
+    Kill,
+}
+
+/// What a process first found during a stop gets: `in_group` says whether it belongs to the
+/// attempt's process group (which got SIGTERM once, as a group, when the stop began);
+/// `grace_over` whether SIGKILL time has come. Each process is told at most once to terminate.
+pub fn first_signal(in_group: bool, grace_over: bool) -> FirstSignal {
+    match (grace_over, in_group) {
+        (true, _) => FirstSignal::Kill,
+        (false, true) => FirstSignal::None,
+        (false, false) => FirstSignal::Term,
+    }
+}
+
+/// Stops process group `pgid` (when given) and every process `find` returns: SIGTERM once (and
 /// SIGCONT, so a stopped process can act on it), up to `grace` for them to exit, then SIGKILL,
 /// then up to 10 s more. `find` is asked again every 200 ms and once more after all seemed
-/// gone, so processes forked meanwhile are signalled too (with SIGKILL once the grace is over).
+/// gone: a process found meanwhile outside the group gets SIGTERM once too (SIGKILL once the
+/// grace is over); one that joined the group after its SIGTERM (a TERM handler's command) is
+/// left to finish until the grace is over ([`first_signal`]). Nothing is ever sent SIGTERM
+/// twice, so a handler that saves a checkpoint runs once, to its end.
+///
 /// `wrapper`, the group leader when the caller started it, is reaped through its handle (its
 /// zombie would keep the group alive); other children of the caller (reparented escapees) are
 /// reaped here. Returns how many processes other than `pgid`'s leader it found alive.
@@ -111,6 +141,11 @@ pub async fn stop_all(
 ) -> usize {
     let me = std::process::id() as i32;
     let mut targets: Vec<(i32, u64)> = Vec::new();
+    let in_group = |pid: i32| {
+        pgid.is_some_and(|g| {
+            nix::unistd::getpgid(Some(Pid::from_raw(pid))).ok() == Some(Pid::from_raw(g))
+        })
+    };
     let look = |targets: &mut Vec<(i32, u64)>| -> Vec<(i32, u64)> {
         let new: Vec<(i32, u64)> = find()
             .into_iter()
@@ -133,18 +168,44 @@ pub async fn stop_all(
         pgid.is_none_or(|g| !process::group_exists(g))
             && targets.iter().all(|&(p, t)| !process::is_alive(p, t))
     };
-    let signal = |targets: &[(i32, u64)], sig: Signal| {
-        if let Some(g) = pgid {
-            let _ = killpg(Pid::from_raw(g), sig);
-        }
-        for &(pid, started) in targets {
-            process::signal_if_alive(pid, started, sig);
+    // Processes found after the stop began: each gets its first (and only) SIGTERM, or
+    // SIGKILL, by [`first_signal`].
+    let greet = |found: &[(i32, u64)], grace_over: bool| {
+        for &(pid, started) in found {
+            match first_signal(in_group(pid), grace_over) {
+                FirstSignal::Term => {
+                    process::signal_if_alive(pid, started, Signal::SIGTERM);
+                    process::signal_if_alive(pid, started, Signal::SIGCONT);
+                }
+                FirstSignal::Kill => {
+                    process::signal_if_alive(pid, started, Signal::SIGKILL);
+                }
+                FirstSignal::None => {}
+            }
         }
     };
+    let kill_all = |targets: &[(i32, u64)]| {
+        if let Some(g) = pgid {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+        }
+        for &(pid, started) in targets {
+            process::signal_if_alive(pid, started, Signal::SIGKILL);
+        }
+    };
+    // SIGTERM once: to the group as a whole, and to every process found outside it.
     look(&mut targets);
-    let mut sig = Signal::SIGTERM;
+    if let Some(g) = pgid {
+        let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+        let _ = killpg(Pid::from_raw(g), Signal::SIGCONT);
+    }
+    for &(pid, started) in &targets {
+        if !in_group(pid) {
+            process::signal_if_alive(pid, started, Signal::SIGTERM);
+            process::signal_if_alive(pid, started, Signal::SIGCONT);
+        }
+    }
+    let mut grace_over = false;
     let mut deadline = tokio::time::Instant::now() + grace;
-    let mut signalled = false;
     let mut looked = tokio::time::Instant::now();
     loop {
         reap(&targets, &mut wrapper);
@@ -154,30 +215,27 @@ pub async fn stop_all(
             if late.is_empty() || late.iter().all(|&(p, t)| !process::is_alive(p, t)) {
                 break;
             }
-            signal(&late, sig);
+            greet(&late, grace_over);
+            // A late process left to finish (in the group, before the grace ends) is waited
+            // for like the others.
+            if !grace_over {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             continue;
         }
-        if !signalled {
-            signal(&targets, sig);
-            signal(&targets, Signal::SIGCONT);
-            signalled = true;
-        }
         if tokio::time::Instant::now() >= deadline {
-            if sig == Signal::SIGKILL {
+            if grace_over {
                 break;
             }
-            sig = Signal::SIGKILL;
+            grace_over = true;
             deadline = tokio::time::Instant::now() + KILL_WAIT;
-            signal(&targets, sig);
+            kill_all(&targets);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         if looked.elapsed() >= RESCAN_EVERY {
             looked = tokio::time::Instant::now();
             let new = look(&mut targets);
-            if !new.is_empty() {
-                signal(&new, sig);
-                signal(&new, Signal::SIGCONT);
-            }
+            greet(&new, grace_over);
         }
     }
     reap(&targets, &mut wrapper);
@@ -187,6 +245,17 @@ pub async fn stop_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each process is told to terminate once: the group as a whole at the start, a process
+    /// found later outside the group on its own, and one that joined the group after its
+    /// SIGTERM (a TERM handler's command) not before the grace is over.
+    #[test]
+    fn every_process_gets_one_sigterm_at_most() {
+        assert_eq!(first_signal(false, false), FirstSignal::Term);
+        assert_eq!(first_signal(true, false), FirstSignal::None);
+        assert_eq!(first_signal(true, true), FirstSignal::Kill);
+        assert_eq!(first_signal(false, true), FirstSignal::Kill);
+    }
 
     /// A process marked with a scope is found by it, and stopped with everything else given.
     #[tokio::test]

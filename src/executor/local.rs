@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::{Executor, Outcome, Refused, Stop, contain};
+use super::{Executor, Launched, Outcome, Refused, Stop, contain};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::process;
 use crate::state_dir::StateDir;
@@ -24,18 +24,29 @@ use crate::store::{JobRow, Store};
 /// PATH given to workloads whose spec does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The wrapper every local attempt runs (`sh -c WRAPPER MARKER SETUP RUN EXIT_FILE`). It
+/// holds the attempt's outcome until it is recorded: a write of the exit file that fails (a
+/// full disk, an I/O error) is tried again after 1 s, doubling up to 8 s, for as long as it
+/// takes, so a finished attempt is never taken for a lost one (and run again).
 const WRAPPER: &str = r#"exit_file=$3
+record() {
+  delay=1
+  until printf '%s %s\n' "$1" "$2" > "$exit_file"; do
+    sleep "$delay"
+    if [ "$delay" -lt 8 ]; then delay=$((delay * 2)); fi
+  done
+}
 if [ -n "$1" ]; then
   sh -c "$1"
   code=$?
   if [ "$code" -ne 0 ]; then
-    printf 'setup %s\n' "$code" > "$exit_file"
+    record setup "$code"
     exit "$code"
   fi
 fi
 sh -c "$2"
 code=$?
-printf 'run %s\n' "$code" > "$exit_file"
+record run "$code"
 exit "$code"
 "#;
 
@@ -112,6 +123,51 @@ impl LocalExecutor {
             }
         }
         Found::Missing
+    }
+
+    /// Every local attempt's wrapper process of this state dir, found by its marker and its
+    /// exit file's path among its arguments (a read of each process's command line): what the
+    /// world check ([`crate::lifecycle::world`]) holds against the store.
+    pub fn wrappers(&self) -> Vec<crate::lifecycle::world::ProcessSeen> {
+        let run_dir = self.state_dir.run_dir();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| {
+                let args = process::cmdline(pid)?;
+                let marker = args.iter().find_map(|a| a.strip_prefix("managedjob-"))?;
+                let (job, attempt) = marker.split_once('-')?;
+                let (job_id, attempt): (i64, i32) = (job.parse().ok()?, attempt.parse().ok()?);
+                let exit_file = self.state_dir.exit_file(job_id, attempt);
+                let exit_arg = exit_file.to_string_lossy();
+                // Ours (this state dir), and the wrapper itself (it leads its group).
+                (exit_file.starts_with(&run_dir)
+                    && args.iter().any(|a| *a == exit_arg)
+                    && nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()
+                        == Some(nix::unistd::Pid::from_raw(pid)))
+                .then_some(())?;
+                Some(crate::lifecycle::world::ProcessSeen {
+                    pid,
+                    start_time: process::start_time(pid)?,
+                    job_id,
+                    attempt,
+                })
+            })
+            .collect()
+    }
+
+    /// Stops a wrapper the world check found orphaned (no live attempt owns it): its process
+    /// group and everything with its attempt's mark, SIGTERM once, SIGKILL after `grace`.
+    pub async fn stop_orphan(&self, seen: crate::lifecycle::world::ProcessSeen, grace: Duration) {
+        if !process::is_alive(seen.pid, seen.start_time) {
+            return;
+        }
+        let scope = self
+            .exit_file(seen.job_id, seen.attempt)
+            .to_string_lossy()
+            .into_owned();
+        contain::stop_all(Some(seen.pid), || contain::with_scope(&scope), grace, None).await;
     }
 
     /// Starts the attempt: a new process group running the wrapper with the spec's env only.
@@ -257,13 +313,13 @@ impl Executor for LocalExecutor {
         })
     }
 
-    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Launched> {
         match self.spawn(job, attempt) {
             Ok(w) => {
                 self.current = Some((attempt, w));
-                Ok(Ok(()))
+                Ok(Launched::Created)
             }
-            Err(e) => Ok(Err(Refused {
+            Err(e) => Ok(Launched::Refused(Refused {
                 reason: FailureReason::LaunchFailed,
                 message: format!("could not start the workload: {e}"),
             })),

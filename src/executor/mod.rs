@@ -77,6 +77,26 @@ pub struct Refused {
     pub message: String,
 }
 
+/// How a create of an attempt's workload ([`Executor::launch`]) went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launched {
+    /// Issued: the workload exists (or existed already under its deterministic name, and is
+    /// adopted).
+    Created,
+    /// Refused for good: retrying cannot help (a quota, an admission policy, an invalid
+    /// template, a namespace being deleted).
+    Refused(Refused),
+    /// Failed, and may succeed later (the API answered 5xx, e.g. a failing admission webhook,
+    /// or could not be reached). Not retried inside: the executor then observes the attempt as
+    /// [`crate::lifecycle::Observed::CreateFailed`] with the time of the next try, and the job
+    /// controller decides again, so a retry counts against the launch deadline and stops at
+    /// once on a cancel or a delete.
+    Failed {
+        /// What the API said.
+        message: String,
+    },
+}
+
 /// Where a stop ([`Executor::stop`]) stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -115,13 +135,14 @@ pub trait Executor {
         attempt: i32,
     ) -> impl Future<Output = anyhow::Result<Observed>>;
 
-    /// Creates `attempt`'s workload (the launch intent is already recorded). Transient errors
-    /// are retried inside; `Ok(Err(_))` means the create is refused for good.
+    /// Creates `attempt`'s workload (the launch intent is already recorded), once: a failure
+    /// that may pass is [`Launched::Failed`], never retried inside (the job controller decides
+    /// when, see [`Launched`]).
     fn launch(
         &mut self,
         job: &JobRow,
         attempt: i32,
-    ) -> impl Future<Output = anyhow::Result<Result<(), Refused>>>;
+    ) -> impl Future<Output = anyhow::Result<Launched>>;
 
     /// Resolves when the workload may have changed on its own (a local process exited). An
     /// executor whose changes come through the operator's watch (a SIGUSR1) never resolves.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::FailureReason;
 use super::transitions::{self as t, Transition, current_attempt};
 use crate::api::{JobPhase, ScheduleState, validate_spec};
-use crate::executor::Outcome;
+use crate::executor::{Outcome, Refused};
 use crate::store::JobRow;
 
 /// What an executor observes of one attempt's workload.
@@ -47,6 +47,16 @@ pub enum Observed {
         /// unknown (never forced then).
         node_ready: Option<bool>,
     },
+    /// Its create failed and may succeed later (the API answered 5xx, or could not be
+    /// reached): tried again at `retry_at_ms`, against the launch deadline.
+    CreateFailed {
+        /// `pod/NAME`.
+        workload: String,
+        /// What the API said.
+        message: String,
+        /// When to try the create again (ms since epoch).
+        retry_at_ms: i64,
+    },
     /// It runs.
     Running {
         /// `pid/N` or `pod/NAME`.
@@ -77,6 +87,9 @@ pub struct Context {
     pub launch_timeout: Duration,
     /// Launch timeouts in a row that end a job FailedNoResource (`--max-launch-timeouts`).
     pub max_launch_timeouts: i32,
+    /// Some job waits for a run slot (Pending, admissible, not in a back-off): a Pod that no
+    /// node took within its launch timeout then gives its run slot back.
+    pub run_slot_wanted: bool,
 }
 
 /// Default of `--launch-timeout-seconds`: 10 minutes. Kueue's waitForPodsReady defaults to 5;
@@ -217,7 +230,10 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             };
         }
         ScheduleState::Alive => {}
-        // Waiting for the operator to grant a launch slot (or to admit the job at all).
+        // Back in the queue (its run slot given back): no job controller waits there; the next
+        // admission starts one.
+        ScheduleState::Inactive | ScheduleState::Waiting => return Action::Exit,
+        // Waiting for the operator to grant a launch slot.
         _ => {
             return Action::Wait {
                 until_ms: sooner(None),
@@ -281,10 +297,59 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 intent: Some(intent),
             }
         }
-        Observed::NotFound if cx.create_is_idempotent => Action::Launch {
-            attempt,
-            intent: None,
-        },
+        // Created (or adopted) but never reported, e.g. a Pod of that name that is not the
+        // attempt's: created again until the launch deadline, then timed out like any launch.
+        Observed::NotFound if cx.create_is_idempotent => {
+            if launch_deadline_ms(row, cx).is_some_and(|d| d <= cx.now_ms) {
+                return Action::RemoveThen(t::launch_timed_out(
+                    row,
+                    attempt,
+                    "PodNotSeen",
+                    "its Pod was created but never seen by the operator's Pod watch",
+                    launch_timeout(row, cx),
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            Action::Launch {
+                attempt,
+                intent: None,
+            }
+        }
+        Observed::CreateFailed {
+            workload,
+            message,
+            retry_at_ms,
+        } => {
+            let launch_deadline = launch_deadline_ms(row, cx);
+            if launch_deadline.is_some_and(|d| d <= cx.now_ms) {
+                return Action::RemoveThen(t::launch_timed_out(
+                    row,
+                    attempt,
+                    "CreateFailed",
+                    message,
+                    launch_timeout(row, cx),
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
+            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
+            let waiting = format!("creating Pod {pod} failed, trying again: {message}");
+            if row.message != super::tasks::stored_message(row, &waiting) {
+                return Action::Apply(t::waiting_to_start(row, waiting));
+            }
+            if *retry_at_ms <= cx.now_ms {
+                return Action::Launch {
+                    attempt,
+                    intent: None,
+                };
+            }
+            Action::Wait {
+                until_ms: sooner(super::earliest(Some(*retry_at_ms), launch_deadline)),
+            }
+        }
         Observed::NotFound => Action::Apply(t::after_outcome(
             row,
             attempt,
@@ -302,12 +367,31 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
         Observed::Unschedulable { workload, message } => {
+            // A run slot held by a Pod no node takes is given back after its launch timeout,
+            // when another job wants it.
+            let timeout = launch_timeout(row, cx);
+            let give_back_at = row
+                .node_wait_since_ms
+                .map(|since| since + timeout.as_millis() as i64);
+            if !launching && cx.run_slot_wanted && give_back_at.is_some_and(|at| at <= cx.now_ms) {
+                return Action::RemoveThen(t::node_wait_timed_out(
+                    row,
+                    attempt,
+                    message,
+                    timeout,
+                    cx.max_launch_timeouts,
+                    cx.now_ms,
+                    cx.backoff_base,
+                ));
+            }
             let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let message = format!("waiting for a node for Pod {pod}: {message}");
             if launching || row.message != super::tasks::stored_message(row, &message) {
                 Action::Apply(t::unschedulable(row, workload.clone(), message))
             } else {
-                wait
+                Action::Wait {
+                    until_ms: sooner(give_back_at.filter(|at| *at > cx.now_ms)),
+                }
             }
         }
         Observed::Terminating {
@@ -383,6 +467,30 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
     }
+}
+
+/// What a launch the API refused for good means for the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterRefusal {
+    /// Its namespace is being deleted, which cancels the job (DESIGN.md section 8): persist a
+    /// cancel request, then decide again (the workload is stopped, the job ends Cancelled).
+    Cancel,
+    /// Write this: the job fails its precheck, with the refusal's reason and message.
+    Apply(Box<Transition>),
+}
+
+/// Decides on a launch of `row` refused for good ([`Refused`]): a namespace being deleted is a
+/// cancel, anything else fails the job's precheck.
+pub fn after_refusal(row: &JobRow, refused: &Refused) -> AfterRefusal {
+    if refused.reason == FailureReason::NamespaceTerminating {
+        return AfterRefusal::Cancel;
+    }
+    AfterRefusal::Apply(Box::new(t::fail(
+        row,
+        JobPhase::FailedPrecheck,
+        refused.reason,
+        refused.message.clone(),
+    )))
 }
 
 /// What the operator does when a job's controller process (`pid`) exited.
@@ -474,7 +582,7 @@ mod tests {
             phase_changed_at_ms: 1_000,
             status_version: 1,
             synced_version: 0,
-            created_at_ms: 1_000,
+            queued_at_ms: 1_000,
             changed_seq: 0,
             unsynced_since_seq: 0,
             launched_at_ms: None,
@@ -483,6 +591,7 @@ mod tests {
             task_first_attempt: 1,
             task_started_at_ms: None,
             tasks: vec![],
+            node_wait_since_ms: None,
         }
     }
 
@@ -495,6 +604,7 @@ mod tests {
             stop_after_exit: !create_is_idempotent,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
+            run_slot_wanted: false,
         }
     }
 
@@ -835,6 +945,157 @@ mod tests {
         assert!(check_edge(&r, &t.change).is_ok());
     }
 
+    /// Issue 21, class 5: a create the API keeps failing (HTTP 500) is tried again on its own
+    /// back-off, says why in the message, and counts against the launch deadline: past it the
+    /// attempt times out like any launch (requeued, then FailedNoResource naming CreateFailed).
+    /// A cancel comes first whatever the create does.
+    #[test]
+    fn a_failing_create_is_retried_within_the_launch_deadline_and_a_cancel_comes_first() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Launching);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.launched_at_ms = Some(9_000);
+        r.spec.launch_timeout_seconds = Some(5);
+        let failing = |retry_at_ms| Observed::CreateFailed {
+            workload: "pod/j-1-1-x".into(),
+            message: "the API answered 500: failed calling webhook".into(),
+            retry_at_ms,
+        };
+        let a = next_action(&r, Some(&failing(10_500)), &cx(true));
+        let Action::Apply(t) = &a else {
+            panic!("{a:?}")
+        };
+        let message = t.change.message.clone().unwrap();
+        assert!(message.contains("creating Pod j-1-1-x failed") && message.contains("500"));
+        r.message = message;
+        assert_eq!(
+            next_action(&r, Some(&failing(10_500)), &cx(true)),
+            Action::Wait {
+                until_ms: Some(10_500)
+            }
+        );
+        assert_eq!(
+            next_action(&r, Some(&failing(9_500)), &cx(true)),
+            Action::Launch {
+                attempt: 1,
+                intent: None
+            }
+        );
+        // Past the launch deadline (9 s + 5 s).
+        r.launched_at_ms = Some(4_000);
+        let a = next_action(&r, Some(&failing(10_500)), &cx(true));
+        let Action::RemoveThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::LaunchTimedOut);
+        r.launch_timeouts = DEFAULT_MAX_LAUNCH_TIMEOUTS - 1;
+        let Action::RemoveThen(t) = next_action(&r, Some(&failing(10_500)), &cx(true)) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
+        assert_eq!(t.change.failure_reason, Some(Some("CreateFailed".into())));
+        // A created Pod the watch never reports is timed out the same way, not created forever.
+        let Action::RemoveThen(t) = next_action(&r, Some(&Observed::NotFound), &cx(true)) else {
+            panic!()
+        };
+        assert_eq!(t.change.failure_reason, Some(Some("PodNotSeen".into())));
+        // A cancel: stopped, whatever the create does.
+        r.cancel_requested = true;
+        r.phase = JobPhase::Cancelling;
+        assert!(matches!(
+            next_action(&r, Some(&failing(9_500)), &cx(true)),
+            Action::StopThen(_)
+        ));
+    }
+
+    /// Issue 21, class 9: a launch refused because the namespace is being deleted is a cancel;
+    /// any other refusal fails the precheck.
+    #[test]
+    fn a_namespace_being_deleted_cancels_instead_of_failing() {
+        let r = row(JobPhase::Starting, ScheduleState::Launching);
+        let refused = |reason| Refused {
+            reason,
+            message: "the API refused the Pod".into(),
+        };
+        assert_eq!(
+            after_refusal(&r, &refused(FailureReason::NamespaceTerminating)),
+            AfterRefusal::Cancel
+        );
+        let AfterRefusal::Apply(t) = after_refusal(&r, &refused(FailureReason::PodRejected)) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedPrecheck));
+        assert!(check_edge(&r, &t.change).is_ok());
+    }
+
+    /// Issue 21, class 7: a Pod no node takes holds its job's run slot only for its launch
+    /// timeout, and only while another job waits for one; then it is removed and the job goes
+    /// back to the queue (the back of its priority, after a back-off, its controller released),
+    /// and the `--max-launch-timeouts`-th time it ends FailedNoResource. Its controller then
+    /// exits; the queue's head says which slot it waits for.
+    #[test]
+    fn a_pod_no_node_takes_gives_its_run_slot_back_when_others_wait() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.spec.launch_timeout_seconds = Some(5);
+        r.message = "waiting for a node for Pod j-1-1: 0/4 nodes are available".into();
+        r.node_wait_since_ms = Some(4_000);
+        let waiting = Observed::Unschedulable {
+            workload: "pod/j-1-1".into(),
+            message: "0/4 nodes are available".into(),
+        };
+        // Past its timeout, but nobody wants the slot: it keeps it.
+        assert_eq!(
+            next_action(&r, Some(&waiting), &cx(true)),
+            Action::Wait { until_ms: None }
+        );
+        let mut wanted = cx(true);
+        wanted.run_slot_wanted = true;
+        let Action::RemoveThen(t) = next_action(&r, Some(&waiting), &wanted) else {
+            panic!()
+        };
+        assert_eq!(t.change.reason, Reason::Requeued);
+        assert_eq!(t.change.phase, Some(JobPhase::Pending));
+        assert_eq!(t.change.schedule, Some(ScheduleState::Waiting));
+        assert_eq!(t.change.attempt, Some(2));
+        assert!(t.change.requeue, "to the back of its priority");
+        assert_eq!(t.change.controller, Some(None));
+        assert_eq!(t.change.backoff_until_ms, Some(Some(11_000)));
+        assert!(check_edge(&r, &t.change).is_ok());
+        // Within its timeout: waits until it ends.
+        r.node_wait_since_ms = Some(8_000);
+        assert_eq!(
+            next_action(&r, Some(&waiting), &wanted),
+            Action::Wait {
+                until_ms: Some(13_000)
+            }
+        );
+        // The last launch timeout allowed: FailedNoResource.
+        r.node_wait_since_ms = Some(4_000);
+        r.launch_timeouts = DEFAULT_MAX_LAUNCH_TIMEOUTS - 1;
+        let Action::RemoveThen(t) = next_action(&r, Some(&waiting), &wanted) else {
+            panic!()
+        };
+        assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
+        assert_eq!(t.change.failure_reason, Some(Some("Unschedulable".into())));
+        // Back in the queue, its controller leaves.
+        let queued = row(JobPhase::Pending, ScheduleState::Waiting);
+        assert_eq!(next_action(&queued, None, &cx(true)), Action::Exit);
+        // The message names the slot that is missing.
+        let m = crate::lifecycle::queued_message(0, 2, 5, 5, 5);
+        assert!(
+            m.starts_with("waiting for a run slot: all 5 in use, 5 by Pods waiting for a node"),
+            "{m}"
+        );
+        assert_eq!(
+            crate::lifecycle::queued_message(2, 2, 3, 5, 0),
+            "waiting for a launch slot: all 2 in use"
+        );
+    }
+
     #[test]
     fn a_controller_exit_resumes_until_the_crash_limit() {
         let ran = ExitSeen::WhileOperatorRan;
@@ -894,6 +1155,16 @@ mod tests {
             Just(Some(Observed::Running {
                 workload: "pod/p".into()
             })),
+            Just(Some(Observed::CreateFailed {
+                workload: "pod/p".into(),
+                message: "the API answered 500".into(),
+                retry_at_ms: 9_000,
+            })),
+            Just(Some(Observed::CreateFailed {
+                workload: "pod/p".into(),
+                message: "the API answered 500".into(),
+                retry_at_ms: 20_000,
+            })),
             Just(Some(Observed::Unschedulable {
                 workload: "pod/p".into(),
                 message: "0/1 nodes".into()
@@ -932,6 +1203,8 @@ mod tests {
             launched_at in prop::option::of(0i64..20_000),
             launch_timeouts in 0i32..3,
             launch_timeout_s in prop::option::of(1i64..20),
+            node_wait in prop::option::of(0i64..20_000),
+            run_slot_wanted in any::<bool>(),
         ) {
             // Rows the state machines allow.
             prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
@@ -946,7 +1219,10 @@ mod tests {
             r.launched_at_ms = launched_at;
             r.launch_timeouts = launch_timeouts;
             r.spec.launch_timeout_seconds = launch_timeout_s;
-            let a = next_action(&r, observed.as_ref(), &cx(idempotent));
+            r.node_wait_since_ms = node_wait;
+            let mut cx = cx(idempotent);
+            cx.run_slot_wanted = run_slot_wanted;
+            let a = next_action(&r, observed.as_ref(), &cx);
             if schedule == ScheduleState::Done {
                 prop_assert_eq!(a, Action::Exit);
                 return Ok(());

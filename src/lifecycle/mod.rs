@@ -13,6 +13,8 @@
 //! - [`decide`]: what a job controller does next ([`next_action`]) given the job's row and what
 //!   its executor observes, and what the operator does when a job controller exits
 //!   ([`controller_exited`]).
+//! - [`world`]: the store checked against the world (objects, Pods, processes), and the
+//!   fencing of stores.
 //!
 //! The processes only read, call these functions, and carry out the result (a compare-and-set,
 //! a launch, a stop); the property test (`tests/scheduler_props.rs`) drives the same functions.
@@ -25,10 +27,12 @@ pub mod reason;
 pub mod restore;
 pub mod tasks;
 pub mod transitions;
+pub mod world;
 
 pub use decide::{
-    Action, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS, ExitSeen,
-    Observed, controller_exited, in_backoff, launch_deadline_ms, next_action, observes,
+    Action, AfterRefusal, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS,
+    ExitSeen, Observed, after_refusal, controller_exited, in_backoff, launch_deadline_ms,
+    next_action, observes,
 };
 pub use reason::{FailureReason, Reason};
 pub use restore::{Restored, restore};

@@ -54,11 +54,15 @@ pub enum Reason {
     Cancelling,
     /// The cancel is done (-> Cancelled + Done).
     Cancelled,
+    /// The job gave its run slot back (no node took its Pod) and queued again.
+    Requeued,
+    /// A queued job's message now says what it waits for.
+    Queued,
 }
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 23] = [
+    pub const ALL: [Reason; 25] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -82,6 +86,8 @@ impl Reason {
         Reason::Failed,
         Reason::Cancelling,
         Reason::Cancelled,
+        Reason::Requeued,
+        Reason::Queued,
     ];
 
     /// The CamelCase name stored in the history.
@@ -110,6 +116,8 @@ impl Reason {
             Reason::Failed => "Failed",
             Reason::Cancelling => "Cancelling",
             Reason::Cancelled => "Cancelled",
+            Reason::Requeued => "Requeued",
+            Reason::Queued => "Queued",
         }
     }
 
@@ -150,6 +158,12 @@ pub enum FailureReason {
     ControllerCrashed,
     /// No job controller process could be started.
     ControllerStartFailed,
+    /// The API refused the workload because its namespace is being deleted. Never a job's
+    /// failure: deleting a namespace cancels its jobs ([`crate::lifecycle::after_refusal`]).
+    NamespaceTerminating,
+    /// No node took the job's Pod within its launch timeout, `--max-launch-timeouts` times in
+    /// a row while other jobs waited for a run slot.
+    Unschedulable,
 }
 
 impl FailureReason {
@@ -165,6 +179,8 @@ impl FailureReason {
             FailureReason::RecoveryBudgetSpent => "RecoveryBudgetSpent",
             FailureReason::ControllerCrashed => "ControllerCrashed",
             FailureReason::ControllerStartFailed => "ControllerStartFailed",
+            FailureReason::NamespaceTerminating => "NamespaceTerminating",
+            FailureReason::Unschedulable => "Unschedulable",
         }
     }
 }

@@ -353,6 +353,7 @@ mod tests {
             stop_after_exit: false,
             launch_timeout: Duration::from_secs(600),
             max_launch_timeouts: 3,
+            run_slot_wanted: false,
         };
         let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
             panic!("the first sight of the wait is written");

@@ -98,6 +98,11 @@ pub struct Change {
     /// Move a pipeline to this task (the next one): it begins at the change's attempt, its
     /// start time is cleared ([`super::tasks`]).
     pub task_index: Option<i32>,
+    /// Start (now, unless it runs already) or clear the clock of the current Pod's wait for a
+    /// node (`node_wait_since_ms`).
+    pub node_wait: Option<LaunchClock>,
+    /// The job goes to the back of its queue: its place (`queued_at_ms`) becomes now.
+    pub requeue: bool,
 }
 
 impl Change {
@@ -124,6 +129,8 @@ impl Change {
             controller_crashed: false,
             reset_crashes: false,
             task_index: None,
+            node_wait: None,
+            requeue: false,
         }
     }
 
@@ -169,15 +176,17 @@ impl Transition {
 
 /// The legal edges of the schedule state machine (DESIGN.md section 4): the main line
 /// `Inactive -> Waiting -> Launching -> Alive`, a relaunch `Alive -> AliveWaiting -> Launching`,
-/// a launch lost before it ran `Launching -> AliveWaiting`, and `Done` from anything not Done.
+/// a launch lost before it ran `Launching -> AliveWaiting`, a run slot given back by a Pod no
+/// node took `Alive -> Waiting` ([`node_wait_timed_out`]), and `Done` from anything not Done.
 /// A change of phase alone is a self edge. Nothing leaves `Done`.
-pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 6] = [
+pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 7] = [
     (ScheduleState::Inactive, ScheduleState::Waiting),
     (ScheduleState::Waiting, ScheduleState::Launching),
     (ScheduleState::Launching, ScheduleState::Alive),
     (ScheduleState::Launching, ScheduleState::AliveWaiting),
     (ScheduleState::Alive, ScheduleState::AliveWaiting),
     (ScheduleState::AliveWaiting, ScheduleState::Launching),
+    (ScheduleState::Alive, ScheduleState::Waiting),
 ];
 
 /// True when the schedule state may move `from -> to` ([`SCHEDULE_EDGES`], self edges, and
@@ -379,6 +388,9 @@ pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
     change.attempt = Some(attempt);
     change.workload = Some(Some(workload));
     change.started_now = true;
+    if row.node_wait_since_ms.is_some() {
+        change.node_wait = Some(LaunchClock::Clear);
+    }
     // Progress: crashes counted before it belong to an earlier incarnation of trouble, so a job
     // that runs for weeks is never failed by crashes spread over them.
     change.reset_crashes = row.controller_crashes > 0;
@@ -395,6 +407,9 @@ pub fn unschedulable(row: &JobRow, workload: String, message: String) -> Transit
     change.schedule = Some(ScheduleState::Alive);
     change.workload = Some(Some(workload));
     change.launch_clock = Some(LaunchClock::Clear);
+    if row.node_wait_since_ms.is_none() {
+        change.node_wait = Some(LaunchClock::Start);
+    }
     Transition::new(Expect::unchanged(row), change)
 }
 
@@ -440,6 +455,9 @@ pub fn waiting_to_start(row: &JobRow, message: String) -> Transition {
     let mut change = Change::because(Reason::WaitingToStart).message(message);
     if row.launched_at_ms.is_none() {
         change.launch_clock = Some(LaunchClock::Start);
+    }
+    if row.node_wait_since_ms.is_some() {
+        change.node_wait = Some(LaunchClock::Clear);
     }
     Transition::new(Expect::unchanged(row), change)
 }
@@ -508,7 +526,95 @@ pub fn launch_timed_out(
     };
     change.launch_timeouts = Some(timeouts);
     change.launch_clock = Some(LaunchClock::Clear);
+    change.node_wait = Some(LaunchClock::Clear);
     Transition::new(Expect::unchanged(row), change)
+}
+
+/// The attempt's Pod waited for a node past its launch timeout (`timeout`) while other jobs
+/// wait for a run slot; it has been removed. The job gives its run slot back: it goes to the
+/// back of the queue of its priority (Pending + Waiting, the next attempt, after a back-off,
+/// its job controller released), so admissible jobs behind it run; or, at the
+/// `max_timeouts`-th launch timeout in a row, it ends FailedNoResource (failureReason
+/// `Unschedulable`). `waiting_jobs` is how many jobs wait for a run slot; `message` what the
+/// scheduler said.
+#[allow(clippy::too_many_arguments)]
+pub fn node_wait_timed_out(
+    row: &JobRow,
+    attempt: i32,
+    message: &str,
+    timeout: Duration,
+    max_timeouts: i32,
+    now_ms: i64,
+    backoff_base: Duration,
+) -> Transition {
+    let timeouts = row.launch_timeouts + 1;
+    let shown = task_attempt(row, attempt);
+    let what = format!(
+        "attempt {shown}: no node took its Pod within {} s ({message}) while other jobs wait for a run slot",
+        timeout.as_secs()
+    );
+    let mut change = if timeouts >= max_timeouts {
+        let mut c = Change::because(Reason::Failed)
+            .to(JobPhase::FailedNoResource, ScheduleState::Done)
+            .message(format!(
+                "{what}; {timeouts} launch timeouts in a row, giving up"
+            ));
+        c.failure_reason = Some(Some(FailureReason::Unschedulable.as_str().into()));
+        c
+    } else {
+        let wait = backoff(backoff_base, timeouts);
+        let mut c = Change::because(Reason::Requeued)
+            .to(JobPhase::Pending, ScheduleState::Waiting)
+            .message(format!(
+                "{what}; its Pod was removed and its run slot given back: queued again, at the back, in {:.1} s (launch timeout {timeouts} of {max_timeouts})",
+                wait.as_secs_f64()
+            ));
+        c.attempt = Some(attempt + 1);
+        c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
+        c.requeue = true;
+        // Its job controller leaves; the next admission starts a new one.
+        c.controller = Some(None);
+        c.workload = Some(None);
+        c
+    };
+    change.launch_timeouts = Some(timeouts);
+    change.launch_clock = Some(LaunchClock::Clear);
+    change.node_wait = Some(LaunchClock::Clear);
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// What a queued job waits for, as its message says: the slot that is really missing, from the
+/// slots in use (`launching` of `launch_cap`, `alive` of `run_cap`) and how many of the run
+/// slots are held by Pods waiting for a node (`node_waits`).
+pub fn queued_message(
+    launching: usize,
+    launch_cap: usize,
+    alive: usize,
+    run_cap: usize,
+    node_waits: usize,
+) -> String {
+    if alive >= run_cap {
+        let held = match node_waits {
+            0 => String::new(),
+            n => {
+                format!(", {n} by Pods waiting for a node (given back after their launch timeout)")
+            }
+        };
+        format!("waiting for a run slot: all {run_cap} in use{held}")
+    } else if launching >= launch_cap {
+        format!("waiting for a launch slot: all {launch_cap} in use")
+    } else {
+        "queued: admitted at the next scheduling pass".into()
+    }
+}
+
+/// A queued job's message says what it really waits for (`message`, from
+/// [`super::queued_message`]); nothing else changes.
+pub fn queued(row: &JobRow, message: String) -> Transition {
+    Transition::new(
+        Expect::exactly(JobPhase::Pending, row.schedule_state),
+        Change::because(Reason::Queued).message(message),
+    )
 }
 
 /// A restart back-off is over: ask for a launch slot (Recovering + Alive -> AliveWaiting).

@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource as _, ResourceExt};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
@@ -35,6 +35,7 @@ pub mod budget;
 pub mod lease;
 pub mod rebuild;
 pub mod status_writer;
+pub mod world;
 
 pub use budget::RequestBudget;
 pub use lease::LeaderElection;
@@ -129,8 +130,10 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
                 .map(|e| e.metrics.render(&e.store()))
                 .unwrap_or_default()
         });
-        let ready: crate::metrics::Ready =
-            Arc::new(move || for_ready.get().is_some_and(|e| e.metrics.is_ready()));
+        let ready: crate::metrics::Ready = Arc::new(move || match for_ready.get() {
+            Some(e) => e.metrics.readiness(),
+            None => Err("starting".into()),
+        });
         tokio::spawn(async move {
             if let Err(e) = crate::metrics::serve(addr, ready, render).await {
                 tracing::error!(error = %e, "metrics server failed");
@@ -144,6 +147,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // anything is admitted.
     let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
     let lock = crate::engine::lock_state_dir(&dir)?;
+    ensure_crd_served(&client, namespace.as_deref()).await?;
     let rebuilt =
         rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref(), cfg.shard.as_deref())
             .await?;
@@ -155,6 +159,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             "the store was empty: rebuilt from the ManagedJobs' status"
         );
     }
+    // Before anything is adopted, resumed or admitted: jobs whose object vanished meanwhile.
+    world::check_objects_at_start(&client, &dir, namespace.as_deref(), cfg.shard.as_deref())
+        .await?;
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;
@@ -185,12 +192,31 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         });
     }
     tokio::spawn(status_writer::status_loop(op.clone()));
-    if op.engine.config().executors.contains(&ExecutorKind::Pod) {
+    let reporter = op.clone();
+    tokio::spawn(async move {
+        loop {
+            reporter.engine.state_dir_changed.notified().await;
+            if let Some(problem) = reporter.engine.state_dir_problem() {
+                reporter.report_state_dir_failing(&problem).await;
+            }
+        }
+    });
+    let pod_cache = op
+        .engine
+        .config()
+        .executors
+        .contains(&ExecutorKind::Pod)
+        .then(|| Arc::new(crate::executor::pod::watch::PodCache::default()));
+    if let Some(cache) = &pod_cache {
         let pods: Api<Pod> = match &namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        tokio::spawn(crate::executor::pod::watch::run(op.engine.clone(), pods));
+        tokio::spawn(crate::executor::pod::watch::run(
+            op.engine.clone(),
+            pods,
+            cache.clone(),
+        ));
     }
     let jobs: Api<ManagedJob> = match &namespace {
         Some(ns) => Api::namespaced(client, ns),
@@ -204,8 +230,19 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
     // fields, the client-side-apply annotation), which is most of a small object's size.
     let (reader, writer) = kube::runtime::reflector::store();
+    let objects_deleted = Arc::new(tokio::sync::Notify::new());
+    // Set once the watch listed every object (the reader holds them all from then on).
+    let objects_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn(world::world_loop(
+        op.clone(),
+        reader.clone(),
+        pod_cache,
+        objects_deleted.clone(),
+        objects_listed.clone(),
+    ));
     // This shard's jobs only (the default instance: the jobs without a shard label).
     let selector = crate::api::shard_selector(op.engine.config().shard.as_deref());
+    let watched = op.clone();
     let stream = watcher(
         jobs,
         watcher::Config::default().any_semantic().labels(&selector),
@@ -217,6 +254,21 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             .remove("kubectl.kubernetes.io/last-applied-configuration");
     })
     .reflect(writer)
+    .inspect(move |event| {
+        match event {
+            // A deletion the finalizer did not hold (removed by hand): the world check cancels
+            // the job soon, before its workload is relaunched.
+            Ok(watcher::Event::Delete(_)) => objects_deleted.notify_one(),
+            Ok(watcher::Event::InitDone) => {
+                objects_listed.store(true, std::sync::atomic::Ordering::SeqCst)
+            }
+            Err(e) => watched.watch_failed(e),
+            Ok(_) => {}
+        }
+        if event.is_ok() {
+            watched.watch_works();
+        }
+    })
     .touched_objects();
     Controller::for_stream(stream, reader)
         .shutdown_on_signal()
@@ -231,6 +283,43 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         "operator stopped; job controller processes keep running and are adopted at the next start"
     );
     Ok(())
+}
+
+/// The ManagedJob CRD, as `kubectl get crd` names it.
+pub const CRD_NAME: &str = "managedjobs.managedjobs.dev";
+/// How to install the CRD, as errors and logs say it.
+pub const CRD_HINT: &str =
+    "install it with `kubectl apply -f crds/` (or `managed-jobs crd | kubectl apply -f -`)";
+
+/// True when `e` is the API's 404 for a resource it does not serve (a CRD not installed).
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(r) if r.code == 404)
+}
+
+/// What the operator says when the ManagedJob API is not served.
+pub fn crd_missing_message() -> String {
+    format!(
+        "the ManagedJob API (managedjobs.dev/v1alpha1) is not served: the CRD {CRD_NAME} is not installed; {CRD_HINT}"
+    )
+}
+
+/// At start: the ManagedJob API is served (in `namespace`, or cluster-wide). Errors: it is not
+/// (the message names the CRD and how to install it), or the API failed.
+async fn ensure_crd_served(client: &Client, namespace: Option<&str>) -> anyhow::Result<()> {
+    let api: Api<ManagedJob> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    match api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => {
+            anyhow::bail!("{}; then start the operator again", crd_missing_message())
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("listing ManagedJobs")),
+    }
 }
 
 async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Error> {
@@ -288,6 +377,37 @@ fn error_policy(mj: Arc<ManagedJob>, error: &Error, op: Arc<Operator>) -> Action
 }
 
 impl Operator {
+    /// The ManagedJob watch failed: a 404 means the CRD is gone (deleted while the operator
+    /// runs), which makes the operator not ready and is logged once as an error; anything else
+    /// is retried with kube's back-off.
+    fn watch_failed(&self, e: &watcher::Error) {
+        let not_found = match e {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => is_not_found(e),
+            watcher::Error::WatchError(r) => r.code == 404,
+            _ => false,
+        };
+        if not_found {
+            if self
+                .engine
+                .metrics
+                .set_problem("crd", Some(crd_missing_message()))
+            {
+                tracing::error!("{}; not ready until it is", crd_missing_message());
+            }
+        } else {
+            tracing::warn!(error = %e, "the ManagedJob watch failed; retrying");
+        }
+    }
+
+    /// The ManagedJob watch works (again).
+    fn watch_works(&self) {
+        if self.engine.metrics.set_problem("crd", None) {
+            tracing::info!("the ManagedJob API is served again; ready");
+        }
+    }
+
     /// Mirror, submit, cancel on request, delete after the TTL.
     async fn apply(&self, mj: &ManagedJob) -> Result<Action, Error> {
         let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
@@ -349,6 +469,16 @@ impl Operator {
             return Ok(Action::await_change());
         };
         if row.schedule_state == ScheduleState::Done {
+            // Its final status reaches the object before the object goes (a GitOps tool, a
+            // `kubectl wait`, a namespace being deleted: each sees how it ended), and its Events
+            // before its history does (a job deleted at once by ttlSecondsAfterFinished: 0).
+            if row.status_version > row.synced_version {
+                self.engine.status_changed.notify_one();
+                return Err(Error::CleanupPending(row.id));
+            }
+            if self.events.is_some() {
+                self.publish_events(row.id, true, &mj.object_ref(&())).await;
+            }
             tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
             self.engine.store().delete(row.id)?;
             self.engine

@@ -320,6 +320,44 @@ impl Operator {
         }
     }
 
+    /// Publishes a Warning Event `StateDirFailing` on every live job's object: the state dir
+    /// cannot be written (`problem` says why), so their progress is held until it can (their
+    /// processes keep what they know: a finished workload's outcome is recorded then, never
+    /// lost, never run again).
+    pub(super) async fn report_state_dir_failing(&self, problem: &str) {
+        let Some(publisher) = &self.events else {
+            return;
+        };
+        let live = self.engine.store().live_jobs().unwrap_or_default();
+        for row in live {
+            let reference = ObjectReference {
+                api_version: Some("managedjobs.dev/v1alpha1".into()),
+                kind: Some("ManagedJob".into()),
+                name: Some(row.name.clone()),
+                namespace: Some(row.namespace.clone()),
+                uid: Some(row.uid.clone()),
+                ..Default::default()
+            };
+            let event = crate::events::JobEvent {
+                type_: crate::events::EventType::Warning,
+                reason: "StateDirFailing",
+                note: crate::events::truncate(
+                    &format!(
+                        "{problem}; this job's progress is held until it can be (a finished workload's outcome is kept and recorded then)"
+                    ),
+                    crate::events::MAX_NOTE_BYTES,
+                ),
+                at_ms: now_ms(),
+            };
+            self.budget.for_event().await;
+            self.engine.metrics.api_request("create_event");
+            if let Err(e) = publisher.publish(&reference, &event).await {
+                self.engine.metrics.events_refused_total.inc();
+                tracing::warn!(job_id = row.id, error = %e, "the API refused a StateDirFailing Event");
+            }
+        }
+    }
+
     /// Writes one row's status.
     async fn write_status(&self, row: &JobRow) -> WriteOutcome {
         self.budget.for_status().await;

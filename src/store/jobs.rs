@@ -29,6 +29,24 @@ impl Cas {
     }
 }
 
+/// A job as the world check reads it when it holds no slot ([`Store::pending_jobs_brief`],
+/// [`Store::done_jobs_brief`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobBrief {
+    /// Store id.
+    pub id: i64,
+    /// Its object's uid.
+    pub uid: String,
+    /// Its object's namespace.
+    pub namespace: String,
+    /// Its executor.
+    pub executor: crate::api::ExecutorKind,
+    /// A cancel for a deletion is requested.
+    pub deleting: bool,
+    /// Attempts whose files it may have.
+    pub attempts: i32,
+}
+
 /// Outcome of mirroring a ManagedJob into the store.
 #[derive(Debug)]
 pub struct Upserted {
@@ -137,7 +155,7 @@ impl Store {
                 tx.prepare_cached(
                     "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
                         phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
-                        created_at_ms, cancel_requested, tasks)
+                        queued_at_ms, cancel_requested, tasks)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10,
                         ?11, ?12)",
                 )?
@@ -149,7 +167,7 @@ impl Store {
                     spec.executor().as_str(),
                     spec_json,
                     spec.priority,
-                    "queued: waiting for a launch slot",
+                    "queued: waiting to be admitted",
                     now,
                     created_at_ms,
                     spec.cancel,
@@ -173,8 +191,8 @@ impl Store {
                         "SELECT count(*) FROM jobs
                             WHERE schedule_state IN ('Waiting', 'AliveWaiting')
                             AND schedule_state = 'Waiting'
-                            AND (priority > ?1 OR (priority = ?1 AND (created_at_ms < ?3
-                                OR (created_at_ms = ?3 AND id <= ?2))))",
+                            AND (priority > ?1 OR (priority = ?1 AND (queued_at_ms < ?3
+                                OR (queued_at_ms = ?3 AND id <= ?2))))",
                     )?
                     .query_row(params![spec.priority, id, created_at_ms], |r| r.get(0))?;
                 // Its Submitted transition starts the job's unwritten changes.
@@ -338,6 +356,16 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
     if let Some(n) = change.launch_timeouts {
         after.launch_timeouts = n;
     }
+    match change.node_wait {
+        Some(LaunchClock::Start) if after.node_wait_since_ms.is_none() => {
+            after.node_wait_since_ms = Some(now)
+        }
+        Some(LaunchClock::Clear) => after.node_wait_since_ms = None,
+        _ => {}
+    }
+    if change.requeue {
+        after.queued_at_ms = now;
+    }
     if change.started_now && after.started_at_ms.is_none() {
         after.started_at_ms = Some(now);
     }
@@ -372,7 +400,8 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
                 phase_changed_at_ms = ?17, controller_starts = ?18, controller_crashes = ?19,
                 queue_position = ?20, status_version = ?21, launched_at_ms = ?22,
                 launch_timeouts = ?23, task_index = ?24, task_first_attempt = ?25,
-                task_started_at_ms = ?26, tasks = ?27
+                task_started_at_ms = ?26, tasks = ?27, node_wait_since_ms = ?28,
+                queued_at_ms = ?29
              WHERE id = ?1",
     )?
     .execute(params![
@@ -403,6 +432,8 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
         after.task_first_attempt,
         after.task_started_at_ms,
         tasks,
+        after.node_wait_since_ms,
+        after.queued_at_ms,
     ])?;
     if before.phase != after.phase || before.schedule_state != after.schedule_state {
         let seq = history::record(
@@ -474,7 +505,7 @@ impl Store {
                 phase, schedule_state, message, cancel_requested, attempt, launched_attempt,
                 recovery_count, restart_count, exit_code, failure_reason, workload,
                 submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms,
-                created_at_ms, status_version, synced_version, task_index, task_first_attempt,
+                queued_at_ms, status_version, synced_version, task_index, task_first_attempt,
                 task_started_at_ms, tasks)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                 ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25, ?26, ?27, ?28, ?29)",
@@ -610,17 +641,51 @@ impl Store {
     }
 
     /// Up to `limit` jobs in `state` (Waiting or AliveWaiting) in admission order: higher
-    /// priority first, then earlier creation, then lower id (FIFO within a priority). Jobs whose
-    /// cancel is requested are never admitted: a cancel costs no slot and starts no process.
-    pub fn queue_head(&self, state: ScheduleState, limit: usize) -> Result<Vec<JobRow>> {
+    /// priority first, then earlier entry in the queue (creation, or a requeue), then lower id
+    /// (FIFO within a priority). Jobs whose cancel is requested are never admitted: a cancel
+    /// costs no slot and starts no process; nor are jobs in a back-off at `now_ms` (a job that
+    /// gave its run slot back).
+    pub fn queue_head(
+        &self,
+        state: ScheduleState,
+        limit: usize,
+        now_ms: i64,
+    ) -> Result<Vec<JobRow>> {
         self.select(
             // SQLite uses a partial index only when the query repeats its WHERE term: without the
             // IN term, every pass would read the whole table, finished jobs included.
             "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
                 AND cancel_requested = 0
-             ORDER BY priority DESC, created_at_ms, id LIMIT ?2",
-            params![state.as_str(), limit as i64],
+                AND (?3 = 0 OR backoff_until_ms IS NULL OR backoff_until_ms <= ?3)
+             ORDER BY priority DESC, queued_at_ms, id LIMIT ?2",
+            params![state.as_str(), limit as i64, now_ms],
         )
+    }
+
+    /// True when some job waits for a run slot at `now_ms`: Waiting, not cancelled, not in a
+    /// back-off (served by the queue's partial index).
+    pub fn run_slot_wanted(&self, now_ms: i64) -> Result<bool> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM jobs
+                 WHERE schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = 'Waiting'
+                    AND cancel_requested = 0
+                    AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?1))",
+            )?
+            .query_row([now_ms], |r| r.get(0))?)
+    }
+
+    /// Jobs holding a run slot whose Pod waits for a node (for the queue's messages).
+    pub fn node_waits(&self) -> Result<usize> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT count(*) FROM jobs
+                 WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting')
+                    AND node_wait_since_ms IS NOT NULL",
+            )?
+            .query_row([], |r| r.get::<_, i64>(0))? as usize)
     }
 
     /// Jobs holding a run slot (Launching, Alive, AliveWaiting).
@@ -652,6 +717,39 @@ impl Store {
             )?
             .execute(params![id, version])?;
         Ok(())
+    }
+
+    /// Every Done job, briefly (for the world check, [`crate::lifecycle::world`], which
+    /// forgets those whose object is gone); reads a few small columns per finished job.
+    pub fn done_jobs_brief(&self) -> Result<Vec<JobBrief>> {
+        self.briefly("schedule_state = 'Done'")
+    }
+
+    /// Every job not admitted yet (Inactive, Waiting), briefly. For the world check: such a
+    /// job has no workload, only an object.
+    pub fn pending_jobs_brief(&self) -> Result<Vec<JobBrief>> {
+        self.briefly("schedule_state IN ('Inactive', 'Waiting')")
+    }
+
+    fn briefly(&self, where_clause: &str) -> Result<Vec<JobBrief>> {
+        let sql = format!(
+            "SELECT id, uid, namespace, executor, deleting, max(attempt, launched_attempt)
+             FROM jobs WHERE {where_clause}"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], |r| {
+            let executor: String = r.get(3)?;
+            Ok(JobBrief {
+                id: r.get(0)?,
+                uid: r.get(1)?,
+                namespace: r.get(2)?,
+                executor: crate::api::ExecutorKind::parse(&executor)
+                    .unwrap_or(crate::api::ExecutorKind::Local),
+                deleting: r.get(4)?,
+                attempts: r.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Jobs not Done whose cancel was requested (the operator acts on each).
@@ -700,7 +798,9 @@ mod tests {
         let queries = [
             select(
                 "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
-                    AND cancel_requested = 0 ORDER BY priority DESC, created_at_ms, id LIMIT ?2",
+                    AND cancel_requested = 0
+                    AND (?3 = 0 OR backoff_until_ms IS NULL OR backoff_until_ms <= ?3)
+                    ORDER BY priority DESC, queued_at_ms, id LIMIT ?2",
             ),
             select("schedule_state IN ('Launching', 'Alive', 'AliveWaiting') ORDER BY id"),
             select("cancel_requested = 1 AND schedule_state != 'Done' ORDER BY id"),

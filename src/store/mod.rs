@@ -27,7 +27,7 @@ pub mod schema;
 pub mod settings;
 
 pub use history::HistoryEntry;
-pub use jobs::{Cas, Upserted};
+pub use jobs::{Cas, JobBrief, Upserted};
 pub use row::JobRow;
 pub use settings::Settings;
 
@@ -57,6 +57,47 @@ pub enum StoreError {
     /// The change would break the state machines; nothing was written.
     #[error(transparent)]
     Illegal(#[from] crate::lifecycle::IllegalTransition),
+}
+
+impl StoreError {
+    /// True when the state dir itself fails (disk full, I/O error, a file that cannot be
+    /// opened or written), not the store's content: worth trying again later.
+    pub fn is_storage_failure(&self) -> bool {
+        match self {
+            StoreError::Sqlite(e)
+            | StoreError::Migration(rusqlite_migration::Error::RusqliteError { err: e, .. }) => {
+                sqlite_storage_failure(e)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn sqlite_storage_failure(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::*;
+    matches!(
+        e.sqlite_error_code(),
+        Some(DiskFull | SystemIoFailure | CannotOpen | ReadOnly | DatabaseBusy | DatabaseLocked)
+    )
+}
+
+/// True when `e` (or what caused it) says the state dir cannot be read or written: disk full,
+/// I/O error (SQLite's, or the OS's: ENOSPC, EIO, EDQUOT, EROFS).
+pub fn storage_failing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        if let Some(s) = c.downcast_ref::<StoreError>() {
+            return s.is_storage_failure();
+        }
+        if let Some(s) = c.downcast_ref::<rusqlite::Error>() {
+            return sqlite_storage_failure(s);
+        }
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.raw_os_error(),
+                Some(libc::ENOSPC | libc::EIO | libc::EDQUOT | libc::EROFS)
+            )
+        })
+    })
 }
 
 /// Result type of the store.

@@ -72,8 +72,10 @@ pub struct JobRow {
     pub status_version: i64,
     /// The `status_version` last written to the API.
     pub synced_version: i64,
-    /// The object's `metadata.creationTimestamp` (ms since epoch): FIFO order within a priority.
-    pub created_at_ms: i64,
+    /// When the job entered its queue (ms since epoch): its object's
+    /// `metadata.creationTimestamp`, or when it gave its run slot back because no node took its
+    /// Pod (the back of its priority). FIFO order within a priority.
+    pub queued_at_ms: i64,
     /// Id of the job's last transition (a store-wide sequence; 0 before any).
     pub changed_seq: i64,
     /// Id of the job's first transition since its status was last fully written to the API,
@@ -98,10 +100,14 @@ pub struct JobRow {
     /// A pipeline's task records (`status.tasks[]`, kept by [`crate::lifecycle::tasks::follow`]);
     /// empty for a job of one task.
     pub tasks: Vec<crate::api::TaskStatus>,
+    /// When the current attempt's Pod began waiting for a node (ms since epoch); None while it
+    /// does not wait for one. Past its launch timeout, while other jobs wait for a run slot,
+    /// it gives its run slot back ([`crate::lifecycle::node_wait_timed_out`]).
+    pub node_wait_since_ms: Option<i64>,
 }
 
 /// Every column of `jobs`, in the order the SELECTs list them ([`JOB_COLUMNS`]).
-const COLUMNS: [&str; 41] = [
+const COLUMNS: [&str; 42] = [
     "id",
     "uid",
     "namespace",
@@ -134,7 +140,7 @@ const COLUMNS: [&str; 41] = [
     "phase_changed_at_ms",
     "status_version",
     "synced_version",
-    "created_at_ms",
+    "queued_at_ms",
     "changed_seq",
     "unsynced_since_seq",
     "launched_at_ms",
@@ -143,6 +149,7 @@ const COLUMNS: [&str; 41] = [
     "task_first_attempt",
     "task_started_at_ms",
     "tasks",
+    "node_wait_since_ms",
 ];
 
 /// [`COLUMNS`] as the SELECTs list them.
@@ -151,8 +158,8 @@ pub(super) const JOB_COLUMNS: &str = "id, uid, namespace, name, generation, exec
     controller_starts, controller_crashes, attempt, launched_attempt, recovery_count, \
     restart_count, exit_code, failure_reason, workload, backoff_until_ms, submitted_at_ms, \
     started_at_ms, finished_at_ms, phase_changed_at_ms, status_version, synced_version, \
-    created_at_ms, changed_seq, unsynced_since_seq, launched_at_ms, launch_timeouts, task_index, \
-    task_first_attempt, task_started_at_ms, tasks";
+    queued_at_ms, changed_seq, unsynced_since_seq, launched_at_ms, launch_timeouts, task_index, \
+    task_first_attempt, task_started_at_ms, tasks, node_wait_since_ms";
 
 /// Position of column `name` in [`COLUMNS`], computed at compile time (through [`col!`]): a row
 /// is read by position, which costs nothing, but written by name (rusqlite's lookup by name
@@ -237,7 +244,7 @@ impl JobRow {
             phase_changed_at_ms: row.get(col!("phase_changed_at_ms"))?,
             status_version: row.get(col!("status_version"))?,
             synced_version: row.get(col!("synced_version"))?,
-            created_at_ms: row.get(col!("created_at_ms"))?,
+            queued_at_ms: row.get(col!("queued_at_ms"))?,
             changed_seq: row.get(col!("changed_seq"))?,
             unsynced_since_seq: row.get(col!("unsynced_since_seq"))?,
             launched_at_ms: row.get(col!("launched_at_ms"))?,
@@ -249,6 +256,7 @@ impl JobRow {
                 let tasks: String = row.get(col!("tasks"))?;
                 serde_json::from_str(&tasks).map_err(|e| corrupt(id, format!("tasks: {e}")))?
             },
+            node_wait_since_ms: row.get(col!("node_wait_since_ms"))?,
         })
     }
 
@@ -268,6 +276,6 @@ mod tests {
         let listed: Vec<&str> = JOB_COLUMNS.split(',').map(str::trim).collect();
         assert_eq!(listed, COLUMNS);
         assert_eq!(col!("id"), 0);
-        assert_eq!(col!("tasks"), COLUMNS.len() - 1);
+        assert_eq!(col!("node_wait_since_ms"), COLUMNS.len() - 1);
     }
 }

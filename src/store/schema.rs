@@ -120,5 +120,14 @@ pub(super) fn migrations() -> Migrations<'static> {
         ALTER TABLE jobs ADD COLUMN tasks TEXT NOT NULL DEFAULT '[]';
         "#,
         ),
+        // A job's place in its queue is when it entered it (the object's creation, or when it
+        // gave its run slot back because no node took its Pod: the back of its priority, as
+        // Kueue requeues by eviction time), and when its current Pod began waiting for a node.
+        M::up(
+            r#"
+        ALTER TABLE jobs RENAME COLUMN created_at_ms TO queued_at_ms;
+        ALTER TABLE jobs ADD COLUMN node_wait_since_ms INTEGER;
+        "#,
+        ),
     ])
 }

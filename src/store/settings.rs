@@ -77,6 +77,18 @@ impl Store {
             .unwrap_or_default())
     }
 
+    /// Writes `now_ms` under the key `heartbeat`: the engine's probe that the store can be
+    /// written.
+    pub fn heartbeat(&mut self, now_ms: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO settings (key, value) VALUES ('heartbeat', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute(params![now_ms.to_string()])?;
+        Ok(())
+    }
+
     /// Writes the settings (the operator, at start).
     pub fn set_settings(&mut self, settings: &Settings) -> Result<()> {
         let text = serde_json::to_string(settings).expect("settings serialize");

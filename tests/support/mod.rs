@@ -216,6 +216,8 @@ pub struct OperatorProcess {
     shared_dir: Option<PathBuf>,
     /// (soft, hard) RLIMIT_NOFILE to start it with, as `ulimit -Sn`/`-Hn` would.
     open_files: Option<(u64, u64)>,
+    /// Environment variables to start it with (e.g. `POD_NAME`).
+    env: Vec<(String, String)>,
 }
 
 /// The `managed-jobs` binary under test.
@@ -234,6 +236,31 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: None,
             open_files: None,
+            env: Vec::new(),
+        };
+        op.spawn();
+        op
+    }
+
+    /// [`OperatorProcess::start`] with environment variables `env` set.
+    pub fn start_with_env(
+        cp: &ControlPlane,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: None,
+            open_files: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         op.spawn();
         op
@@ -255,6 +282,7 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: None,
             open_files: Some((soft, hard)),
+            env: Vec::new(),
         };
         op.spawn();
         op
@@ -275,6 +303,7 @@ impl OperatorProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             shared_dir: Some(other.state_path()),
             open_files: None,
+            env: Vec::new(),
         };
         op.spawn();
         op
@@ -324,6 +353,7 @@ impl OperatorProcess {
             .args(&self.extra)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -684,4 +714,34 @@ pub fn watch_pod_names(
         }
     });
     (task, names)
+}
+
+/// The name of attempt `attempt`'s Pod of job `name` in `ns`, from the object's uid and job id
+/// (waits for the id): `<name>-<id>-<attempt>-<uid tag>`.
+pub async fn pod_name(client: &Client, ns: &str, name: &str, attempt: i32) -> String {
+    let (uid, id) = uid_and_id(client, ns, name).await;
+    managed_jobs::executor::pod::pod_name(name, &uid, id, attempt)
+}
+
+/// The name of attempt `task_attempt` (from 1) of task `task`'s Pod of pipeline `name` in `ns`.
+pub async fn task_pod_name(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    task: usize,
+    task_attempt: i32,
+) -> String {
+    let (uid, id) = uid_and_id(client, ns, name).await;
+    managed_jobs::executor::pod::pipeline_pod_name(name, &uid, id, task, task_attempt)
+}
+
+async fn uid_and_id(client: &Client, ns: &str, name: &str) -> (String, i64) {
+    let mj = wait_status(client, ns, name, Duration::from_secs(90), "a job id", |s| {
+        s.job_id.is_some()
+    })
+    .await;
+    (
+        mj.metadata.uid.clone().expect("an object has a uid"),
+        mj.status.and_then(|s| s.job_id).expect("checked"),
+    )
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::{Executor, Refused, Stop};
+use super::{Executor, Launched, Refused, Stop};
 use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK};
 use crate::lifecycle::{FailureReason, Observed};
 use crate::store::{JobRow, Store};
@@ -29,19 +29,48 @@ pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
 /// Longest Pod name we generate: a DNS label, so the Pod's hostname is its name.
 pub const MAX_POD_NAME: usize = 63;
 
-/// `<job name>-<job id>-<attempt>`, with the job name cut so the whole fits in 63 characters.
-/// Unique per job and attempt (the job id is), valid for any legal ManagedJob name.
-pub fn pod_name(job_name: &str, job_id: i64, attempt: i32) -> String {
-    with_suffix(job_name, &format!("-{job_id}-{attempt}"))
+/// `<job name>-<job id>-<attempt>-<uid tag>`, with the job name cut so the whole fits in 63
+/// characters (e.g. `train-7-1-x7b2kq`). Unique per job object and attempt: the tag
+/// ([`uid_tag`]) comes from the object's uid, so two jobs whose names share their first
+/// characters and whose ids are equal (two shards, each with its own ids, in one namespace)
+/// never want one Pod name. Valid for any legal ManagedJob name.
+pub fn pod_name(job_name: &str, uid: &str, job_id: i64, attempt: i32) -> String {
+    with_suffix(job_name, &format!("-{job_id}-{attempt}-{}", uid_tag(uid)))
+}
+
+/// Characters of a [`uid_tag`]: Kubernetes' `rand.SafeEncodeString` alphabet (no vowels, no
+/// look-alikes such as 0/o, 1/l), as in the names of a ReplicaSet's Pods.
+pub const TAG_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+/// Characters in a [`uid_tag`]: 27^6, about 3.9 x 10^8 tags.
+pub const TAG_LEN: usize = 6;
+
+/// A short, stable tag of an object's uid ([`TAG_LEN`] characters of [`TAG_ALPHABET`] from the
+/// uid's 64-bit FNV-1a hash): the part of a Pod name that tells two jobs apart when their
+/// names and ids agree.
+pub fn uid_tag(uid: &str) -> String {
+    // FNV-1a, 64 bits (offset basis and prime from the FNV reference): stable across releases
+    // and platforms, as a name recorded before a create must be.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uid.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (0..TAG_LEN)
+        .map(|_| {
+            let c = TAG_ALPHABET[(h % TAG_ALPHABET.len() as u64) as usize] as char;
+            h /= TAG_ALPHABET.len() as u64;
+            c
+        })
+        .collect()
 }
 
 /// The Pod name of `row`'s `attempt` (the job's count): [`pod_name`] for a job of one task;
-/// `<job name>-<job id>-<task index>-<attempt within the task>` for a pipeline's current task
-/// (e.g. `etl-7-1-2`: the second attempt of task 1, counted from 0), cut to 63 characters the
-/// same way.
+/// `<job name>-<job id>-<task index>-<attempt within the task>-<uid tag>` for a pipeline's
+/// current task (e.g. `etl-7-1-2-x7b2kq`: the second attempt of task 1, counted from 0), cut to
+/// 63 characters the same way.
 pub fn attempt_pod_name(row: &JobRow, attempt: i32) -> String {
     if !row.spec.is_pipeline() {
-        return pod_name(&row.name, row.id, attempt);
+        return pod_name(&row.name, &row.uid, row.id, attempt);
     }
     let task = crate::lifecycle::tasks::task_attempt(row, attempt);
     task_pod_name(row, row.task_index.max(0) as usize, task)
@@ -49,7 +78,37 @@ pub fn attempt_pod_name(row: &JobRow, attempt: i32) -> String {
 
 /// The Pod name of attempt `task_attempt` (from 1) of task `index` of `row`'s pipeline.
 pub fn task_pod_name(row: &JobRow, index: usize, task_attempt: i32) -> String {
-    with_suffix(&row.name, &format!("-{}-{index}-{task_attempt}", row.id))
+    pipeline_pod_name(&row.name, &row.uid, row.id, index, task_attempt)
+}
+
+/// `<job name>-<job id>-<task index>-<task attempt>-<uid tag>`, cut to 63 characters as
+/// [`pod_name`] is.
+pub fn pipeline_pod_name(
+    job_name: &str,
+    uid: &str,
+    job_id: i64,
+    index: usize,
+    task_attempt: i32,
+) -> String {
+    with_suffix(
+        job_name,
+        &format!("-{job_id}-{index}-{task_attempt}-{}", uid_tag(uid)),
+    )
+}
+
+/// The name an attempt's Pod had before names carried a [`uid_tag`] (operators before issue
+/// 21): `<job name>-<job id>-<attempt>`, or `<job name>-<job id>-<task>-<task attempt>`. A Pod
+/// so named, created before an upgrade, is still its attempt's (matched by
+/// [`is_attempt_pod`], deleted by a stop); no new Pod gets such a name.
+pub fn legacy_attempt_pod_name(row: &JobRow, attempt: i32) -> String {
+    if !row.spec.is_pipeline() {
+        return with_suffix(&row.name, &format!("-{}-{attempt}", row.id));
+    }
+    let task = crate::lifecycle::tasks::task_attempt(row, attempt);
+    with_suffix(
+        &row.name,
+        &format!("-{}-{}-{task}", row.id, row.task_index.max(0)),
+    )
 }
 
 fn with_suffix(job_name: &str, suffix: &str) -> String {
@@ -101,11 +160,14 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
 }
 
 /// True when `pod` is `attempt` of `row`'s job by every mark it carries: its namespace, its
-/// deterministic name, its owner (the job's object, by uid) and its labels. A Pod that fails any
+/// deterministic name ([`attempt_pod_name`], or the [`legacy_attempt_pod_name`] of a Pod created
+/// before an upgrade), its owner (the job's object, by uid) and its labels. A Pod that fails any
 /// of them (made elsewhere, copied, relabelled) never feeds the job's status.
 pub fn is_attempt_pod(pod: &Pod, row: &JobRow, attempt: i32) -> bool {
+    let name = pod.metadata.name.as_deref();
     pod.metadata.namespace.as_deref() == Some(row.namespace.as_str())
-        && pod.metadata.name.as_deref() == Some(attempt_pod_name(row, attempt).as_str())
+        && (name == Some(attempt_pod_name(row, attempt).as_str())
+            || name == Some(legacy_attempt_pod_name(row, attempt).as_str()))
         && pod
             .metadata
             .owner_references
@@ -132,7 +194,32 @@ pub struct PodExecutor {
     /// The operator's shard (`--shard`): its Pods carry it as their `managedjobs.dev/shard`
     /// label, so that only that shard's Pod watch sees them.
     shard: Option<String>,
+    /// The last failed create of an attempt's Pod, while it has not succeeded since.
+    create_failure: Option<CreateFailure>,
 }
+
+/// A create of an attempt's Pod that failed and may succeed later ([`Launched::Failed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CreateFailure {
+    attempt: i32,
+    /// Failures in a row.
+    failures: i32,
+    message: String,
+    /// When to try again (ms since epoch).
+    retry_at_ms: i64,
+}
+
+/// First delay before creating a Pod again after a failed create; doubles per failure in a row
+/// up to [`CREATE_RETRY_MAX`]. Every retry counts against the launch deadline.
+pub const CREATE_RETRY_BASE: Duration = Duration::from_millis(200);
+/// Longest delay between two creates of one attempt's Pod.
+pub const CREATE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// The words of the API's refusal of a create in a namespace being deleted (the
+/// NamespaceLifecycle admission plugin: "unable to create new content in namespace X because
+/// it is being terminated"); the Status it answers with (403 Forbidden) carries no other mark
+/// that kube's error type keeps.
+pub const NAMESPACE_TERMINATING: &str = "because it is being terminated";
 
 impl PodExecutor {
     /// The executor of a job controller of shard `shard` (None: the default instance).
@@ -140,6 +227,7 @@ impl PodExecutor {
         PodExecutor {
             client: None,
             shard,
+            create_failure: None,
         }
     }
 
@@ -199,7 +287,15 @@ impl Executor for PodExecutor {
         attempt: i32,
     ) -> anyhow::Result<Observed> {
         let Some(o) = store.pod_observation(job.id, attempt)? else {
-            return Ok(Observed::NotFound);
+            // Not seen: either never created, or not reported yet; a failed create says why.
+            return Ok(match &self.create_failure {
+                Some(f) if f.attempt == attempt => Observed::CreateFailed {
+                    workload: format!("pod/{}", attempt_pod_name(job, attempt)),
+                    message: f.message.clone(),
+                    retry_at_ms: f.retry_at_ms,
+                },
+                _ => Observed::NotFound,
+            });
         };
         let mut observed = state::observed(&o);
         // Past its grace and margin, a terminating Pod's node decides whether it is forced.
@@ -215,10 +311,12 @@ impl Executor for PodExecutor {
         Ok(observed)
     }
 
-    /// Creates the attempt's Pod; AlreadyExists adopts it. Refused for good on 400, 403, 404
-    /// and 422 (quota, admission, invalid template); other errors are retried with a doubling
-    /// delay up to 10 s.
-    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Result<(), Refused>> {
+    /// Creates the attempt's Pod, once; AlreadyExists adopts it. Refused for good on 400, 403,
+    /// 404 and 422 (quota, admission, invalid template; a namespace being deleted is told
+    /// apart, [`NAMESPACE_TERMINATING`]); any other error is [`Launched::Failed`], to be tried
+    /// again after [`CREATE_RETRY_BASE`] doubling up to [`CREATE_RETRY_MAX`] (the job
+    /// controller decides when, against the launch deadline and any cancel).
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Launched> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
         let mut pod = build_pod(job, attempt);
         // The shard's label, whatever the template says: this shard's Pod watch must see it,
@@ -228,24 +326,41 @@ impl Executor for PodExecutor {
             Some(shard) => labels.insert(LABEL_SHARD.into(), shard.clone()),
             None => labels.remove(LABEL_SHARD),
         };
-        let mut delay = Duration::from_millis(200);
-        loop {
-            match api.create(&kube::api::PostParams::default(), &pod).await {
-                Ok(_) => return Ok(Ok(())),
-                Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Ok(())),
-                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
-                    return Ok(Err(Refused {
-                        reason: FailureReason::PodRejected,
-                        message: format!("the API refused the Pod: {}", e.message),
-                    }));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "creating the Pod failed; retrying in {delay:?}");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
+        let failed = match api.create(&kube::api::PostParams::default(), &pod).await {
+            Ok(_) => None,
+            Err(kube::Error::Api(e)) if e.code == 409 => None,
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
+                self.create_failure = None;
+                let reason = if e.code == 403 && e.message.contains(NAMESPACE_TERMINATING) {
+                    FailureReason::NamespaceTerminating
+                } else {
+                    FailureReason::PodRejected
+                };
+                return Ok(Launched::Refused(Refused {
+                    reason,
+                    message: format!("the API refused the Pod: {}", e.message),
+                }));
             }
-        }
+            Err(kube::Error::Api(e)) => Some(format!("the API answered {}: {}", e.code, e.message)),
+            Err(e) => Some(format!("the API could not be reached: {e}")),
+        };
+        let Some(message) = failed else {
+            self.create_failure = None;
+            return Ok(Launched::Created);
+        };
+        let failures = match &self.create_failure {
+            Some(f) if f.attempt == attempt => f.failures + 1,
+            _ => 1,
+        };
+        let delay = crate::lifecycle::backoff(CREATE_RETRY_BASE, failures).min(CREATE_RETRY_MAX);
+        tracing::warn!(attempt, failures, error = %message, "creating the Pod failed; trying again in {delay:?}");
+        self.create_failure = Some(CreateFailure {
+            attempt,
+            failures,
+            message: message.clone(),
+            retry_at_ms: crate::lifecycle::now_ms() + delay.as_millis() as i64,
+        });
+        Ok(Launched::Failed { message })
     }
 
     async fn changed(&mut self) {
@@ -272,8 +387,18 @@ impl Executor for PodExecutor {
         let mut waiting_on = None;
         let mut forced = Vec::new();
         // The current task's attempts: an earlier task of a pipeline ended before it.
-        for attempt in job.task_first_attempt.max(1)..=job.attempt.max(job.launched_attempt) {
-            let name = attempt_pod_name(job, attempt);
+        let mut names: Vec<String> = (job.task_first_attempt.max(1)
+            ..=job.attempt.max(job.launched_attempt))
+            .map(|attempt| attempt_pod_name(job, attempt))
+            .collect();
+        // The current attempt's Pod as the watch saw it: named otherwise when it was created
+        // before an upgrade (legacy_attempt_pod_name).
+        if let Some(seen) = job.workload.as_deref().and_then(|w| w.strip_prefix("pod/"))
+            && !names.iter().any(|n| n == seen)
+        {
+            names.push(seen.to_string());
+        }
+        for name in names {
             // The API answers with the Pod while it terminates, with a Status once deleted.
             match api.delete(&name, &params).await.map(|r| r.left()) {
                 Ok(None) => {}
@@ -340,7 +465,7 @@ mod tests {
         elsewhere.metadata.namespace = Some("other".into());
         assert!(!is_attempt_pod(&elsewhere, &row, 1), "another namespace");
         let mut renamed = pod.clone();
-        renamed.metadata.name = Some("job-3-1-copy".into());
+        renamed.metadata.name = Some(format!("{}-copy", attempt_pod_name(&row, 1)));
         assert!(!is_attempt_pod(&renamed, &row, 1), "another name");
         let mut relabelled = pod.clone();
         relabelled
@@ -385,7 +510,7 @@ mod tests {
         let name = attempt_pod_name(&row, 4);
         assert!(name.len() <= MAX_POD_NAME, "{name}");
         assert!(
-            name.ends_with("-77-1-2"),
+            name.ends_with(&format!("-77-1-2-{}", uid_tag(&row.uid))),
             "second attempt of task 1: {name}"
         );
         let pod = build_pod(&row, 4);
@@ -403,17 +528,64 @@ mod tests {
     #[test]
     fn pod_names_fit_and_are_unique() {
         let long = "a".repeat(253);
-        let n = pod_name(&long, 123456, 7);
+        let n = pod_name(&long, "u", 123456, 7);
         assert!(n.len() <= MAX_POD_NAME, "{n}");
-        assert!(n.ends_with("-123456-7"));
-        assert_ne!(pod_name(&long, 1, 1), pod_name(&long, 1, 2));
+        assert!(n.ends_with(&format!("-123456-7-{}", uid_tag("u"))), "{n}");
+        assert_ne!(pod_name(&long, "u", 1, 1), pod_name(&long, "u", 1, 2));
         let dotted = format!("{}.b", "x".repeat(60));
-        let n = pod_name(&dotted, 5, 1);
+        let n = pod_name(&dotted, "u", 5, 1);
         assert!(!n.contains('.') && n.len() <= MAX_POD_NAME, "{n}");
-        assert_eq!(pod_name("hello", 1, 2), "hello-1-2");
         assert_eq!(
-            pod_name(&format!("{}-", "y".repeat(58)), 1, 1),
-            format!("{}-1-1", "y".repeat(58))
+            pod_name("hello", "2b3f9c1e-0000-4000-8000-000000000001", 1, 2),
+            format!(
+                "hello-1-2-{}",
+                uid_tag("2b3f9c1e-0000-4000-8000-000000000001")
+            )
         );
+        let tag = uid_tag("u");
+        assert_eq!(
+            pod_name(&format!("{}-", "y".repeat(48)), "u", 1, 1),
+            format!("{}-1-1-{tag}", "y".repeat(48))
+        );
+    }
+
+    /// Issue 21, class 6: two jobs whose names share their first 59 characters and whose ids
+    /// and attempts are equal (two shards in one namespace) get two Pod names, each still at
+    /// most 63 characters and readable (name, id, attempt, tag); the tag is stable.
+    #[test]
+    fn two_jobs_never_want_one_pod_name() {
+        let prefix = "p".repeat(59);
+        let (a, b) = (format!("{prefix}-alpha"), format!("{prefix}-beta"));
+        let (ua, ub) = (
+            "6f1d2c3b-1111-4a5b-9c8d-0123456789ab",
+            "6f1d2c3b-2222-4a5b-9c8d-0123456789ab",
+        );
+        let (na, nb) = (pod_name(&a, ua, 1, 1), pod_name(&b, ub, 1, 1));
+        assert_ne!(na, nb);
+        assert!(na.len() <= MAX_POD_NAME && nb.len() <= MAX_POD_NAME);
+        assert!(na.starts_with("ppp") && na.contains("-1-1-"), "{na}");
+        assert_eq!(uid_tag(ua), uid_tag(ua), "stable");
+        assert_eq!(uid_tag(ua).len(), TAG_LEN);
+        // Distinct uids give distinct tags (a sample of 10,000: no collision).
+        let tags: std::collections::HashSet<String> = (0..10_000)
+            .map(|i| uid_tag(&format!("00000000-0000-4000-8000-{i:012}")))
+            .collect();
+        assert_eq!(tags.len(), 10_000);
+    }
+
+    /// A Pod created before names carried a uid tag is still its attempt's.
+    #[test]
+    fn a_legacy_named_pod_is_still_the_attempts() {
+        let row = crate::store::JobRow {
+            id: 3,
+            uid: "uid-3".into(),
+            namespace: "ns".into(),
+            name: "job".into(),
+            ..test_row()
+        };
+        let mut pod = build_pod(&row, 1);
+        pod.metadata.name = Some("job-3-1".into());
+        assert_eq!(legacy_attempt_pod_name(&row, 1), "job-3-1");
+        assert!(is_attempt_pod(&pod, &row, 1));
     }
 }

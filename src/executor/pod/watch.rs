@@ -1,9 +1,10 @@
 //! The operator's one shared watch on the Pods carrying our job-id label: each change becomes a
 //! [`PodObservation`] in the store and wakes the job's controller (job controllers never watch
-//! or poll the API).
+//! or poll the API). It also keeps [`PodCache`]: every Pod with our marks, for the world check
+//! ([`crate::lifecycle::world`]).
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -13,9 +14,58 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use super::state::{self, PodObservation, PodState};
 use crate::api::{ExecutorKind, LABEL_JOB_ID};
 use crate::engine::Engine;
+use crate::lifecycle::world::PodSeen;
+
+/// Every Pod with our marks (the job-id and attempt labels and a ManagedJob controller owner),
+/// as the watch last saw it, by (namespace, name): the world check's view of the Pods. A few
+/// hundred bytes per Pod.
+#[derive(Default)]
+pub struct PodCache {
+    pods: Mutex<HashMap<(String, String), PodSeen>>,
+    /// The watch has listed every Pod once (a relist replaces the whole map at its end).
+    ready: std::sync::atomic::AtomicBool,
+}
+
+impl PodCache {
+    /// Every Pod with our marks, once the watch has listed them all (None before).
+    pub fn snapshot(&self) -> Option<Vec<PodSeen>> {
+        self.ready
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| self.lock().values().cloned().collect())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), PodSeen>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the world check needs of `pod`, when it carries our marks.
+pub fn pod_seen(pod: &Pod) -> Option<PodSeen> {
+    let (job_id, attempt) = super::pod_key(pod)?;
+    let owner = pod.metadata.owner_references.iter().flatten().find(|o| {
+        o.controller == Some(true)
+            && o.kind == "ManagedJob"
+            && o.api_version.starts_with("managedjobs.dev/")
+    })?;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    Some(PodSeen {
+        namespace: pod.metadata.namespace.clone()?,
+        name: pod.metadata.name.clone()?,
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        job_id,
+        attempt,
+        owner_uid: owner.uid.clone(),
+        alive: !matches!(phase, Some("Succeeded" | "Failed")),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+fn cache_key(pod: &Pod) -> Option<(String, String)> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
 
 /// Runs the watch until the process ends (errors are retried with kube's default back-off).
-pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
+pub async fn run(engine: Arc<Engine>, pods: Api<Pod>, cache: Arc<PodCache>) {
     use watcher::Event;
     let client = pods.clone().into_client();
     // This shard's Pods only: another shard's are another operator's.
@@ -26,21 +76,44 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>) {
     let cfg = watcher::Config::default().labels(&selector);
     let mut stream = watcher(pods, cfg).default_backoff().boxed();
     let mut listed: HashSet<(i64, i32)> = HashSet::new();
+    let mut relisted: HashMap<(String, String), PodSeen> = HashMap::new();
     while let Some(event) = stream.next().await {
         match event {
-            Ok(Event::Init) => listed.clear(),
+            Ok(Event::Init) => {
+                listed.clear();
+                relisted.clear();
+            }
             Ok(Event::InitApply(p)) => {
+                if let (Some(key), Some(seen)) = (cache_key(&p), pod_seen(&p)) {
+                    relisted.insert(key, seen);
+                }
                 if let Some(key) = record(&engine, &p, false) {
                     listed.insert(key);
                 }
             }
-            Ok(Event::InitDone) => mark_vanished(&engine, &client, &listed).await,
+            Ok(Event::InitDone) => {
+                *cache.lock() = std::mem::take(&mut relisted);
+                cache.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+                mark_vanished(&engine, &client, &listed).await
+            }
             Ok(Event::Apply(p)) => {
+                // The cache first: a job that ends on this Pod's news never finds the cache
+                // older than its row.
+                if let Some(key) = cache_key(&p) {
+                    match pod_seen(&p) {
+                        Some(seen) => cache.lock().insert(key, seen),
+                        None => cache.lock().remove(&key),
+                    };
+                }
                 record(&engine, &p, false);
             }
             Ok(Event::Delete(p)) => {
                 // A label-filtered watch also reports a Pod whose labels were edited away as
                 // deleted: only a GET by name tells. A Pod that still exists is not lost.
+                // Without our labels it no longer carries our marks: out of the cache either way.
+                if let Some(key) = cache_key(&p) {
+                    cache.lock().remove(&key);
+                }
                 if still_exists(&client, &p).await {
                     tracing::warn!(pod = ?p.metadata.name, namespace = ?p.metadata.namespace, "a job's Pod lost its labels; it is not taken as deleted");
                     continue;

@@ -1,0 +1,208 @@
+//! The world check's I/O (DESIGN.md section 7): gathers what exists (the ManagedJobs, the Pods
+//! with our marks, the processes of the state dir), lets [`world::check`] decide
+//! against the store, and carries the decision out. At start, before anything is admitted or
+//! resumed, the store is checked against a list of the objects; then continuously: every
+//! [`WORLD_CHECK_PERIOD`], soon after a job is given up while its workload may run on, and soon
+//! after a ManagedJob is deleted (rows against objects only).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, ResourceExt};
+
+use super::Operator;
+use crate::api::ManagedJob;
+use crate::executor::pod::watch::PodCache;
+use crate::lifecycle::world::{self, Fix, World};
+use crate::state_dir::StateDir;
+use crate::store::Store;
+
+/// Period of the full world check (objects, Pods, processes against the store). Its cost: a
+/// read of each process's command line on the node, the live rows and two columns of each
+/// finished row, and the operator's caches of objects and Pods (no API request).
+pub const WORLD_CHECK_PERIOD: Duration = Duration::from_secs(30);
+/// How long a poke (a deletion, a job given up) waits for others before the check runs, and
+/// the shortest time between two checks so poked.
+pub const WORLD_CHECK_DEBOUNCE: Duration = Duration::from_millis(500);
+
+/// At start, before the engine adopts or resumes anything: the store's live jobs against a
+/// list of this operator's ManagedJobs. A job whose object is gone (deleted while no operator
+/// watched, its finalizer removed by hand) gets a persisted cancel (the engine finishes it at
+/// start: no workload is relaunched for it); a finished one whose object is gone is forgotten.
+///
+/// Errors: the API or the store failed (the operator then exits and is restarted).
+pub async fn check_objects_at_start(
+    client: &Client,
+    dir: &StateDir,
+    namespace: Option<&str>,
+    shard: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut store = Store::open(&dir.store(), 1024)?;
+    // The rows first, then the objects (see lifecycle::world).
+    let mut jobs: Vec<world::Job> = store
+        .live_jobs()?
+        .iter()
+        .map(crate::engine::world_job)
+        .collect();
+    jobs.extend(
+        store
+            .pending_jobs_brief()?
+            .into_iter()
+            .map(crate::engine::pending_world_job),
+    );
+    jobs.extend(
+        store
+            .done_jobs_brief()?
+            .into_iter()
+            .map(crate::engine::done_world_job),
+    );
+    let objects = list_object_uids(client, namespace, shard).await?;
+    let fixes = world::check(
+        &jobs,
+        &World {
+            objects: Some(objects),
+            objects_namespace: namespace.map(str::to_string),
+            ..Default::default()
+        },
+    );
+    for fix in fixes {
+        match fix {
+            Fix::CancelVanished { job_id } => {
+                tracing::warn!(
+                    job_id,
+                    "the job's object is gone (deleted while no operator watched, or without its finalizer): cancelling it as a deletion"
+                );
+                store.request_cancel(job_id, true)?;
+            }
+            Fix::Forget { job_id, attempts } => {
+                tracing::info!(
+                    job_id,
+                    "the finished job's object is gone: forgetting the job"
+                );
+                store.delete(job_id)?;
+                dir.forget_job(job_id, attempts);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The uids of this operator's ManagedJobs (its namespace, its shard), listed.
+async fn list_object_uids(
+    client: &Client,
+    namespace: Option<&str>,
+    shard: Option<&str>,
+) -> anyhow::Result<HashSet<String>> {
+    let api: Api<ManagedJob> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let selector = crate::api::shard_selector(shard);
+    let list = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?;
+    Ok(list.items.iter().filter_map(|o| o.uid()).collect())
+}
+
+/// The continuous world check: once the caches of objects (`reader`) and Pods (`pods`, None
+/// when the pod executor is off) hold a full list, every [`WORLD_CHECK_PERIOD`] and soon after
+/// a poke (the engine's `world_changed`: a full check; `objects_deleted`: rows against objects
+/// only).
+pub(super) async fn world_loop(
+    op: Arc<Operator>,
+    reader: kube::runtime::reflector::Store<ManagedJob>,
+    pods: Option<Arc<PodCache>>,
+    objects_deleted: Arc<tokio::sync::Notify>,
+    objects_listed: Arc<std::sync::atomic::AtomicBool>,
+) {
+    while !objects_listed.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(cache) = &pods {
+        while cache.snapshot().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tracing::info!(
+        period = ?WORLD_CHECK_PERIOD,
+        "checking the store against the world (objects, Pods, processes)"
+    );
+    let mut full = true;
+    loop {
+        let objects =
+            || -> HashSet<String> { reader.state().iter().filter_map(|o| o.uid()).collect() };
+        // The Pods and processes first, then the rows, then the objects (lifecycle::world).
+        let pods_seen = if full {
+            pods.as_ref().and_then(|c| c.snapshot())
+        } else {
+            None
+        };
+        match op.engine.observe_world() {
+            Ok(crate::engine::LocalWorld {
+                jobs,
+                processes,
+                controllers,
+            }) => {
+                let world = World {
+                    objects: Some(objects()),
+                    objects_namespace: op.engine.config().namespace.clone(),
+                    pods: pods_seen,
+                    processes: if full { processes } else { Vec::new() },
+                    controllers: if full { controllers } else { Vec::new() },
+                };
+                let fixes = world::check(&jobs, &world);
+                tracing::debug!(jobs = jobs.len(), fixes = fixes.len(), full, "world check");
+                for fix in op.engine.apply_fixes(fixes) {
+                    if let Fix::DeletePod {
+                        namespace,
+                        name,
+                        uid,
+                        why,
+                    } = fix
+                    {
+                        op.delete_orphan_pod(&namespace, &name, &uid, &why).await;
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "reading the store for the world check failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(WORLD_CHECK_PERIOD) => full = true,
+            _ = op.engine.world_changed.notified() => full = true,
+            _ = objects_deleted.notified() => full = false,
+        }
+        tokio::time::sleep(WORLD_CHECK_DEBOUNCE).await;
+    }
+}
+
+impl Operator {
+    /// Deletes a Pod with our marks that no live attempt owns (its own grace period), only if
+    /// it is still the Pod that was seen (uid precondition).
+    async fn delete_orphan_pod(&self, namespace: &str, name: &str, uid: &str, why: &str) {
+        tracing::warn!(
+            namespace,
+            pod = name,
+            "deleting a Pod that no live attempt owns: {why}"
+        );
+        let api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), namespace);
+        let params = DeleteParams {
+            preconditions: (!uid.is_empty()).then(|| Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        self.engine.metrics.api_request("delete");
+        match api.delete(name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(namespace, pod = name, error = %e, "deleting an orphaned Pod failed; the next world check tries again")
+            }
+        }
+    }
+}
