@@ -11,6 +11,8 @@
 
 use std::fmt;
 
+use crate::defaults::{JOB_MEMORY_MIB, RESERVED_MEMORY_MIB};
+
 /// Launches per usable CPU (SkyPilot's `LAUNCHES_PER_CPU`).
 pub const LAUNCHES_PER_CPU: usize = 4;
 /// Hard ceiling on the launch cap (SkyPilot: "hard to handle more than 512 launches at once").
@@ -18,12 +20,6 @@ pub const MAX_LAUNCH_CAP: usize = 512;
 /// Hard ceiling on the run cap: each alive job is a process, a few file descriptors and a SQLite
 /// writer; past this the shared store and the API server become the bottleneck.
 pub const MAX_RUN_CAP: usize = 10_000;
-/// Default per-job memory budget in MiB. A job controller process measures about 2-4 MiB of
-/// private memory (USS; see BENCHMARKS.md); the budget leaves room for its page-table and kernel
-/// overhead and for bursts while it launches.
-pub const DEFAULT_JOB_MEMORY_MIB: u64 = 16;
-/// Default memory kept for the operator itself and the host, in MiB.
-pub const DEFAULT_RESERVED_MEMORY_MIB: u64 = 512;
 /// File descriptors the operator keeps for itself: the store, the API connections (up to
 /// [`crate::operator::status_writer::STATUS_WRITERS`] status writes in flight), the watches, the
 /// wake-up socket, logs.
@@ -222,17 +218,17 @@ pub struct Overrides {
     pub launch_cap: Option<usize>,
     /// Replace the derived run cap.
     pub run_cap: Option<usize>,
-    /// Per-job memory budget, MiB (default [`DEFAULT_JOB_MEMORY_MIB`]).
+    /// Per-job memory budget, MiB (default [`JOB_MEMORY_MIB`]).
     pub job_memory_mib: Option<u64>,
-    /// Reserved memory, MiB (default [`DEFAULT_RESERVED_MEMORY_MIB`]).
+    /// Reserved memory, MiB (default [`RESERVED_MEMORY_MIB`]).
     pub reserved_memory_mib: Option<u64>,
 }
 
 /// The pure formula: caps from usable CPUs and memory, with overrides and ceilings.
 pub fn compute(cpus: usize, memory_mib: u64, o: Overrides) -> Capacity {
     let cpus = cpus.max(1);
-    let reserved_mib = o.reserved_memory_mib.unwrap_or(DEFAULT_RESERVED_MEMORY_MIB);
-    let job_memory_mib = o.job_memory_mib.unwrap_or(DEFAULT_JOB_MEMORY_MIB).max(1);
+    let reserved_mib = o.reserved_memory_mib.unwrap_or(RESERVED_MEMORY_MIB);
+    let job_memory_mib = o.job_memory_mib.unwrap_or(JOB_MEMORY_MIB).max(1);
     let derived = Caps {
         launch: (LAUNCHES_PER_CPU * cpus).clamp(1, MAX_LAUNCH_CAP),
         run: ((memory_mib.saturating_sub(reserved_mib) / job_memory_mib) as usize)

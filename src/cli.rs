@@ -8,10 +8,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::api::ExecutorKind;
-use crate::capacity::{self, Overrides};
+use crate::capacity::Overrides;
+use crate::defaults;
+use crate::lifecycle::JobRow;
 use crate::lifecycle::now_ms;
 use crate::state_dir::StateDir;
-use crate::store::{JobRow, Store};
+use crate::store::Store;
 use crate::telemetry::LogFormat;
 
 /// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
@@ -24,7 +26,7 @@ pub struct Cli {
         long,
         global = true,
         value_enum,
-        default_value = "text",
+        default_value = defaults::LOG_FORMAT,
         env = "MJ_LOG_FORMAT"
     )]
     pub log_format: LogFormat,
@@ -82,37 +84,37 @@ pub struct RunArgs {
     #[arg(long, env = "MJ_RUN_CAP")]
     pub run_cap: Option<usize>,
     /// Per-job memory budget in MiB used to derive the run cap.
-    #[arg(long, env = "MJ_JOB_MEMORY_MIB", default_value_t = capacity::DEFAULT_JOB_MEMORY_MIB)]
+    #[arg(long, env = "MJ_JOB_MEMORY_MIB", default_value_t = defaults::JOB_MEMORY_MIB)]
     pub job_memory_mib: u64,
     /// Memory kept for the operator and the host, MiB.
-    #[arg(long, env = "MJ_RESERVED_MEMORY_MIB", default_value_t = capacity::DEFAULT_RESERVED_MEMORY_MIB)]
+    #[arg(long, env = "MJ_RESERVED_MEMORY_MIB", default_value_t = defaults::RESERVED_MEMORY_MIB)]
     pub reserved_memory_mib: u64,
     /// Sustained Kubernetes API requests per second for the operator's writes: status writes
     /// first, Events from what they leave.
-    #[arg(long, env = "MJ_API_QPS", default_value_t = 50)]
+    #[arg(long, env = "MJ_API_QPS", default_value_t = defaults::API_QPS)]
     pub api_qps: u32,
     /// Burst of Kubernetes API requests above the QPS.
-    #[arg(long, env = "MJ_API_BURST", default_value_t = 100)]
+    #[arg(long, env = "MJ_API_BURST", default_value_t = defaults::API_BURST)]
     pub api_burst: u32,
     /// Seconds between SIGTERM and SIGKILL when stopping a workload.
-    #[arg(long, env = "MJ_CANCEL_GRACE_SECONDS", default_value_t = 5.0)]
+    #[arg(long, env = "MJ_CANCEL_GRACE_SECONDS", default_value_t = defaults::CANCEL_GRACE_SECONDS)]
     pub cancel_grace_seconds: f64,
     /// First back-off before a restart after an error, seconds; doubles per restart (max 300).
-    #[arg(long, env = "MJ_RESTART_BACKOFF_SECONDS", default_value_t = 1.0)]
+    #[arg(long, env = "MJ_RESTART_BACKOFF_SECONDS", default_value_t = defaults::RESTART_BACKOFF_SECONDS)]
     pub restart_backoff_seconds: f64,
     /// Job controller exits before the job is done that end it as FailedController.
-    #[arg(long, env = "MJ_MAX_CONTROLLER_CRASHES", default_value_t = 3)]
+    #[arg(long, env = "MJ_MAX_CONTROLLER_CRASHES", default_value_t = defaults::MAX_CONTROLLER_CRASHES)]
     pub max_controller_crashes: i64,
     /// Seconds a launched workload may take to start running (a Pod pulling its image, waiting
     /// for a volume, running init containers) before it is removed and the job requeued with
     /// back-off; a job's `spec.launchTimeoutSeconds` overrides it.
-    #[arg(long, env = "MJ_LAUNCH_TIMEOUT_SECONDS", default_value_t = 600.0)]
+    #[arg(long, env = "MJ_LAUNCH_TIMEOUT_SECONDS", default_value_t = defaults::LAUNCH_TIMEOUT_SECONDS)]
     pub launch_timeout_seconds: f64,
     /// Launch timeouts in a row after which a job ends FailedNoResource.
-    #[arg(long, env = "MJ_MAX_LAUNCH_TIMEOUTS", default_value_t = 3)]
+    #[arg(long, env = "MJ_MAX_LAUNCH_TIMEOUTS", default_value_t = defaults::MAX_LAUNCH_TIMEOUTS)]
     pub max_launch_timeouts: i32,
     /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address (`none` to disable).
-    #[arg(long, env = "MJ_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "MJ_METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
     pub metrics_addr: String,
     /// Hold a Lease before acting, so a second replica only stands by.
     #[arg(long, env = "MJ_LEADER_ELECTION")]
@@ -121,7 +123,7 @@ pub struct RunArgs {
     #[arg(long, env = "MJ_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
     /// Lease duration in seconds: a dead leader is replaced within it.
-    #[arg(long, env = "MJ_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    #[arg(long, env = "MJ_LEASE_DURATION_SECONDS", default_value_t = defaults::LEASE_DURATION_SECONDS)]
     pub lease_duration_seconds: u64,
     /// Own only the ManagedJobs labelled `managedjobs.dev/shard=NAME` (and their Pods), with a
     /// Lease, caps and state dir of its own; without it the operator owns the jobs without
@@ -187,11 +189,7 @@ impl RunArgs {
     pub fn executors(&self) -> anyhow::Result<Vec<ExecutorKind>> {
         if self.executors.is_empty() {
             let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-            return Ok(if in_cluster {
-                vec![ExecutorKind::Pod]
-            } else {
-                vec![ExecutorKind::Local, ExecutorKind::Pod]
-            });
+            return Ok(defaults::executors(in_cluster));
         }
         self.executors
             .iter()

@@ -15,17 +15,20 @@ use std::time::Duration;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::Notify;
 
-use crate::api::{ExecutorKind, JobPhase, ScheduleState};
+use crate::api::{ExecutorKind, JobPhase};
 use crate::capacity::Capacity;
 use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
 use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
-use crate::lifecycle::{self, ControllerExit, ExitSeen};
+use crate::lifecycle::{
+    self, AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, JobRow, SpawnFailure,
+    StopAfterGiveUp,
+};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
 use crate::scheduler;
 use crate::state_dir::StateDir;
-use crate::store::{Cas, JobRow, Settings, Store, StoreError};
+use crate::store::{Cas, Settings, Store, StoreError};
 
 /// Period of the backstop scheduling pass and status sweep.
 pub const BACKSTOP: Duration = Duration::from_secs(5);
@@ -97,23 +100,49 @@ pub const STATE_DIR_PROBE_PERIOD: Duration = Duration::from_secs(5);
 /// costs the store.
 pub const STATE_DIR_PROBE_BYTES: usize = 4096;
 
-/// First back-off before starting a job controller again after the node lacked the resources
-/// (EMFILE, ENFILE, EAGAIN, ENOMEM); doubles per failure in a row up to
-/// [`crate::lifecycle::MAX_BACKOFF`].
-pub const SPAWN_RETRY_BASE: Duration = Duration::from_millis(500);
+/// Why a job controller process could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// Its log could not be opened, or the process could not be created.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// It started, but could not be recorded (it was killed: unrecorded, it must not run).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The spawned process reported no pid.
+    #[error("the job controller process has no pid")]
+    NoPid,
+}
 
-/// True when `e` says the node lacked the resources to start a process (open files, processes,
-/// memory): the job is not at fault and must not fail for it. SkyPilot's first managed-jobs
-/// scheduler failed jobs for exactly this (controller resources).
-pub fn lacks_resources(e: &anyhow::Error) -> bool {
-    e.chain()
-        .filter_map(|c| c.downcast_ref::<std::io::Error>())
-        .any(|io| {
-            matches!(
+impl SpawnError {
+    /// Why, as [`lifecycle::after_spawn_failure`] reads it: the node lacked the resources to
+    /// start a process (open files, processes, memory: EMFILE, ENFILE, EAGAIN, ENOMEM) or the
+    /// state dir could not be written (ENOSPC, EIO, EDQUOT, EROFS; SQLite's own) is not the
+    /// job's fault; anything else is for good.
+    pub fn why(&self) -> SpawnFailure {
+        let not_the_jobs = match self {
+            SpawnError::Io(io) => matches!(
                 io.raw_os_error(),
-                Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
-            )
-        })
+                Some(
+                    libc::EMFILE
+                        | libc::ENFILE
+                        | libc::EAGAIN
+                        | libc::ENOMEM
+                        | libc::ENOSPC
+                        | libc::EIO
+                        | libc::EDQUOT
+                        | libc::EROFS
+                )
+            ),
+            SpawnError::Store(e) => e.is_storage_failure(),
+            SpawnError::NoPid => false,
+        };
+        if not_the_jobs {
+            SpawnFailure::NotTheJobs
+        } else {
+            SpawnFailure::ForGood
+        }
+    }
 }
 
 /// One shard per state dir: a store that holds jobs belongs to the shard recorded in its
@@ -311,27 +340,22 @@ impl Engine {
         self.status_changed.notify_one();
     }
 
-    /// Persists a cancel request and acts on it: a queued job ends Cancelled at once, a live
-    /// job's controller is woken to stop its workload.
+    /// Persists a cancel request and acts on it ([`lifecycle::cancel_route`]): a queued job
+    /// ends Cancelled at once, a live job's controller is woken to stop its workload.
     pub fn cancel(&self, row: JobRow, deleting: bool) -> Result<JobRow, StoreError> {
         let mut row = self.store().request_cancel(row.id, deleting)?;
         tracing::info!(job_id = row.id, job = %row.key(), schedule = %row.schedule_state, "cancel requested");
-        match row.schedule_state {
-            ScheduleState::Inactive | ScheduleState::Waiting => {
-                let result = self
-                    .store()
-                    .transition(row.id, &lifecycle::cancel_queued(&row))?;
-                match result {
-                    Cas::Applied(r) => row = *r,
-                    // Admitted meanwhile: its controller will see the persisted request.
-                    Cas::Conflict(r) => {
-                        row = *r;
-                        self.wake_controller(&row);
-                    }
+        match lifecycle::cancel_route(&row) {
+            CancelRoute::EndNow(t) => match self.store().transition(row.id, &t)? {
+                Cas::Applied(r) => row = *r,
+                // Admitted meanwhile: its controller will see the persisted request.
+                Cas::Conflict(r) => {
+                    row = *r;
+                    self.wake_controller(&row);
                 }
-            }
-            ScheduleState::Done => {}
-            _ => self.wake_controller(&row),
+            },
+            CancelRoute::WakeController => self.wake_controller(&row),
+            CancelRoute::Nothing => {}
         }
         self.wake_all();
         Ok(row)
@@ -361,43 +385,64 @@ impl Engine {
                     op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
                 });
             }
-            Err(e) if lacks_resources(&e) || crate::store::storage_failing(&e) => {
-                // Not the job's fault: it keeps its place (and slots) and is started again after
-                // a back-off; never a failure phase.
+            Err(e) => {
                 let failures = {
                     let mut retries = self.spawn_retries.lock().unwrap_or_else(|e| e.into_inner());
                     let n = retries.entry(row.id).or_insert(0);
                     *n += 1;
                     *n
                 };
-                let wait = lifecycle::backoff(SPAWN_RETRY_BASE, failures);
-                tracing::warn!(job_id = row.id, error = %e, failures, retry_in = ?wait, "the node lacks the resources to start a job controller (or the state dir cannot be written); retrying");
-                self.metrics.controller_spawns_deferred_total.inc();
-                let op = self.clone();
-                let id = row.id;
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    let row = op.store().find(id).ok().flatten();
-                    if let Some(row) = row
-                        && row.schedule_state.holds_run_slot()
-                        && row.controller_pid.is_none()
-                    {
-                        op.spawn_controller(&row);
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::error!(job_id = row.id, error = %e, "could not start a job controller process");
                 let error = e.to_string();
-                let _ = self.store().apply(row.id, |now| {
-                    Some(lifecycle::controller_start_failed(now, &error))
-                });
-                self.wake_all();
+                match lifecycle::after_spawn_failure(row, failures, e.why(), &error) {
+                    // Not the job's fault: it keeps its place (and slots) and is started again
+                    // after a back-off; never a failure phase.
+                    AfterSpawnFailure::Retry(wait) => {
+                        tracing::warn!(job_id = row.id, error, failures, retry_in = ?wait, "the node lacks the resources to start a job controller (or the state dir cannot be written); retrying");
+                        self.metrics.controller_spawns_deferred_total.inc();
+                        let op = self.clone();
+                        let id = row.id;
+                        tokio::spawn(async move {
+                            tokio::time::sleep(wait).await;
+                            let row = op.store().find(id).ok().flatten();
+                            if let Some(row) = row
+                                && lifecycle::needs_controller(&row)
+                            {
+                                op.spawn_controller(&row);
+                            }
+                        });
+                    }
+                    AfterSpawnFailure::Fail(_) => {
+                        tracing::error!(
+                            job_id = row.id,
+                            error,
+                            "could not start a job controller process"
+                        );
+                        self.spawn_retries
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&row.id);
+                        // Decided again on the row as it is when written.
+                        let _ =
+                            self.store()
+                                .apply(row.id, |now| {
+                                    match lifecycle::after_spawn_failure(
+                                        now,
+                                        failures,
+                                        SpawnFailure::ForGood,
+                                        &error,
+                                    ) {
+                                        AfterSpawnFailure::Fail(t) => Some(*t),
+                                        AfterSpawnFailure::Retry(_) => None,
+                                    }
+                                });
+                        self.wake_all();
+                    }
+                }
             }
         }
     }
 
-    fn try_spawn(&self, row: &JobRow) -> anyhow::Result<(i32, u64, tokio::process::Child)> {
+    fn try_spawn(&self, row: &JobRow) -> Result<(i32, u64, tokio::process::Child), SpawnError> {
         let log_path = self.dir.controller_log(row.id);
         let log = OpenOptions::new()
             .create(true)
@@ -421,9 +466,7 @@ impl Engine {
             });
         }
         let child = tokio::process::Command::from(cmd).spawn()?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow::anyhow!("child has no pid"))? as i32;
+        let pid = child.id().ok_or(SpawnError::NoPid)? as i32;
         let start = process::start_time(pid).unwrap_or(0);
         // The new process may already have moved the job on (Starting, Running): decided on
         // the row as it is when written, in one transaction.
@@ -434,7 +477,7 @@ impl Engine {
             // Unrecorded, it must not run (it would drive the job beside the next one).
             let mut child = child;
             let _ = child.start_kill();
-            return Err(e.into());
+            return Err(SpawnError::Store(e));
         }
         tracing::info!(job_id = row.id, pid, "job controller process started");
         if row.phase == JobPhase::Pending {
@@ -488,16 +531,18 @@ impl Engine {
                     crashes = row.controller_crashes,
                     "job controller keeps exiting; failing the job"
                 );
-                if row.executor == ExecutorKind::Local {
-                    let mut local = LocalExecutor::new(&self.dir);
-                    let grace = self.cfg.cancel_grace;
-                    tokio::spawn(async move {
-                        let _ = local.stop(&row, grace).await;
-                    });
+                match lifecycle::stop_after_give_up(&row) {
+                    StopAfterGiveUp::LocalProcesses => {
+                        let mut local = LocalExecutor::new(&self.dir);
+                        let grace = self.cfg.cancel_grace;
+                        tokio::spawn(async move {
+                            let _ = local.stop(&row, grace).await;
+                        });
+                    }
+                    // The engine has no API client: the world check deletes a Done job's
+                    // running Pod, now rather than at its next period.
+                    StopAfterGiveUp::PodsByWorldCheck => self.world_changed.notify_one(),
                 }
-                // A Pod has no stop here (the engine has no API client): the world check
-                // deletes a Done job's running Pod, now rather than at its next period.
-                self.world_changed.notify_one();
             }
             _ => {
                 tracing::warn!(
@@ -521,14 +566,14 @@ impl Engine {
         let processes = LocalExecutor::new(&self.dir).wrappers();
         let controllers = self.job_controller_processes();
         let store = self.store();
-        let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world_job).collect();
+        let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
         jobs.extend(
             store
                 .pending_jobs_brief()?
                 .into_iter()
-                .map(pending_world_job),
+                .map(world::Job::queued),
         );
-        jobs.extend(store.done_jobs_brief()?.into_iter().map(done_world_job));
+        jobs.extend(store.done_jobs_brief()?.into_iter().map(world::Job::done));
         Ok(LocalWorld {
             jobs,
             processes,
@@ -655,24 +700,24 @@ impl Engine {
     fn startup_sweep(self: &Arc<Self>) -> Result<(), StoreError> {
         let live = self.store().live_jobs()?;
         for row in live {
-            match (row.controller_pid, row.controller_start_time) {
-                (Some(pid), Some(start)) if process::is_alive(pid, start) => {
+            let alive = row
+                .controller()
+                .is_some_and(|(pid, start)| process::is_alive(pid, start));
+            match lifecycle::at_start(&row, alive) {
+                AtStart::Adopt { pid, start_time } => {
                     tracing::info!(job_id = row.id, pid, "adopting a running job controller");
                     let op = self.clone();
                     let id = row.id;
                     tokio::spawn(async move {
-                        process::wait_gone(pid, start).await;
-                        op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
+                        process::wait_gone(pid, start_time).await;
+                        op.on_controller_exit(id, pid, start_time, ExitSeen::WhileOperatorRan);
                     });
                 }
                 // It went away with the previous operator: a hand-over, not a crash.
-                (Some(pid), start) => self.on_controller_exit(
-                    row.id,
-                    pid,
-                    start.unwrap_or(0),
-                    ExitSeen::AtOperatorStart,
-                ),
-                (None, _) => {
+                AtStart::HandOver { pid, start_time } => {
+                    self.on_controller_exit(row.id, pid, start_time, ExitSeen::AtOperatorStart)
+                }
+                AtStart::Resume => {
                     tracing::info!(
                         job_id = row.id,
                         "resuming a job that has no job controller process"
@@ -701,57 +746,6 @@ pub struct LocalWorld {
     pub processes: Vec<ProcessSeen>,
     /// The job controller processes of this state dir.
     pub controllers: Vec<ControllerSeen>,
-}
-
-/// A job not admitted yet (Inactive, Waiting) as the world check sees it: an object, no
-/// workload.
-pub fn pending_world_job(brief: crate::store::JobBrief) -> world::Job {
-    world::Job {
-        id: brief.id,
-        uid: brief.uid,
-        namespace: brief.namespace,
-        executor: brief.executor,
-        done: false,
-        deleting: brief.deleting,
-        attempt: 0,
-        pod_names: Vec::new(),
-        controller: None,
-        attempts: brief.attempts,
-    }
-}
-
-/// A Done job as the world check sees it: an object, and files of some attempts.
-pub fn done_world_job(brief: crate::store::JobBrief) -> world::Job {
-    world::Job {
-        done: true,
-        deleting: true,
-        ..pending_world_job(brief)
-    }
-}
-
-/// A live job as the world check sees it: its current attempt, the names that attempt's Pod
-/// may have (pod jobs), its recorded controller.
-pub fn world_job(row: &JobRow) -> world::Job {
-    let attempt = lifecycle::current_attempt(row);
-    let pod_names = match row.executor {
-        ExecutorKind::Pod => vec![
-            crate::executor::pod::attempt_pod_name(row, attempt),
-            crate::executor::pod::legacy_attempt_pod_name(row, attempt),
-        ],
-        ExecutorKind::Local => Vec::new(),
-    };
-    world::Job {
-        id: row.id,
-        uid: row.uid.clone(),
-        namespace: row.namespace.clone(),
-        executor: row.executor,
-        done: false,
-        deleting: row.deleting,
-        attempt,
-        pod_names,
-        controller: row.controller_pid.zip(row.controller_start_time),
-        attempts: row.attempt.max(row.launched_attempt),
-    }
 }
 
 fn bind_socket(dir: &StateDir) -> anyhow::Result<tokio::net::UnixDatagram> {

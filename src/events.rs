@@ -1,5 +1,5 @@
 //! Kubernetes Events (`events.k8s.io/v1`) on each ManagedJob for the transitions a user cares
-//! about (DESIGN.md section 11), derived from the store's history of transitions.
+//! about (`docs/design.md`, "Operations"), derived from the store's history of transitions.
 //!
 //! A job that runs straight through gets two Events, `Launched` and `Succeeded`, like a
 //! Kubernetes Job's `SuccessfulCreate` and `Completed`. Admission is not an Event of its own: the
@@ -15,9 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use crate::api::JobPhase;
-use crate::lifecycle::Reason;
-use crate::store::HistoryEntry;
+use crate::api::{JobPhase, ScheduleState};
+use crate::lifecycle::{HistoryEntry, Reason};
 
 /// Longest `note` the API server accepts on an events.k8s.io/v1 Event (1 KiB).
 pub const MAX_NOTE_BYTES: usize = 1024;
@@ -64,10 +63,13 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
     let mut queued_at: Option<i64> = None;
     let mut waited_ms: Option<i64> = None;
     for t in history {
-        let phase = JobPhase::parse(&t.to_phase);
-        let entered = t.from_phase.as_deref() != Some(t.to_phase.as_str());
-        let queue_state = matches!(t.to_schedule.as_str(), "Waiting" | "AliveWaiting");
-        if queue_state && t.from_schedule.as_deref() != Some(t.to_schedule.as_str()) {
+        let phase = Some(t.to_phase);
+        let entered = t.from_phase != Some(t.to_phase);
+        let queue_state = matches!(
+            t.to_schedule,
+            ScheduleState::Waiting | ScheduleState::AliveWaiting
+        );
+        if queue_state && t.from_schedule != Some(t.to_schedule) {
             queued_at = Some(t.at_ms);
         }
         if t.reason == Reason::Scheduled {
@@ -272,10 +274,11 @@ mod tests {
         HistoryEntry {
             id,
             at_ms,
-            from_phase: (!from.0.is_empty()).then(|| from.0.to_string()),
-            to_phase: to.0.to_string(),
-            from_schedule: (!from.1.is_empty()).then(|| from.1.to_string()),
-            to_schedule: to.1.to_string(),
+            from_phase: (!from.0.is_empty()).then(|| JobPhase::parse(from.0).expect("a phase")),
+            to_phase: JobPhase::parse(to.0).expect("a phase"),
+            from_schedule: (!from.1.is_empty())
+                .then(|| ScheduleState::parse(from.1).expect("a schedule state")),
+            to_schedule: ScheduleState::parse(to.1).expect("a schedule state"),
             reason: Reason::parse(reason).expect("a known reason"),
             message: format!("{reason} message"),
         }

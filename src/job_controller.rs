@@ -19,11 +19,32 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::api::ExecutorKind;
 use crate::executor::local::LocalExecutor;
 use crate::executor::pod::PodExecutor;
-use crate::executor::{Executor, Launched, Stop};
-use crate::lifecycle::{self, Action, Transition, decide::Context, now_ms};
+use crate::executor::{Executor, ExecutorError, Launched, Stop};
+use crate::lifecycle::{self, Action, AfterRefusal, Context, JobRow, Transition, now_ms};
 use crate::state_dir::StateDir;
-use crate::store::{Cas, JobRow, Store};
+use crate::store::{Cas, Store, StoreError};
 use crate::wake::OperatorWaker;
+
+/// Why a turn of the job controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The executor failed.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+}
+
+impl TurnError {
+    /// True when the state dir fails (disk full, I/O error): the turn is tried again.
+    pub fn is_storage_failure(&self) -> bool {
+        match self {
+            TurnError::Store(e) => e.is_storage_failure(),
+            TurnError::Executor(e) => e.is_storage_failure(),
+        }
+    }
+}
 
 /// Page cache of a job controller's SQLite connection, KiB (it touches one row at a time).
 pub const CACHE_KIB: u32 = 64;
@@ -144,20 +165,20 @@ impl<E: Executor> JobController<E> {
             match self.turn().await {
                 Ok(Flow::Exit) => return Ok(()),
                 Ok(Flow::Continue) => failures = 0,
-                Err(e) if crate::store::storage_failing(&e) => {
+                Err(e) if e.is_storage_failure() => {
                     failures += 1;
                     let wait =
                         lifecycle::backoff(STORAGE_RETRY_BASE, failures).min(STORAGE_RETRY_MAX);
                     tracing::warn!(error = %e, failures, retry_in = ?wait, "the state dir cannot be written; holding on and trying again");
                     self.wait(None, wait).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
     /// One turn: read, decide, act.
-    async fn turn(&mut self) -> anyhow::Result<Flow> {
+    async fn turn(&mut self) -> Result<Flow, TurnError> {
         {
             // Fencing: only the operator's current store is acted on. One replaced (a lost
             // state dir rebuilt) or removed leaves the workload to the current store, which
@@ -170,7 +191,7 @@ impl<E: Executor> JobController<E> {
                 return Ok(Flow::Exit);
             }
             let row = self.store.get(self.job_id)?;
-            let attempt = lifecycle::current_attempt(&row);
+            let attempt = row.current_attempt();
             let observed = if lifecycle::observes(&row) {
                 Some(self.executor.observe(&self.store, &row, attempt).await?)
             } else {
@@ -191,12 +212,7 @@ impl<E: Executor> JobController<E> {
                 ) && self.store.run_slot_wanted(now_ms())?,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
-            // Nothing of a workload that never started needs a grace period.
-            let grace = if matches!(action, Action::RemoveThen(_)) {
-                Duration::ZERO
-            } else {
-                self.grace
-            };
+            let grace = lifecycle::stop_grace(&action, self.grace);
             match action {
                 Action::Exit => {
                     tracing::info!(phase = %row.phase, "job is done");
@@ -219,11 +235,11 @@ impl<E: Executor> JobController<E> {
                     match self.executor.launch(&row, attempt).await? {
                         Launched::Refused(refused) => {
                             match lifecycle::after_refusal(&row, &refused) {
-                                lifecycle::AfterRefusal::Cancel => {
+                                AfterRefusal::Cancel => {
                                     tracing::info!(message = %refused.message, "the namespace is being deleted: cancelling the job");
                                     self.store.request_cancel(self.job_id, false)?;
                                 }
-                                lifecycle::AfterRefusal::Apply(t) => {
+                                AfterRefusal::Apply(t) => {
                                     self.set(&row, t.as_ref())?;
                                 }
                             }
@@ -239,19 +255,11 @@ impl<E: Executor> JobController<E> {
                 }
                 Action::StopThen(t) => match self.executor.stop(&row, grace).await? {
                     Stop::Gone { forced } => {
-                        self.set(&row, &lifecycle::with_notes(t, &forced))?;
+                        self.set(&row, &t.with_notes(&forced))?;
                     }
                     Stop::Stopping { waiting_on } => {
-                        if let Some(w) = waiting_on {
-                            let t = lifecycle::stopping(&row, &w);
-                            let stored = t
-                                .change
-                                .message
-                                .as_deref()
-                                .map(|m| lifecycle::tasks::stored_message(&row, m));
-                            if stored.as_ref() != Some(&row.message) {
-                                self.set(&row, &t)?;
-                            }
+                        if let Some(t) = waiting_on.and_then(|w| lifecycle::stopping(&row, &w)) {
+                            self.set(&row, &t)?;
                         }
                         // Not gone yet: woken when the watch sees it go.
                         self.wait(None, QUEUED_BACKSTOP).await;
@@ -264,7 +272,7 @@ impl<E: Executor> JobController<E> {
                     let start = std::time::Instant::now();
                     loop {
                         if let Stop::Gone { forced } = self.executor.stop(&row, grace).await? {
-                            self.set(&row, &lifecycle::with_notes(t, &forced))?;
+                            self.set(&row, &t.with_notes(&forced))?;
                             break;
                         }
                         if start.elapsed() >= REMOVE_CONFIRM {
@@ -302,18 +310,18 @@ impl<E: Executor> JobController<E> {
 
     /// Applies a transition and wakes the operator. A conflict is logged and returns false; the
     /// loop re-reads the row and decides on what it holds now.
-    fn set(&mut self, job: &JobRow, t: &Transition) -> anyhow::Result<bool> {
+    fn set(&mut self, job: &JobRow, t: &Transition) -> Result<bool, StoreError> {
         let applied = match self.store.transition(job.id, t)? {
             Cas::Applied(row) => {
                 tracing::info!(
-                    phase = %row.phase, schedule = %row.schedule_state, reason = %t.change.reason,
+                    phase = %row.phase, schedule = %row.schedule_state, reason = %t.change.reason(),
                     message = %row.message, "transition"
                 );
                 true
             }
             Cas::Conflict(row) => {
                 tracing::info!(
-                    phase = %row.phase, schedule = %row.schedule_state, wanted = %t.change.reason,
+                    phase = %row.phase, schedule = %row.schedule_state, wanted = %t.change.reason(),
                     "transition skipped: the job moved on"
                 );
                 false

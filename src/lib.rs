@@ -8,6 +8,7 @@
 pub mod api;
 pub mod capacity;
 pub mod cli;
+pub mod defaults;
 pub mod engine;
 pub mod events;
 pub mod executor;

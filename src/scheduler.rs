@@ -11,8 +11,8 @@
 
 use crate::api::ScheduleState;
 use crate::capacity::{Caps, SlotUsage};
-use crate::lifecycle;
-use crate::store::{Cas, JobRow, Store, StoreError};
+use crate::lifecycle::{self, JobRow};
+use crate::store::{Cas, Store, StoreError};
 
 /// A queued job as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,8 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
 use crate::api::{JobPhase, ManagedJobStatus};
-use crate::lifecycle::tasks;
-use crate::store::JobRow;
+use crate::lifecycle::{JobRow, tasks};
 
 fn time(ms: i64) -> Time {
     Time(jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
@@ -72,7 +71,7 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
         out.push(condition("Complete", true, "Succeeded", msg, at, g));
     }
     if stalled {
-        let why = row.failure_reason.as_deref().unwrap_or(reason);
+        let why = row.failure_reason.as_ref().map_or(reason, |f| f.as_str());
         out.push(condition("Failed", true, why, msg, at, g));
     }
     out
@@ -94,8 +93,8 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         recovery_count: totals.1,
         restart_count: totals.0,
         exit_code: row.exit_code,
-        failure_reason: row.failure_reason.clone(),
-        workload: row.workload.clone(),
+        failure_reason: row.failure_reason.as_ref().map(|f| f.to_string()),
+        workload: row.workload.as_ref().map(|w| w.to_string()),
         observed_generation: Some(row.generation),
         conditions: conditions(row),
         current_task: row.spec.is_pipeline().then_some(row.task_index),

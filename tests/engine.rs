@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use managed_jobs::api::{EnvVar, JobPhase, ManagedJobSpec, RecoverySpec, ScheduleState};
 use managed_jobs::capacity::{Caps, Overrides, compute};
 use managed_jobs::engine::{Config, Engine};
-use managed_jobs::store::JobRow;
+use managed_jobs::lifecycle::JobRow;
 use managed_jobs::{api::ExecutorKind, process};
 
 fn config(dir: &Path, caps: Caps) -> Config {
@@ -22,8 +22,8 @@ fn config(dir: &Path, caps: Caps) -> Config {
         cancel_grace: Duration::from_secs(2),
         restart_backoff: Duration::from_millis(100),
         max_controller_crashes: 3,
-        launch_timeout: managed_jobs::lifecycle::DEFAULT_LAUNCH_TIMEOUT,
-        max_launch_timeouts: managed_jobs::lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
+        launch_timeout: managed_jobs::defaults::LAUNCH_TIMEOUT,
+        max_launch_timeouts: managed_jobs::defaults::MAX_LAUNCH_TIMEOUTS,
         self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
         shard: None,
     }
@@ -102,7 +102,7 @@ async fn hello_succeeds_with_its_output_logged() {
         .history(id)
         .unwrap()
         .into_iter()
-        .map(|t| t.to_phase)
+        .map(|t| t.to_phase.to_string())
         .collect();
     // Submitted is written over Pending when the engine records the new process; a job
     // controller that outruns that write (a loaded machine) has already moved it to Starting.
@@ -285,6 +285,7 @@ async fn cancel_while_running_stops_the_process_group() {
     let pgid: i32 = row
         .workload
         .unwrap()
+        .to_string()
         .trim_start_matches("pid/")
         .parse()
         .unwrap();
@@ -302,7 +303,7 @@ async fn cancel_while_running_stops_the_process_group() {
         .history(id)
         .unwrap()
         .into_iter()
-        .map(|t| t.to_phase)
+        .map(|t| t.to_phase.to_string())
         .collect();
     assert!(phases.contains(&"Cancelling".to_string()), "{phases:?}");
 }
@@ -358,6 +359,7 @@ async fn killed_workload_is_recovered_within_max_recoveries() {
     let pgid: i32 = row
         .workload
         .unwrap()
+        .to_string()
         .trim_start_matches("pid/")
         .parse()
         .unwrap();
@@ -507,7 +509,10 @@ async fn the_deadline_passing_in_a_back_off_fails_the_job_without_another_attemp
     let id = submit(&engine, "deadline", &spec);
     let row = wait_done(&engine, id).await;
     assert_eq!(row.phase, JobPhase::Failed, "{}", row.message);
-    assert_eq!(row.failure_reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(
+        row.failure_reason.as_ref().map(|f| f.as_str()),
+        Some("DeadlineExceeded")
+    );
     let ran = row.finished_at_ms.unwrap() - row.started_at_ms.unwrap();
     assert!(
         (3_000..5_000).contains(&ran),
@@ -533,7 +538,7 @@ async fn a_job_that_ends_at_once_still_records_that_it_ran() {
             .history(id)
             .unwrap()
             .into_iter()
-            .map(|t| t.to_phase)
+            .map(|t| t.to_phase.to_string())
             .collect();
         assert!(phases.contains(&"Running".to_string()), "{phases:?}");
     }

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobSpec, ManagedJobStatus, ScheduleState};
-use managed_jobs::lifecycle::{self, Change, Expect, Reason, Transition};
+use managed_jobs::lifecycle::faults::Builder;
+use managed_jobs::lifecycle::{self, Change, Expect, JobRow, Reason, Transition, Workload};
 use managed_jobs::store::Store;
 
 /// Fixed times (ms since the epoch) so the samples are deterministic: 2026-01-01T00:00:00Z, and
@@ -42,55 +43,36 @@ fn change_for(phase: JobPhase) -> Change {
         JobPhase::Recovering => ScheduleState::AliveWaiting,
         _ => ScheduleState::Alive,
     };
-    let base = |message: &str| Change {
-        phase: Some(phase),
-        schedule: Some(schedule),
-        message: Some(message.into()),
-        attempt: Some(1),
-        ..Change::because(Reason::Running)
+    let base = |message: &str| {
+        Builder::new(Reason::Running)
+            .to(phase, schedule)
+            .message(message)
+            .attempt(1)
     };
-    let started = |message: &str| Change {
-        started_now: true,
-        workload: Some(Some("pid/4242".into())),
-        ..base(message)
-    };
-    let failed = |reason: &str, message: &str, code: Option<i32>| Change {
-        failure_reason: Some(Some(reason.into())),
-        exit_code: Some(code),
-        ..base(message)
+    let started = |message: &str| base(message).started(Workload::Process(4242));
+    let failed = |reason: &str, message: &str, code: Option<i32>| {
+        base(message).failure_reason(reason).exit_code(code)
     };
     match phase {
         // Keeps what the store wrote at first sight ("queued: waiting to be admitted").
-        JobPhase::Pending => Change {
-            message: None,
-            attempt: None,
-            ..base("")
-        },
+        JobPhase::Pending => Builder::new(Reason::Running).to(phase, schedule),
         JobPhase::Submitted => base("job controller process started (pid 4200)"),
         JobPhase::Starting => base("launching attempt 1"),
         JobPhase::Running => started("running attempt 1 in pid/4242"),
-        JobPhase::Recovering => Change {
-            attempt: Some(2),
-            recovery_count: Some(1),
-            ..started(
-                "recovering: attempt 1 was lost (node drained); waiting for a launch slot (recovery 1)",
-            )
-        },
-        JobPhase::Succeeded => Change {
-            exit_code: Some(Some(0)),
-            ..started("succeeded on attempt 1")
-        },
+        JobPhase::Recovering => started(
+            "recovering: attempt 1 was lost (node drained); waiting for a launch slot (recovery 1)",
+        )
+        .attempt(2)
+        .recovery_count(1),
+        JobPhase::Succeeded => started("succeeded on attempt 1").exit_code(Some(0)),
         JobPhase::Cancelling => started("cancelling: stopping the workload"),
         JobPhase::Cancelled => started("cancelled; the workload is stopped"),
-        JobPhase::Failed => Change {
-            started_now: true,
-            workload: Some(Some("pid/4242".into())),
-            ..failed(
-                "ExitCode",
-                "attempt 1 run exited with code 3 (ExitCode); restarts exhausted (0 allowed)",
-                Some(3),
-            )
-        },
+        JobPhase::Failed => failed(
+            "ExitCode",
+            "attempt 1 run exited with code 3 (ExitCode); restarts exhausted (0 allowed)",
+            Some(3),
+        )
+        .started(Workload::Process(4242)),
         JobPhase::FailedSetup => failed(
             "SetupFailed",
             "attempt 1 setup exited with code 1 (SetupFailed); restarts exhausted (0 allowed)",
@@ -112,6 +94,7 @@ fn change_for(phase: JobPhase) -> Change {
             None,
         ),
     }
+    .build()
 }
 
 fn sample_object(
@@ -158,11 +141,26 @@ fn samples() -> BTreeMap<String, String> {
                 .request_cancel(up.row.id, false)
                 .expect("request_cancel");
         }
-        let target = change_for(phase).schedule;
+        let target = change_for(phase).schedule();
         if target.is_some_and(|s| s.holds_run_slot()) && phase != JobPhase::Cancelled {
             store
                 .transition(up.row.id, &lifecycle::admit(&up.row))
                 .expect("admit");
+        }
+        // A workload runs (or is recovered) only after its launch began.
+        if matches!(phase, JobPhase::Running | JobPhase::Recovering) {
+            let starting = Builder::new(Reason::Starting)
+                .to(JobPhase::Starting, ScheduleState::Launching)
+                .build();
+            store
+                .transition(
+                    up.row.id,
+                    &Transition {
+                        expect: Expect::default(),
+                        change: starting,
+                    },
+                )
+                .expect("starting");
         }
         let mut row = store
             .transition(
@@ -214,7 +212,7 @@ fn samples() -> BTreeMap<String, String> {
 }
 
 /// The store's row with its times pinned (the store stamps them with the clock).
-fn pinned(mut row: managed_jobs::store::JobRow) -> managed_jobs::store::JobRow {
+fn pinned(mut row: JobRow) -> JobRow {
     let time = |ms: i64| {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::from_millisecond(ms).unwrap(),
@@ -235,7 +233,7 @@ fn pinned(mut row: managed_jobs::store::JobRow) -> managed_jobs::store::JobRow {
 /// task 2 running, all three succeeded, and task 2 failed (task 3 skipped).
 fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
     use managed_jobs::api::TaskSpec;
-    use managed_jobs::executor::Outcome;
+    use managed_jobs::lifecycle::Outcome;
     let spec = ManagedJobSpec {
         tasks: ["prepare", "train", "evaluate"]
             .into_iter()
@@ -247,7 +245,7 @@ fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
             .collect(),
         ..Default::default()
     };
-    let mut add = |file: &str, uid: &str, row: &managed_jobs::store::JobRow| {
+    let mut add = |file: &str, uid: &str, row: &JobRow| {
         let status = managed_jobs::status::status(&pinned(row.clone()));
         let name = format!("sample-{}", file.trim_end_matches(".yaml").to_lowercase());
         out.insert(file.into(), sample_object(&name, uid, 1, Some(status)));
@@ -259,14 +257,14 @@ fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
             .applied()
             .expect("the transition applies")
     };
-    let run_task = |store: &mut Store, row: &managed_jobs::store::JobRow| {
+    let run_task = |store: &mut Store, row: &JobRow| {
         let row = apply(store, row.id, lifecycle::admit(row));
         let attempt = lifecycle::current_attempt(&row);
         let row = apply(store, row.id, lifecycle::launch_intent(&row, attempt));
         apply(
             store,
             row.id,
-            lifecycle::running(&row, attempt, "pid/4242".into()),
+            lifecycle::running(&row, attempt, Workload::Process(4242)),
         )
     };
     let base = std::time::Duration::from_secs(1);
@@ -283,7 +281,7 @@ fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
         let row = apply(
             store,
             row.id,
-            lifecycle::running(&row, 1, "pid/4242".into()),
+            lifecycle::running(&row, 1, Workload::Process(4242)),
         );
         let now = lifecycle::now_ms();
         let row = apply(

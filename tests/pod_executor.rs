@@ -152,7 +152,7 @@ async fn pod_job_succeeds_with_an_owned_labelled_pod_and_is_garbage_collected() 
         .history(id)
         .unwrap()
         .into_iter()
-        .map(|t| t.to_phase)
+        .map(|t| t.to_phase.to_string())
         .collect();
     let mut expected = vec!["Pending", "Submitted", "Starting", "Running", "Succeeded"]
         .into_iter()

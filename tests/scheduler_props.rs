@@ -12,10 +12,10 @@
 //! what one of those functions returns, to check that the model catches the bug it would be:
 //!
 //! - operator side (`Submit`, `Cancel`, `Reprioritize`, `Reapply`, `DeleteDone`): what the
-//!   watch of ManagedJob objects and `Engine::cancel` do. `Cancel` of a queued job is the
-//!   engine's CAS (`Pending` + `[Inactive, Waiting]` -> `Cancelled` + `Done`); of a live job it
-//!   persists the request and the job's controller moves it to `Cancelling`, and a later
-//!   `FinishCancel` ends it `Cancelled` + `Done`.
+//!   watch of ManagedJob objects and `Engine::cancel` do. `Cancel` persists the request and
+//!   follows [`lifecycle::cancel_route`], as the engine does: a queued job ends at once
+//!   (`Pending` and `[Inactive, Waiting]` to `Cancelled` and `Done`); a live job's controller
+//!   moves it to `Cancelling`, and a later `FinishCancel` ends it `Cancelled` + `Done`.
 //! - job controller side (`LaunchDone`, `LaunchFail`, `Finish`, `Preempt`, `ErrorRestart`,
 //!   `BackoffOver`, `FinishCancel`): only for jobs whose controller process is alive. `Finish`
 //!   and `Preempt` model the workload ending on its own, so they may race a cancel: they expect
@@ -27,7 +27,8 @@
 //!   while the operator is down there are no passes, operator-side operations are deferred (the
 //!   watch delivers them after the restart) and controllers that die stay recorded with a dead
 //!   pid. `OperatorRestart` recounts the slots from the store and runs the start-up sweep
-//!   (resume jobs with a dead or missing controller, finish persisted cancels).
+//!   ([`lifecycle::at_start`]: adopt live controllers, hand over jobs whose controller died with
+//!   the operator, resume jobs without one; then finish persisted cancels).
 //!
 //! Every CAS is checked against a re-implementation of its guard: applied exactly when the row
 //! matched (and was not Done), and a conflict returns the row unchanged and writes nothing.
@@ -74,14 +75,14 @@ use std::time::Duration;
 use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState, TaskPhase, TaskSpec};
 use managed_jobs::capacity::Caps;
 use managed_jobs::capacity::SlotUsage;
-use managed_jobs::executor::Outcome;
+use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
-    self, Action, Change, ControllerExit, Expect, FailureReason, Observed, Reason, Transition,
-    decide::Context,
+    self, Action, AtStart, CancelRoute, Context, ControllerExit, Expect, FailureReason, JobRow,
+    Observed, Outcome, Reason, Transition, Workload, faults,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
-use managed_jobs::store::{Cas, JobRow, Store};
+use managed_jobs::store::{Cas, Store};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
@@ -397,33 +398,34 @@ impl Model {
 
     /// What a lifecycle function returned, with the model's mutation applied when it targets it.
     fn mutate(&self, mut t: Transition) -> Transition {
-        match (self.mutation, t.change.reason) {
-            (Some(Mutation::RecoveryReleasesRunSlot), Reason::Recovering) => {
-                t.change.schedule = Some(ScheduleState::Waiting);
-                t.change.phase = Some(JobPhase::Pending);
-            }
+        let c = t.change.clone();
+        t.change = match (self.mutation, c.reason()) {
+            (Some(Mutation::RecoveryReleasesRunSlot), Reason::Recovering) => faults::with_phase(
+                faults::with_schedule(c, Some(ScheduleState::Waiting)),
+                Some(JobPhase::Pending),
+            ),
             (Some(Mutation::ResumeCountsNoCrash), Reason::ControllerExited) => {
-                t.change.controller_crashed = false;
+                faults::without_crash(c)
             }
             (Some(Mutation::RunningKeepsLaunchSlot), Reason::Running) => {
-                t.change.schedule = None;
+                faults::with_schedule(c, None)
             }
             (Some(Mutation::BackoffSkipsTheQueue), Reason::WaitingForLaunchSlot) => {
-                t.change.schedule = Some(ScheduleState::Launching);
+                faults::with_schedule(c, Some(ScheduleState::Launching))
             }
             (Some(Mutation::FailedTaskMovesOn), Reason::Failed)
-                if t.change.phase == Some(JobPhase::Failed) && t.change.exit_code.is_some() =>
+                if c.phase() == Some(JobPhase::Failed) && c.exit_code().is_some() =>
             {
-                t.change.reason = Reason::TaskSucceeded;
-                t.change.phase = Some(JobPhase::Starting);
-                t.change.schedule = Some(ScheduleState::AliveWaiting);
-                t.change.task_index = self.task_after_failure;
+                let c = faults::with_reason(c, Reason::TaskSucceeded);
+                let c = faults::with_phase(c, Some(JobPhase::Starting));
+                let c = faults::with_schedule(c, Some(ScheduleState::AliveWaiting));
+                faults::with_task_index(c, self.task_after_failure)
             }
             (Some(Mutation::NextTaskSkipsTheQueue), Reason::TaskSucceeded) => {
-                t.change.schedule = Some(ScheduleState::Launching);
+                faults::with_schedule(c, Some(ScheduleState::Launching))
             }
-            _ => {}
-        }
+            _ => c,
+        };
         t
     }
 
@@ -436,8 +438,8 @@ impl Model {
             create_is_idempotent: true,
             backoff_base: Duration::from_millis(1),
             stop_after_exit: false,
-            launch_timeout: lifecycle::DEFAULT_LAUNCH_TIMEOUT,
-            max_launch_timeouts: lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS,
+            launch_timeout: defaults::LAUNCH_TIMEOUT,
+            max_launch_timeouts: defaults::MAX_LAUNCH_TIMEOUTS,
             run_slot_wanted: false,
         }
     }
@@ -507,7 +509,7 @@ impl Model {
             Err(e) => {
                 return Err(TestCaseError::fail(format!(
                     "job {id}: the store refused {}: {e}",
-                    change.reason
+                    change.reason()
                 )));
             }
         };
@@ -517,17 +519,17 @@ impl Model {
                 prop_assert!(
                     should_apply,
                     "CAS {} applied to job {} in {}/{} though {:?} does not accept it",
-                    change.reason,
+                    change.reason(),
                     id,
                     before.phase,
                     before.schedule_state,
                     expect
                 );
                 prop_assert_eq!(&*row, &after, "applied row differs from the stored one");
-                if let Some(p) = change.phase {
+                if let Some(p) = change.phase() {
                     prop_assert_eq!(after.phase, p);
                 }
-                if let Some(s) = change.schedule {
+                if let Some(s) = change.schedule() {
                     prop_assert_eq!(after.schedule_state, s);
                 }
                 Ok(true)
@@ -536,7 +538,7 @@ impl Model {
                 prop_assert!(
                     !should_apply,
                     "CAS {} refused for job {} in {}/{} though {:?} accepts it",
-                    change.reason,
+                    change.reason(),
                     id,
                     before.phase,
                     before.schedule_state,
@@ -581,23 +583,35 @@ impl Model {
         Ok(())
     }
 
-    /// `Engine::cancel`: persist the request; a queued job ends at once, a live job's controller
-    /// is woken (and moves it to Cancelling).
+    /// `Engine::cancel`: persist the request, then [`lifecycle::cancel_route`]: a queued job
+    /// ends at once, a live job's controller is woken (and moves it to Cancelling).
     fn cancel(&mut self, id: i64) -> TestResult {
         let row = self
             .store
             .request_cancel(id, false)
             .expect("request_cancel");
         prop_assert!(row.cancel_requested);
-        match row.schedule_state {
-            ScheduleState::Inactive | ScheduleState::Waiting => {
-                let t = self.mutate(lifecycle::cancel_queued(&row));
+        match lifecycle::cancel_route(&row) {
+            CancelRoute::EndNow(t) => {
+                prop_assert!(
+                    matches!(
+                        row.schedule_state,
+                        ScheduleState::Inactive | ScheduleState::Waiting
+                    ),
+                    "job {} ended at once from {}",
+                    id,
+                    row.schedule_state
+                );
+                let t = self.mutate(*t);
                 let applied = self.cas(id, t)?;
                 prop_assert!(applied, "a queued job must be cancelled at once");
                 prop_assert_eq!(self.get(id).controller_pid, None, "no process was run");
             }
-            ScheduleState::Done => {}
-            _ => {
+            CancelRoute::Nothing => {
+                prop_assert_eq!(row.schedule_state, ScheduleState::Done);
+            }
+            CancelRoute::WakeController => {
+                prop_assert!(is_live(row.schedule_state));
                 if self.has_controller(&row) {
                     self.controller_cancel_step(id)?;
                 }
@@ -866,10 +880,11 @@ impl Model {
         }
         self.operator_up = true;
         for row in self.store.live_jobs().expect("live_jobs") {
-            match row.controller_pid {
-                Some(_) if self.dead_controller.contains(&row.id) => self.hand_over(row.id)?,
-                Some(_) => continue, // adopted
-                None => self.spawn(row.id)?,
+            let alive = !self.dead_controller.contains(&row.id);
+            match lifecycle::at_start(&row, alive) {
+                AtStart::HandOver { .. } => self.hand_over(row.id)?,
+                AtStart::Adopt { .. } => continue,
+                AtStart::Resume => self.spawn(row.id)?,
             }
             self.stats.resumed_at_restart += 1;
         }
@@ -895,7 +910,7 @@ impl Model {
             id,
             action
         );
-        let workload = format!("pod/job-{id}");
+        let workload = Workload::Pod(format!("job-{id}"));
         let action = self.controller_turn(id, Some(Observed::Running { workload }))?;
         prop_assert!(matches!(action, Action::Apply(_)), "{:?}", action);
         let row = self.get(id);
@@ -1112,7 +1127,12 @@ impl Model {
         self.check_state()?;
         self.schedule()?;
         self.check_state()?;
-        let t = self.mutate(lifecycle::cancel_queued(&self.get(id)));
+        let CancelRoute::EndNow(t) = lifecycle::cancel_route(&self.get(id)) else {
+            return Err(TestCaseError::fail(format!(
+                "job {id}: a Waiting job's cancel ends it"
+            )));
+        };
+        let t = self.mutate(*t);
         if !self.cas(id, t)? {
             // "Admitted meanwhile: its controller will see the persisted request."
             self.controller_cancel_step(id)?;
@@ -1122,8 +1142,11 @@ impl Model {
 
     /// A write that expects any state, aimed at a Done job: refused, row unchanged.
     fn late_write(&mut self, id: i64, to: ScheduleState) -> TestResult {
-        let mut change = Change::because(Reason::Running).to(JobPhase::Running, to);
-        change.controller = Some(None);
+        let change = faults::clearing_controller(faults::change(
+            Reason::Running,
+            Some(JobPhase::Running),
+            Some(to),
+        ));
         let applied = self.cas(
             id,
             Transition {
@@ -1589,14 +1612,14 @@ impl Model {
     fn check_history(&self, r: &JobRow) -> TestResult {
         let h = self.store.history(r.id).expect("history");
         prop_assert!(h.len() >= 2, "job {}: history too short", r.id);
-        prop_assert_eq!(h[0].from_schedule.as_deref(), None);
+        prop_assert_eq!(h[0].from_schedule, None);
         prop_assert_eq!(h[0].to_schedule.as_str(), "Inactive");
         for pair in h.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            prop_assert_eq!(Some(a.to_schedule.as_str()), b.from_schedule.as_deref());
-            prop_assert_eq!(Some(a.to_phase.as_str()), b.from_phase.as_deref());
-            let from = ScheduleState::parse(&a.to_schedule).expect("state");
-            let to = ScheduleState::parse(&b.to_schedule).expect("state");
+            prop_assert_eq!(Some(a.to_schedule), b.from_schedule);
+            prop_assert_eq!(Some(a.to_phase), b.from_phase);
+            let from = a.to_schedule;
+            let to = b.to_schedule;
             prop_assert!(
                 legal_edge(from, to),
                 "job {}: illegal edge {} -> {} ({})",
@@ -1879,7 +1902,7 @@ fn preempted_job_relaunches_ahead_of_new_jobs_with_run_cap_full() {
     let r = scheduler::pass(&mut store, caps).unwrap();
     assert_eq!(r.started[0].id, b);
     let row = store.get(b).unwrap();
-    let running = lifecycle::running(&row, 1, "pod/b-2-1".into());
+    let running = lifecycle::running(&row, 1, Workload::Pod("b-2-1".into()));
     let row = store.transition(b, &running).unwrap().applied().unwrap();
     let lost = Outcome::Lost {
         reason: "preempted".into(),

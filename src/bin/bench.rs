@@ -711,12 +711,12 @@ async fn main() -> anyhow::Result<()> {
     let store = Store::open(&StateDir::new(state.path()).store(), 1024)?;
     // Every row and its history, read once for all the figures below.
     let all = store.all()?;
-    let histories: HashMap<i64, Vec<managed_jobs::store::HistoryEntry>> = all
+    let histories: HashMap<i64, Vec<managed_jobs::lifecycle::HistoryEntry>> = all
         .iter()
         .map(|r| (r.id, store.history(r.id).unwrap_or_default()))
         .collect();
     let history = |id: i64| histories.get(&id).map(Vec::as_slice).unwrap_or_default();
-    let bench_jobs: Vec<&managed_jobs::store::JobRow> = all
+    let bench_jobs: Vec<&managed_jobs::lifecycle::JobRow> = all
         .iter()
         .filter(|r| r.name.starts_with("bench-"))
         .collect();
@@ -744,7 +744,7 @@ async fn main() -> anyhow::Result<()> {
                 p if JobPhase::parse(p).is_some_and(|p| p.is_terminal()) => "terminal",
                 _ => continue,
             };
-            if let Some(t) = history.iter().find(|t| t.to_phase == *phase) {
+            if let Some(t) = history.iter().find(|t| t.to_phase.as_str() == *phase) {
                 per_phase
                     .entry(label)
                     .or_default()
@@ -801,7 +801,7 @@ async fn main() -> anyhow::Result<()> {
                 Some((r.id, at))
             })
             .collect();
-        let key = |r: &managed_jobs::store::JobRow| (-r.priority, r.queued_at_ms, r.id);
+        let key = |r: &managed_jobs::lifecycle::JobRow| (-r.priority, r.queued_at_ms, r.id);
         let mut count = 0;
         for a in rows {
             for b in rows {
@@ -824,7 +824,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|r| {
             let phases = history(r.id)
                 .iter()
-                .filter(|t| t.from_phase.as_deref().is_some_and(|f| f != t.to_phase))
+                .filter(|t| t.from_phase.is_some_and(|f| f != t.to_phase))
                 .count();
             // A launch intent moves a pipeline's task Pending -> Starting without a job phase
             // change (the job is already Starting between tasks).

@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::{Executor, Launched, Outcome, Refused, Stop, contain};
-use crate::lifecycle::{FailureReason, Observed};
+use super::{Executor, Launched, Result, Stop, contain};
+use crate::lifecycle::world::ProcessSeen;
+use crate::lifecycle::{FailureReason, JobRow, Observed, Outcome, Refused, Workload};
 use crate::process;
 use crate::state_dir::StateDir;
-use crate::store::{JobRow, Store};
+use crate::store::Store;
 
 /// PATH given to workloads whose spec does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -128,7 +129,7 @@ impl LocalExecutor {
     /// Every local attempt's wrapper process of this state dir, found by its marker and its
     /// exit file's path among its arguments (a read of each process's command line): what the
     /// world check ([`crate::lifecycle::world`]) holds against the store.
-    pub fn wrappers(&self) -> Vec<crate::lifecycle::world::ProcessSeen> {
+    pub fn wrappers(&self) -> Vec<ProcessSeen> {
         let run_dir = self.state_dir.run_dir();
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return Vec::new();
@@ -147,7 +148,7 @@ impl LocalExecutor {
                     && nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()
                         == Some(nix::unistd::Pid::from_raw(pid)))
                 .then_some(())?;
-                Some(crate::lifecycle::world::ProcessSeen {
+                Some(ProcessSeen {
                     pid,
                     start_time: process::start_time(pid)?,
                     job_id,
@@ -159,7 +160,7 @@ impl LocalExecutor {
 
     /// Stops a wrapper the world check found orphaned (no live attempt owns it): its process
     /// group and everything with its attempt's mark, SIGTERM once, SIGKILL after `grace`.
-    pub async fn stop_orphan(&self, seen: crate::lifecycle::world::ProcessSeen, grace: Duration) {
+    pub async fn stop_orphan(&self, seen: ProcessSeen, grace: Duration) {
         if !process::is_alive(seen.pid, seen.start_time) {
             return;
         }
@@ -276,12 +277,7 @@ impl Executor for LocalExecutor {
     /// The attempt held (started or adopted) and still running; else its exit file; else, once
     /// its launch intent is recorded, its process group found by its marker (a resumed
     /// controller adopts it). Never launched: [`Observed::NotFound`] without a /proc scan.
-    async fn observe(
-        &mut self,
-        _store: &Store,
-        job: &JobRow,
-        attempt: i32,
-    ) -> anyhow::Result<Observed> {
+    async fn observe(&mut self, _store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
         if let Some((a, w)) = self.current.as_mut() {
             // An attempt this executor started is reported running once even if it already
             // ended (a trivial script exits within the spawn): it did run, and its start
@@ -313,7 +309,7 @@ impl Executor for LocalExecutor {
         })
     }
 
-    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Launched> {
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
         match self.spawn(job, attempt) {
             Ok(w) => {
                 self.current = Some((attempt, w));
@@ -335,7 +331,7 @@ impl Executor for LocalExecutor {
 
     /// Stops the current attempt's processes; after an attempt that ended on its own, says
     /// how many it had left running.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
         let mut forced = Vec::new();
         if job.attempt > 0 {
             let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
@@ -394,9 +390,9 @@ impl LocalWorkload {
         }
     }
 
-    /// `pid/<pid>`.
-    pub fn describe(&self) -> String {
-        format!("pid/{}", self.pid)
+    /// The workload, as `status.workload` names it (`pid/<pid>`).
+    pub fn describe(&self) -> Workload {
+        Workload::Process(self.pid)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Executors: how a job's workload runs, behind one interface ([`Executor`]).
 //!
 //! - [`local`]: `setup` then `run` under `sh`, a process group of its own on the controller node;
-//! - [`pod`]: one Pod per attempt, observed by the operator's one shared Pod watch.
+//! - [`pod`]: one Pod per attempt, observed by the operator's one shared Pod watch
+//!   (`operator::pod_watch`).
 //!
 //! The job controller asks its executor what it [`observe`](Executor::observe)s of the current
 //! attempt, lets [`crate::lifecycle::next_action`] decide, and asks the executor to
@@ -10,72 +11,34 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::lifecycle::{FailureReason, Observed};
-use crate::store::{JobRow, Store};
+use crate::lifecycle::{JobRow, Observed, Refused};
+use crate::store::{Store, StoreError};
 
 pub mod contain;
 pub mod local;
 pub mod pod;
 
-/// How an attempt ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every part exited 0.
-    Succeeded,
-    /// The setup script (or an init container) failed.
-    SetupFailed {
-        /// Exit code.
-        code: i32,
-        /// CamelCase reason.
-        reason: String,
-        /// Which part failed, when the executor knows (e.g. "init container fetch exited with
-        /// code 2").
-        detail: Option<String>,
-    },
-    /// The workload itself failed (counts against maxRestartsOnErrors).
-    Failed {
-        /// Exit code (128 + signal for a signal).
-        code: i32,
-        /// CamelCase reason, e.g. `ExitCode`, `OOMKilled`.
-        reason: String,
-        /// Which part failed, when the executor knows (e.g. "container sidecar was OOM-killed
-        /// (exit code 0)").
-        detail: Option<String>,
-    },
-    /// The node refused to run the workload (a Pod ended Failed before any container ran:
-    /// `OutOfcpu`, `UnexpectedAdmissionError`, `SysctlForbidden`...). A workload error, like
-    /// [`Outcome::Failed`]: it uses maxRestartsOnErrors and backs off; never a tight relaunch loop.
-    Refused {
-        /// The node's CamelCase reason.
-        reason: String,
-        /// The node's message.
-        message: String,
-    },
-    /// The workload can never start as specified (an invalid image name, a container config
-    /// that references what does not exist): retrying cannot help, the job fails its precheck
-    /// and the workload is removed.
-    Invalid {
-        /// The kubelet's CamelCase reason, e.g. `InvalidImageName`.
-        reason: String,
-        /// What is wrong, naming the container.
-        message: String,
-    },
-    /// The workload was taken away (preemption, eviction, node loss): a recovery, bounded by
-    /// maxRecoveries.
-    Lost {
-        /// Sentence saying what happened.
-        reason: String,
-    },
+/// Why an executor could not observe, launch or stop (a refused or failed create is no error:
+/// see [`Launched`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The store could not be read (what the Pod watch recorded).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No Kubernetes client could be built (no kubeconfig, no in-cluster credentials).
+    #[error("kubernetes client: {0}")]
+    Client(#[from] kube::Error),
 }
 
-/// The executor refused to start an attempt, for good (retrying cannot help).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refused {
-    /// `status.failureReason`.
-    pub reason: FailureReason,
-    /// What was refused and why, for `status.message`.
-    pub message: String,
+impl ExecutorError {
+    /// True when the state dir fails (disk full, I/O error): worth trying again later.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(self, ExecutorError::Store(e) if e.is_storage_failure())
+    }
 }
+
+/// Result of an executor's operation.
+pub type Result<T, E = ExecutorError> = std::result::Result<T, E>;
 
 /// How a create of an attempt's workload ([`Executor::launch`]) went.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +51,7 @@ pub enum Launched {
     Refused(Refused),
     /// Failed, and may succeed later (the API answered 5xx, e.g. a failing admission webhook,
     /// or could not be reached). Not retried inside: the executor then observes the attempt as
-    /// [`crate::lifecycle::Observed::CreateFailed`] with the time of the next try, and the job
+    /// [`Observed::CreateFailed`] with the time of the next try, and the job
     /// controller decides again, so a retry counts against the launch deadline and stops at
     /// once on a cancel or a delete.
     Failed {
@@ -133,16 +96,12 @@ pub trait Executor {
         store: &Store,
         job: &JobRow,
         attempt: i32,
-    ) -> impl Future<Output = anyhow::Result<Observed>>;
+    ) -> impl Future<Output = Result<Observed>>;
 
     /// Creates `attempt`'s workload (the launch intent is already recorded), once: a failure
     /// that may pass is [`Launched::Failed`], never retried inside (the job controller decides
     /// when, see [`Launched`]).
-    fn launch(
-        &mut self,
-        job: &JobRow,
-        attempt: i32,
-    ) -> impl Future<Output = anyhow::Result<Launched>>;
+    fn launch(&mut self, job: &JobRow, attempt: i32) -> impl Future<Output = Result<Launched>>;
 
     /// Resolves when the workload may have changed on its own (a local process exited). An
     /// executor whose changes come through the operator's watch (a SIGUSR1) never resolves.
@@ -150,6 +109,5 @@ pub trait Executor {
 
     /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL; a
     /// zero `grace` removes at once). Called again until it returns [`Stop::Gone`].
-    fn stop(&mut self, job: &JobRow, grace: Duration)
-    -> impl Future<Output = anyhow::Result<Stop>>;
+    fn stop(&mut self, job: &JobRow, grace: Duration) -> impl Future<Output = Result<Stop>>;
 }

@@ -1,70 +1,19 @@
-//! Pure decisions: what a job controller does next, and what the operator does when a job
-//! controller process exits.
+//! What a job controller does next ([`next_action`]): a pure decision over the job's record, what
+//! its executor observes of the current attempt and what the controller knows ([`Context`]);
+//! and what a launch refused for good means ([`after_refusal`]).
 
 use std::time::Duration;
 
-use super::FailureReason;
-use super::transitions::{self as t, Transition, current_attempt};
 use crate::api::{JobPhase, ScheduleState, validate_spec};
-use crate::executor::{Outcome, Refused};
-use crate::store::JobRow;
 
-/// What an executor observes of one attempt's workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Observed {
-    /// No trace of it: never created, not seen yet (a Pod the watch has not reported), or gone
-    /// without a recorded end.
-    NotFound,
-    /// Created, not running yet (a Pod being scheduled, pulling its image...).
-    Pending {
-        /// `pod/NAME`.
-        workload: String,
-        /// CamelCase reason of what it waits on (e.g. `ImagePullBackOff`), empty when nothing
-        /// says.
-        reason: String,
-        /// What it waits on, naming the container (e.g. "container main: Back-off pulling
-        /// image ..."), or where it is bound; may be empty.
-        message: String,
-    },
-    /// Its Pod waits for a node; `message` is the scheduler's reason.
-    Unschedulable {
-        /// `pod/NAME`.
-        workload: String,
-        /// E.g. "0/4 nodes are available: ...".
-        message: String,
-    },
-    /// It was deleted (by someone else: a user, a controller, an eviction) but is not gone yet,
-    /// and had not exited: it no longer counts as running.
-    Terminating {
-        /// `pod/NAME`.
-        workload: String,
-        /// E.g. "Pod x-1-1 on node n1 is terminating".
-        message: String,
-        /// When it has outlived its grace period plus a margin (ms since epoch): past it, on a
-        /// node that is not Ready, it is force-deleted.
-        force_at_ms: Option<i64>,
-        /// Whether its node is Ready, when asked (past `force_at_ms`); None: not asked or
-        /// unknown (never forced then).
-        node_ready: Option<bool>,
-    },
-    /// Its create failed and may succeed later (the API answered 5xx, or could not be
-    /// reached): tried again at `retry_at_ms`, against the launch deadline.
-    CreateFailed {
-        /// `pod/NAME`.
-        workload: String,
-        /// What the API said.
-        message: String,
-        /// When to try the create again (ms since epoch).
-        retry_at_ms: i64,
-    },
-    /// It runs.
-    Running {
-        /// `pid/N` or `pod/NAME`.
-        workload: String,
-    },
-    /// It ended; here is how.
-    Ended(Outcome),
-}
+use super::change::Transition;
+use super::clock::earliest;
+use super::deadlines::{deadline_ms, launch_deadline_ms, launch_timeout, node_wait_deadline_ms};
+use super::outcome::{Observed, Outcome, Refused, Workload};
+use super::reason::{Failure, FailureReason};
+use super::record::JobRow;
+use super::tasks::stored_message;
+use super::transitions as t;
 
 /// What the job controller knows besides the row and the observation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,15 +41,9 @@ pub struct Context {
     pub run_slot_wanted: bool,
 }
 
-/// Default of `--launch-timeout-seconds`: 10 minutes. Kueue's waitForPodsReady defaults to 5;
-/// ours is longer because ML images of several GB often take minutes to pull, and a timeout
-/// costs the whole launch again.
-pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a launched Pod may wait without a reason (its node has not reported yet) before
 /// the job's message says what it waits on.
 pub const PENDING_QUIET: Duration = Duration::from_secs(10);
-/// Default of `--max-launch-timeouts`.
-pub const DEFAULT_MAX_LAUNCH_TIMEOUTS: i32 = 3;
 
 /// The job controller's next step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -147,50 +90,7 @@ pub fn observes(row: &JobRow) -> bool {
 pub fn in_backoff(row: &JobRow) -> bool {
     row.schedule_state == ScheduleState::Alive
         && row.phase == JobPhase::Recovering
-        && row.launched_attempt < current_attempt(row)
-}
-
-/// The launch deadline of `row`'s current attempt (ms since epoch): its launch clock plus
-/// `spec.launchTimeoutSeconds` or the operator's default. None while the clock is stopped.
-pub fn launch_deadline_ms(row: &JobRow, cx: &Context) -> Option<i64> {
-    let timeout = launch_timeout(row, cx);
-    Some(row.launched_at_ms? + timeout.as_millis() as i64)
-}
-
-fn launch_timeout(row: &JobRow, cx: &Context) -> Duration {
-    match row.spec.launch_timeout_seconds {
-        Some(s) if s > 0 => Duration::from_secs(s as u64),
-        _ => cx.launch_timeout,
-    }
-}
-
-/// When `row` runs past `spec.activeDeadlineSeconds` (ms since epoch), counted from when its
-/// workload first ran (`startedAt`; time in the queue does not count, as a suspended batch/v1
-/// Job's does not), or past its current task's `activeDeadlineSeconds` (a pipeline), counted
-/// from when that task first ran: whichever comes first. None before it first ran or without a
-/// deadline.
-pub fn deadline_ms(row: &JobRow) -> Option<i64> {
-    let (job, task) = deadlines(row);
-    super::earliest(job.map(|d| d.0), task.map(|d| d.0))
-}
-
-/// A deadline: when (ms since epoch), and the `activeDeadlineSeconds` it comes from.
-pub type Deadline = (i64, i64);
-
-/// The job's deadline and its current task's (a pipeline's); each None before it started or
-/// without one.
-pub fn deadlines(row: &JobRow) -> (Option<Deadline>, Option<Deadline>) {
-    let job = row
-        .spec
-        .active_deadline_seconds
-        .and_then(|secs| Some((row.started_at_ms? + secs * 1000, secs)));
-    let task = row
-        .spec
-        .is_pipeline()
-        .then(|| super::tasks::current_task(row).active_deadline_seconds)
-        .flatten()
-        .and_then(|secs| Some((row.task_started_at_ms? + secs * 1000, secs)));
-    (job, task)
+        && row.launched_attempt < row.current_attempt()
 }
 
 /// The job controller's decision for `row` as read, given `observed` (the current attempt's
@@ -210,14 +110,14 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             Action::Apply(t::cancelling(row))
         };
     }
-    let attempt = current_attempt(row);
+    let attempt = row.current_attempt();
     // The deadline holds wherever the job is: running, launching, in a back-off or queued for a
     // launch slot. No attempt starts after it.
     let deadline = deadline_ms(row);
     if deadline.is_some_and(|d| d <= cx.now_ms) {
         return Action::StopThen(t::deadline_exceeded(row));
     }
-    let sooner = |until: Option<i64>| super::earliest(until, deadline);
+    let sooner = |until: Option<i64>| earliest(until, deadline);
     match row.schedule_state {
         ScheduleState::Launching => {}
         ScheduleState::Alive if in_backoff(row) => {
@@ -300,13 +200,13 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
         // Created (or adopted) but never reported, e.g. a Pod of that name that is not the
         // attempt's: created again until the launch deadline, then timed out like any launch.
         Observed::NotFound if cx.create_is_idempotent => {
-            if launch_deadline_ms(row, cx).is_some_and(|d| d <= cx.now_ms) {
+            if launch_deadline_ms(row, cx.launch_timeout).is_some_and(|d| d <= cx.now_ms) {
                 return Action::RemoveThen(t::launch_timed_out(
                     row,
                     attempt,
-                    "PodNotSeen",
+                    Some(Failure::Operator(FailureReason::PodNotSeen)),
                     "its Pod was created but never seen by the operator's Pod watch",
-                    launch_timeout(row, cx),
+                    launch_timeout(row, cx.launch_timeout),
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
@@ -318,26 +218,25 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
         Observed::CreateFailed {
-            workload,
+            pod,
             message,
             retry_at_ms,
         } => {
-            let launch_deadline = launch_deadline_ms(row, cx);
+            let launch_deadline = launch_deadline_ms(row, cx.launch_timeout);
             if launch_deadline.is_some_and(|d| d <= cx.now_ms) {
                 return Action::RemoveThen(t::launch_timed_out(
                     row,
                     attempt,
-                    "CreateFailed",
+                    Some(Failure::Operator(FailureReason::CreateFailed)),
                     message,
-                    launch_timeout(row, cx),
+                    launch_timeout(row, cx.launch_timeout),
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
                 ));
             }
-            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let waiting = format!("creating Pod {pod} failed, trying again: {message}");
-            if row.message != super::tasks::stored_message(row, &waiting) {
+            if row.message != stored_message(row, &waiting) {
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
             if *retry_at_ms <= cx.now_ms {
@@ -347,7 +246,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 };
             }
             Action::Wait {
-                until_ms: sooner(super::earliest(Some(*retry_at_ms), launch_deadline)),
+                until_ms: sooner(earliest(Some(*retry_at_ms), launch_deadline)),
             }
         }
         Observed::NotFound => Action::Apply(t::after_outcome(
@@ -366,13 +265,11 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 wait
             }
         }
-        Observed::Unschedulable { workload, message } => {
+        Observed::Unschedulable { pod, message } => {
             // A run slot held by a Pod no node takes is given back after its launch timeout,
             // when another job wants it.
-            let timeout = launch_timeout(row, cx);
-            let give_back_at = row
-                .node_wait_since_ms
-                .map(|since| since + timeout.as_millis() as i64);
+            let timeout = launch_timeout(row, cx.launch_timeout);
+            let give_back_at = node_wait_deadline_ms(row, cx.launch_timeout);
             if !launching && cx.run_slot_wanted && give_back_at.is_some_and(|at| at <= cx.now_ms) {
                 return Action::RemoveThen(t::node_wait_timed_out(
                     row,
@@ -384,10 +281,9 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                     cx.backoff_base,
                 ));
             }
-            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let message = format!("waiting for a node for Pod {pod}: {message}");
-            if launching || row.message != super::tasks::stored_message(row, &message) {
-                Action::Apply(t::unschedulable(row, workload.clone(), message))
+            if launching || row.message != stored_message(row, &message) {
+                Action::Apply(t::unschedulable(row, Workload::Pod(pod.clone()), message))
             } else {
                 Action::Wait {
                     until_ms: sooner(give_back_at.filter(|at| *at > cx.now_ms)),
@@ -395,7 +291,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             }
         }
         Observed::Terminating {
-            workload,
+            pod,
             message,
             force_at_ms,
             node_ready,
@@ -415,34 +311,33 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 ));
             }
             let waiting = format!("{message}; relaunching once it is gone");
-            if row.message != super::tasks::stored_message(row, &waiting) {
-                return Action::Apply(t::terminating(row, workload.clone(), waiting));
+            if row.message != stored_message(row, &waiting) {
+                return Action::Apply(t::terminating(row, Workload::Pod(pod.clone()), waiting));
             }
             Action::Wait {
                 until_ms: sooner(force_at_ms.filter(|f| *f > cx.now_ms)),
             }
         }
         Observed::Pending {
-            workload,
+            pod,
             reason,
             message,
         } => {
-            let launch_deadline = launch_deadline_ms(row, cx);
+            let launch_deadline = launch_deadline_ms(row, cx.launch_timeout);
             if launch_deadline.is_some_and(|d| d <= cx.now_ms) {
                 // Removed at once: nothing of it ran, and a node that never started it would
                 // never confirm a graceful delete either.
                 return Action::RemoveThen(t::launch_timed_out(
                     row,
                     attempt,
-                    reason,
+                    (!reason.is_empty()).then(|| Failure::Workload(reason.clone())),
                     message,
-                    launch_timeout(row, cx),
+                    launch_timeout(row, cx.launch_timeout),
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
                 ));
             }
-            let pod = workload.strip_prefix("pod/").unwrap_or(workload);
             let waiting = match t::reason_and_message(reason, message) {
                 w if w.is_empty() => format!("waiting for Pod {pod} to start"),
                 w => format!("waiting for Pod {pod} to start: {w}"),
@@ -457,13 +352,13 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
             let worth = !reason.is_empty()
                 || (!message.is_empty() && quiet_over.is_some_and(|q| q <= cx.now_ms));
             if row.launched_at_ms.is_none()
-                || (worth && row.message != super::tasks::stored_message(row, &waiting))
+                || (worth && row.message != stored_message(row, &waiting))
             {
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
             let show_at = quiet_over.filter(|q| *q > cx.now_ms && !message.is_empty());
             Action::Wait {
-                until_ms: sooner(super::earliest(launch_deadline, show_at)),
+                until_ms: sooner(earliest(launch_deadline, show_at)),
             }
         }
     }
@@ -493,105 +388,53 @@ pub fn after_refusal(row: &JobRow, refused: &Refused) -> AfterRefusal {
     )))
 }
 
-/// What the operator does when a job's controller process (`pid`) exited.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ControllerExit {
-    /// Nothing: the job is Done, or `pid` is not its recorded controller (an older one).
-    Finished,
-    /// Resume the job: write this ([`t::controller_resumed`]), then start a fresh controller.
-    Resume(Transition),
-    /// The controller exited `max_crashes` times: write this ([`t::controller_gave_up`]) and
-    /// stop the job's workload.
-    GiveUp(Transition),
-}
-
-/// Why the operator learned that a job controller is gone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExitSeen {
-    /// The operator saw it exit while running (its parent, or its pidfd): a crash.
-    WhileOperatorRan,
-    /// The operator, starting, found it dead: it went away with the previous operator
-    /// (a rollout, SIGKILL, OOM, node loss), so it is a hand-over, not a crash.
-    AtOperatorStart,
-}
-
-/// Decides on the exit of job controller `pid` of `row` (DESIGN.md section 7): an exit before
-/// the job is Done while the operator ran is a crash, and the `max_crashes`-th ends the job
-/// FailedController; one found at the operator's start is resumed without counting.
-pub fn controller_exited(
-    row: &JobRow,
-    pid: i32,
-    max_crashes: i64,
-    seen: ExitSeen,
-) -> ControllerExit {
-    if row.schedule_state == ScheduleState::Done || row.controller_pid != Some(pid) {
-        return ControllerExit::Finished;
-    }
-    if seen == ExitSeen::AtOperatorStart {
-        return ControllerExit::Resume(t::controller_resumed(row, false));
-    }
-    let crashes = row.controller_crashes + 1;
-    if crashes >= max_crashes {
-        ControllerExit::GiveUp(t::controller_gave_up(row, crashes))
+/// The grace a workload's stop gets for `action`: none for a removal ([`Action::RemoveThen`]:
+/// nothing of a workload that never started needs one), else `grace` (the operator's
+/// `--cancel-grace-seconds`; a Pod's own `terminationGracePeriodSeconds` applies to it).
+pub fn stop_grace(action: &Action, grace: Duration) -> Duration {
+    if matches!(action, Action::RemoveThen(_)) {
+        Duration::ZERO
     } else {
-        ControllerExit::Resume(t::controller_resumed(row, true))
+        grace
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{ExecutorKind, ManagedJobSpec};
-    use crate::lifecycle::{Reason, check_edge};
+    use crate::defaults::{
+        LAUNCH_TIMEOUT as DEFAULT_LAUNCH_TIMEOUT,
+        MAX_LAUNCH_TIMEOUTS as DEFAULT_MAX_LAUNCH_TIMEOUTS,
+    };
+    use crate::lifecycle::change::check_edge;
+    use crate::lifecycle::edges::legal_state;
+    use crate::lifecycle::reason::Reason;
+    use crate::lifecycle::record::Object;
     use proptest::prelude::*;
 
-    fn row(phase: JobPhase, schedule: ScheduleState) -> JobRow {
+    /// A job's record as its controller reads it: `phase` and `schedule`, controller pid 10.
+    pub(crate) fn row(phase: JobPhase, schedule: ScheduleState) -> JobRow {
+        let spec = ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "u",
+            namespace: "ns",
+            name: "j",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 1_000,
+        };
         JobRow {
             id: 1,
-            uid: "u".into(),
-            namespace: "ns".into(),
-            name: "j".into(),
-            generation: 1,
-            executor: ExecutorKind::Local,
-            spec: ManagedJobSpec {
-                run: Some("true".into()),
-                ..Default::default()
-            },
-            priority: 0,
             phase,
             schedule_state: schedule,
-            message: String::new(),
-            queue_position: None,
-            cancel_requested: false,
-            deleting: false,
             controller_pid: Some(10),
             controller_start_time: Some(1),
             controller_starts: 1,
-            controller_crashes: 0,
-            attempt: 0,
-            launched_attempt: 0,
-            recovery_count: 0,
-            restart_count: 0,
-            exit_code: None,
-            failure_reason: None,
-            workload: None,
-            backoff_until_ms: None,
-            submitted_at_ms: 1_000,
-            started_at_ms: None,
-            finished_at_ms: None,
-            phase_changed_at_ms: 1_000,
-            status_version: 1,
-            synced_version: 0,
-            queued_at_ms: 1_000,
-            changed_seq: 0,
-            unsynced_since_seq: 0,
-            launched_at_ms: None,
-            launch_timeouts: 0,
-            task_index: 0,
-            task_first_attempt: 1,
-            task_started_at_ms: None,
-            tasks: vec![],
-            node_wait_since_ms: None,
+            ..JobRow::new(&object, 1_000)
         }
     }
 
@@ -679,7 +522,7 @@ mod tests {
         r.launched_attempt = 1;
         r.spec.active_deadline_seconds = Some(5);
         let running = Observed::Running {
-            workload: "pid/5".into(),
+            workload: Workload::Process(5),
         };
         // Never ran: no deadline yet.
         assert_eq!(deadline_ms(&r), None);
@@ -693,7 +536,7 @@ mod tests {
         r.started_at_ms = Some(4_000);
         let a = next_action(&r, Some(&running), &cx(false));
         assert!(
-            matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some("DeadlineExceeded".into()))),
+            matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some(Failure::parse("DeadlineExceeded")))),
             "{a:?}"
         );
     }
@@ -722,7 +565,7 @@ mod tests {
             // After it: stop and fail, never launch attempt 2.
             let a = next_action(&r, None, &cx(false));
             assert!(
-                matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some("DeadlineExceeded".into()))),
+                matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some(Failure::parse("DeadlineExceeded")))),
                 "{a:?}"
             );
         }
@@ -730,7 +573,7 @@ mod tests {
 
     fn pending(reason: &str) -> Observed {
         Observed::Pending {
-            workload: "pod/j-1-1".into(),
+            pod: "j-1-1".into(),
             reason: reason.into(),
             message: if reason.is_empty() {
                 String::new()
@@ -787,7 +630,7 @@ mod tests {
         assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
         assert_eq!(
             t.change.failure_reason,
-            Some(Some("ImagePullBackOff".into()))
+            Some(Some(Failure::parse("ImagePullBackOff")))
         );
         let message = t.change.message.clone().unwrap();
         assert!(
@@ -799,7 +642,10 @@ mod tests {
         let Action::RemoveThen(t) = &a else {
             panic!("{a:?}")
         };
-        assert_eq!(t.change.failure_reason, Some(Some("LaunchTimeout".into())));
+        assert_eq!(
+            t.change.failure_reason,
+            Some(Some(Failure::parse("LaunchTimeout")))
+        );
         // The operator's default applies without spec.launchTimeoutSeconds.
         r.spec.launch_timeout_seconds = None;
         assert_eq!(
@@ -820,7 +666,7 @@ mod tests {
         r.launched_attempt = 1;
         r.launched_at_ms = Some(9_000);
         let bound = Observed::Pending {
-            workload: "pod/j-1-1".into(),
+            pod: "j-1-1".into(),
             reason: String::new(),
             message: "bound to node n9, which has not started it".into(),
         };
@@ -854,7 +700,7 @@ mod tests {
         r.message = "waiting for a node for Pod j-1-2: 0/4 nodes are available".into();
         assert!(observes(&r) && !in_backoff(&r));
         let unschedulable = Observed::Unschedulable {
-            workload: "pod/j-1-2".into(),
+            pod: "j-1-2".into(),
             message: "0/4 nodes are available".into(),
         };
         assert_eq!(
@@ -868,7 +714,7 @@ mod tests {
         assert_eq!(t.change.reason, Reason::WaitingToStart);
         assert_eq!(
             t.change.launch_clock,
-            Some(crate::lifecycle::LaunchClock::Start)
+            Some(crate::lifecycle::change::LaunchClock::Start)
         );
         // Waiting for a node, the clock is cleared.
         let mut launching = row(JobPhase::Starting, ScheduleState::Launching);
@@ -881,7 +727,7 @@ mod tests {
         };
         assert_eq!(
             t.change.launch_clock,
-            Some(crate::lifecycle::LaunchClock::Clear)
+            Some(crate::lifecycle::change::LaunchClock::Clear)
         );
     }
 
@@ -895,7 +741,7 @@ mod tests {
         r.attempt = 1;
         r.launched_attempt = 1;
         let terminating = |force_at_ms, node_ready| Observed::Terminating {
-            workload: "pod/j-1-1".into(),
+            pod: "j-1-1".into(),
             message: "Pod j-1-1 on node n1 is terminating".into(),
             force_at_ms: Some(force_at_ms),
             node_ready,
@@ -958,7 +804,7 @@ mod tests {
         r.launched_at_ms = Some(9_000);
         r.spec.launch_timeout_seconds = Some(5);
         let failing = |retry_at_ms| Observed::CreateFailed {
-            workload: "pod/j-1-1-x".into(),
+            pod: "j-1-1-x".into(),
             message: "the API answered 500: failed calling webhook".into(),
             retry_at_ms,
         };
@@ -994,12 +840,18 @@ mod tests {
             panic!()
         };
         assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
-        assert_eq!(t.change.failure_reason, Some(Some("CreateFailed".into())));
+        assert_eq!(
+            t.change.failure_reason,
+            Some(Some(Failure::parse("CreateFailed")))
+        );
         // A created Pod the watch never reports is timed out the same way, not created forever.
         let Action::RemoveThen(t) = next_action(&r, Some(&Observed::NotFound), &cx(true)) else {
             panic!()
         };
-        assert_eq!(t.change.failure_reason, Some(Some("PodNotSeen".into())));
+        assert_eq!(
+            t.change.failure_reason,
+            Some(Some(Failure::parse("PodNotSeen")))
+        );
         // A cancel: stopped, whatever the create does.
         r.cancel_requested = true;
         r.phase = JobPhase::Cancelling;
@@ -1044,7 +896,7 @@ mod tests {
         r.message = "waiting for a node for Pod j-1-1: 0/4 nodes are available".into();
         r.node_wait_since_ms = Some(4_000);
         let waiting = Observed::Unschedulable {
-            workload: "pod/j-1-1".into(),
+            pod: "j-1-1".into(),
             message: "0/4 nodes are available".into(),
         };
         // Past its timeout, but nobody wants the slot: it keeps it.
@@ -1080,46 +932,22 @@ mod tests {
             panic!()
         };
         assert_eq!(t.change.phase, Some(JobPhase::FailedNoResource));
-        assert_eq!(t.change.failure_reason, Some(Some("Unschedulable".into())));
+        assert_eq!(
+            t.change.failure_reason,
+            Some(Some(Failure::parse("Unschedulable")))
+        );
         // Back in the queue, its controller leaves.
         let queued = row(JobPhase::Pending, ScheduleState::Waiting);
         assert_eq!(next_action(&queued, None, &cx(true)), Action::Exit);
         // The message names the slot that is missing.
-        let m = crate::lifecycle::queued_message(0, 2, 5, 5, 5);
+        let m = crate::lifecycle::transitions::queued_message(0, 2, 5, 5, 5);
         assert!(
             m.starts_with("waiting for a run slot: all 5 in use, 5 by Pods waiting for a node"),
             "{m}"
         );
         assert_eq!(
-            crate::lifecycle::queued_message(2, 2, 3, 5, 0),
+            crate::lifecycle::transitions::queued_message(2, 2, 3, 5, 0),
             "waiting for a launch slot: all 2 in use"
-        );
-    }
-
-    #[test]
-    fn a_controller_exit_resumes_until_the_crash_limit() {
-        let ran = ExitSeen::WhileOperatorRan;
-        let r = row(JobPhase::Running, ScheduleState::Alive);
-        assert!(matches!(
-            controller_exited(&r, 10, 3, ran),
-            ControllerExit::Resume(_)
-        ));
-        assert_eq!(controller_exited(&r, 11, 3, ran), ControllerExit::Finished);
-        let mut twice = r.clone();
-        twice.controller_crashes = 2;
-        assert!(matches!(
-            controller_exited(&twice, 10, 3, ran),
-            ControllerExit::GiveUp(_)
-        ));
-        // Found dead at the operator's start: a hand-over, never counted, never fatal.
-        match controller_exited(&twice, 10, 3, ExitSeen::AtOperatorStart) {
-            ControllerExit::Resume(t) => assert!(!t.change.controller_crashed),
-            other => panic!("{other:?}"),
-        }
-        let done = row(JobPhase::Succeeded, ScheduleState::Done);
-        assert_eq!(
-            controller_exited(&done, 10, 3, ran),
-            ControllerExit::Finished
         );
     }
 
@@ -1136,37 +964,37 @@ mod tests {
             Just(None),
             Just(Some(Observed::NotFound)),
             Just(Some(Observed::Terminating {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 message: "Pod p on node n is terminating".into(),
                 force_at_ms: Some(5_000),
                 node_ready: Some(false),
             })),
             Just(Some(Observed::Terminating {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 message: "Pod p on node n is terminating".into(),
                 force_at_ms: Some(50_000),
                 node_ready: None,
             })),
             Just(Some(Observed::Pending {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 reason: "ImagePullBackOff".into(),
                 message: "container main: back-off".into(),
             })),
             Just(Some(Observed::Running {
-                workload: "pod/p".into()
+                workload: Workload::Pod("p".into())
             })),
             Just(Some(Observed::CreateFailed {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 message: "the API answered 500".into(),
                 retry_at_ms: 9_000,
             })),
             Just(Some(Observed::CreateFailed {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 message: "the API answered 500".into(),
                 retry_at_ms: 20_000,
             })),
             Just(Some(Observed::Unschedulable {
-                workload: "pod/p".into(),
+                pod: "p".into(),
                 message: "0/1 nodes".into()
             })),
             Just(Some(Observed::Ended(Outcome::Succeeded))),
@@ -1210,6 +1038,7 @@ mod tests {
             prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
             prop_assume!(!matches!(schedule, ScheduleState::Inactive | ScheduleState::Waiting) || phase == JobPhase::Pending);
             prop_assume!(phase != JobPhase::Cancelling || cancel);
+            prop_assume!(legal_state(phase, schedule, cancel));
             let mut r = row(phase, schedule);
             r.cancel_requested = cancel;
             r.attempt = attempt;

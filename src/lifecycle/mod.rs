@@ -1,65 +1,80 @@
-//! Every rule about a job's life, in one place and free of I/O (DESIGN.md sections 4 to 7).
+//! Every rule about a job's life, in one place and free of I/O (`docs/design.md`, "Two state
+//! machines" to "Processes, crashes and resumption").
 //!
 //! A job carries two state machines: the user-facing phase ([`JobPhase`]) and the scheduler's
-//! state ([`ScheduleState`]). This module is their single source of truth:
+//! state ([`ScheduleState`]). This module is their single source of truth. Its files, each
+//! using only those listed before it:
 //!
-//! - [`reason`]: why a transition happened ([`Reason`], recorded in the history and read by the
-//!   Events) and why a job failed ([`FailureReason`], `status.failureReason`).
-//! - [`transitions`]: the guard ([`Expect`]) and the [`Change`] of each named transition
-//!   ([`admit`], [`controller_started`], [`launch_intent`], [`running`], [`after_outcome`], ...),
-//!   and the table of legal edges ([`legal_schedule_edge`], [`check_edge`]) that
-//!   [`crate::store::Store::transition`] enforces: an illegal edge is an error, never written.
-//! - [`restore`]: a job's row rebuilt from its object's status after the store was lost.
-//! - [`decide`]: what a job controller does next ([`next_action`]) given the job's row and what
-//!   its executor observes, and what the operator does when a job controller exits
-//!   ([`controller_exited`]).
-//! - [`world`]: the store checked against the world (objects, Pods, processes), and the
-//!   fencing of stores.
+//! - [`clock`]: time in ms since the epoch, the back-off between attempts;
+//! - [`reason`]: why a transition happened ([`Reason`]) and why a job failed ([`Failure`]:
+//!   the operator's [`FailureReason`] or the workload's text);
+//! - [`outcome`]: what executors report ([`Workload`], [`Observed`], [`Outcome`], [`Refused`]);
+//! - [`record`]: the job record ([`JobRow`], its columns declared once) and its history entries;
+//! - [`tasks`]: a pipeline's current task and how each task's record follows the job;
+//! - [`pod`]: each attempt's Pod name, and what a Pod observation means for the attempt;
+//! - [`deadlines`]: the job's and its task's deadlines, the launch deadline;
+//! - [`edges`]: the legal moves ([`SCHEDULE_EDGES`], [`PHASE_EDGES`], [`legal_state`]) and the
+//!   guard of a compare-and-set ([`Expect`]);
+//! - [`change`]: a [`Change`] (built only here) and how it is applied to a record ([`apply`]);
+//! - [`transitions`]: the named transitions ([`admit`], [`controller_started`],
+//!   [`launch_intent`], [`running`], [`after_outcome`], ...), each a guard and a change;
+//! - [`decide`]: a job controller's next step ([`next_action`]), a refused launch;
+//! - [`supervise`]: the operator's choices around job controllers: a cancel's route, a
+//!   controller's exit, a failed spawn, the start-up sweep;
+//! - [`submit`]: a ManagedJob's first sight; [`restore`]: a record rebuilt from a status;
+//! - [`world`]: the store checked against the world (objects, Pods, processes), store fencing;
+//! - [`faults`]: wrong changes, for tests only.
 //!
 //! The processes only read, call these functions, and carry out the result (a compare-and-set,
-//! a launch, a stop); the property test (`tests/scheduler_props.rs`) drives the same functions.
+//! a launch, a stop); the property tests (`tests/scheduler_props.rs`, `tests/world_props.rs`)
+//! drive the same functions.
 //!
 //! [`JobPhase`]: crate::api::JobPhase
 //! [`ScheduleState`]: crate::api::ScheduleState
 
+pub mod change;
+pub mod clock;
+pub mod deadlines;
 pub mod decide;
+pub mod edges;
+#[doc(hidden)]
+pub mod faults;
+pub mod outcome;
+pub mod pod;
 pub mod reason;
+pub mod record;
 pub mod restore;
+pub mod submit;
+pub mod supervise;
 pub mod tasks;
+#[cfg(test)]
+mod tests;
 pub mod transitions;
 pub mod world;
 
+pub use change::{Change, LaunchClock, Transition, apply, check_edge};
+pub use clock::{MAX_BACKOFF, backoff, earliest, now_ms};
 pub use decide::{
-    Action, AfterRefusal, ControllerExit, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_MAX_LAUNCH_TIMEOUTS,
-    ExitSeen, Observed, after_refusal, controller_exited, in_backoff, launch_deadline_ms,
-    next_action, observes,
+    Action, AfterRefusal, Context, after_refusal, in_backoff, next_action, observes, stop_grace,
 };
-pub use reason::{FailureReason, Reason};
-pub use restore::{Restored, restore};
-pub use transitions::*;
-
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// Longest back-off between restarts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
-
-/// Back-off before restart number `restart` (1-based): `base x 2^(restart-1)`, capped at
-/// [`MAX_BACKOFF`] (the doubling of the kubelet's CrashLoopBackOff and of the batch/v1 Job
-/// controller's pod failure back-off).
-pub fn backoff(base: Duration, restart: i32) -> Duration {
-    let factor = 1u32 << (restart.clamp(1, 16) - 1) as u32;
-    base.saturating_mul(factor).min(MAX_BACKOFF)
-}
-
-/// The earlier of two optional times (ms since epoch); None only when both are.
-pub fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
-    a.into_iter().chain(b).min()
-}
-
-/// Milliseconds since the Unix epoch, now (the clock of every stored time).
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use edges::{
+    Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,
+    legal_state,
+};
+pub use outcome::{Observed, Outcome, Refused, Workload};
+pub use reason::{Failure, FailureReason, Reason};
+pub use record::{HistoryEntry, JobRow, Object, Step};
+pub use restore::restore;
+pub use submit::{Submission, submission};
+pub use supervise::{
+    AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, SpawnFailure,
+    StopAfterGiveUp, after_spawn_failure, at_start, cancel_route, controller_exited,
+    needs_controller, stop_after_give_up,
+};
+pub use transitions::{
+    admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, controller_gave_up,
+    controller_resumed, controller_start_failed, controller_started, current_attempt,
+    deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out, node_wait_timed_out,
+    queued, queued_message, reason_and_message, running, starting, stopping, terminating,
+    unschedulable, waiting_to_start,
+};

@@ -1,9 +1,10 @@
-//! Why a transition happened ([`Reason`]) and why a job failed ([`FailureReason`]).
+//! Why a transition happened ([`Reason`]) and why a job failed ([`Failure`]: the operator's own
+//! [`FailureReason`], or what the workload said).
 
 use std::fmt;
 
-/// Why a job moved: recorded with each history entry (`transitions.reason`) and read by
-/// [`crate::events::events_for`]. CamelCase, as Kubernetes reasons are.
+/// Why a job moved: recorded with each history entry (`transitions.reason`) and read by the
+/// Events (`events::events_for`). CamelCase, as Kubernetes reasons are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
     /// The object was first seen (-> Pending + Inactive).
@@ -133,9 +134,10 @@ impl fmt::Display for Reason {
     }
 }
 
-/// Why the operator or a job controller ended a job in a failure phase (`status.failureReason`).
-/// A workload's own failure carries the workload's reason instead (`ExitCode`, `OOMKilled`,
-/// `KilledBySignal9`, an init container's reason...).
+/// Why the operator or a job controller ended a job in a failure phase (`status.failureReason`,
+/// as [`Failure::Operator`]). A workload's own failure carries the workload's reason instead
+/// ([`Failure::Workload`]: `ExitCode`, `OOMKilled`, `KilledBySignal9`, an init container's
+/// reason...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FailureReason {
     /// The spec fails validation the API schema could not express.
@@ -159,11 +161,17 @@ pub enum FailureReason {
     /// No job controller process could be started.
     ControllerStartFailed,
     /// The API refused the workload because its namespace is being deleted. Never a job's
-    /// failure: deleting a namespace cancels its jobs ([`crate::lifecycle::after_refusal`]).
+    /// failure: deleting a namespace cancels its jobs ([`super::decide::after_refusal`]).
     NamespaceTerminating,
     /// No node took the job's Pod within its launch timeout, `--max-launch-timeouts` times in
     /// a row while other jobs waited for a run slot.
     Unschedulable,
+    /// The API kept failing the create of the attempt's Pod (HTTP 5xx, unreachable) until its
+    /// launch deadline, `--max-launch-timeouts` times in a row.
+    CreateFailed,
+    /// The attempt's Pod was created but the operator's Pod watch never reported it before its
+    /// launch deadline, `--max-launch-timeouts` times in a row.
+    PodNotSeen,
 }
 
 impl FailureReason {
@@ -181,7 +189,73 @@ impl FailureReason {
             FailureReason::ControllerStartFailed => "ControllerStartFailed",
             FailureReason::NamespaceTerminating => "NamespaceTerminating",
             FailureReason::Unschedulable => "Unschedulable",
+            FailureReason::CreateFailed => "CreateFailed",
+            FailureReason::PodNotSeen => "PodNotSeen",
         }
+    }
+
+    /// Every reason, for parsing and tests.
+    pub const ALL: [FailureReason; 13] = [
+        FailureReason::InvalidSpec,
+        FailureReason::ExecutorDisabled,
+        FailureReason::LaunchFailed,
+        FailureReason::PodRejected,
+        FailureReason::DeadlineExceeded,
+        FailureReason::LaunchTimeout,
+        FailureReason::RecoveryBudgetSpent,
+        FailureReason::ControllerCrashed,
+        FailureReason::ControllerStartFailed,
+        FailureReason::NamespaceTerminating,
+        FailureReason::Unschedulable,
+        FailureReason::CreateFailed,
+        FailureReason::PodNotSeen,
+    ];
+
+    /// The reason named `s`, if it is one of the operator's.
+    pub fn parse(s: &str) -> Option<FailureReason> {
+        FailureReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+/// Why a job (or its attempt) failed, as `status.failureReason` says it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Failure {
+    /// The operator's own reason ([`FailureReason`]).
+    Operator(FailureReason),
+    /// What the workload said, verbatim: its exit (`ExitCode`, `KilledBySignal9`,
+    /// `SetupFailed`), its Pod's or container's reason (`OOMKilled`, `Error`, `OutOfcpu`,
+    /// `InvalidImageName`), or what it waited on (`ImagePullBackOff`).
+    Workload(String),
+}
+
+impl Failure {
+    /// The CamelCase text of `status.failureReason`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Failure::Operator(r) => r.as_str(),
+            Failure::Workload(s) => s,
+        }
+    }
+
+    /// The failure `s` names: one of the operator's reasons when it is one (a workload's text
+    /// that happens to equal one reads the same either way), else the workload's.
+    pub fn parse(s: &str) -> Failure {
+        match FailureReason::parse(s) {
+            Some(r) => Failure::Operator(r),
+            None => Failure::Workload(s.to_string()),
+        }
+    }
+}
+
+impl From<FailureReason> for Failure {
+    fn from(r: FailureReason) -> Failure {
+        Failure::Operator(r)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -201,5 +275,11 @@ mod tests {
             assert_eq!(Reason::parse(r.as_str()), Some(r));
         }
         assert_eq!(Reason::parse("Bench"), None);
+        for r in FailureReason::ALL {
+            assert_eq!(Failure::parse(r.as_str()), Failure::Operator(r));
+        }
+        let oom = Failure::parse("OOMKilled");
+        assert_eq!(oom, Failure::Workload("OOMKilled".into()));
+        assert_eq!(oom.to_string(), "OOMKilled");
     }
 }

@@ -1,64 +1,24 @@
-//! Rebuilding a job's row from its object's status after the store was lost (DESIGN.md
-//! section 7): the status is the truth for everything the user saw; the workload, if it still
-//! runs, is adopted by its deterministic key (the job id and attempt the status names).
+//! Rebuilding a job's record from its object's status after the store was lost
+//! (`docs/design.md`, "A lost store"): the status is the truth for everything the user saw; the
+//! workload, if it still runs, is adopted by its deterministic key (the job id and attempt the
+//! status names).
 
-use crate::api::{JobPhase, ManagedJobStatus, ScheduleState, TaskPhase, TaskStatus};
+use crate::api::{JobPhase, ManagedJobStatus, ScheduleState, TaskPhase};
 
-/// The row of a job rebuilt from its status.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Restored {
-    /// `status.jobId`: kept, so the job's Pods, markers and files stay its own.
-    pub job_id: i64,
-    /// Phase as the status shows it.
-    pub phase: JobPhase,
-    /// Where the job resumes: Done for a finished job, Waiting for a queued one, AliveWaiting
-    /// (a relaunch: it keeps a run slot and needs a launch slot) for one that was live.
-    pub schedule: ScheduleState,
-    /// `status.message`.
-    pub message: String,
-    /// `status.attempt` (at least 1 for a live job).
-    pub attempt: i32,
-    /// Highest attempt whose workload may exist: the controller looks for it (adopts it, or
-    /// counts it lost) instead of launching it again.
-    pub launched_attempt: i32,
-    /// `status.recoveryCount`.
-    pub recovery_count: i32,
-    /// `status.restartCount`.
-    pub restart_count: i32,
-    /// `status.exitCode`.
-    pub exit_code: Option<i32>,
-    /// `status.failureReason`.
-    pub failure_reason: Option<String>,
-    /// `status.workload`.
-    pub workload: Option<String>,
-    /// The job was being cancelled (or its spec asks for it).
-    pub cancel_requested: bool,
-    /// `status.submittedAt`, ms since epoch.
-    pub submitted_at_ms: Option<i64>,
-    /// `status.startedAt`, ms since epoch.
-    pub started_at_ms: Option<i64>,
-    /// `status.finishedAt`, ms since epoch (the TTL counts from it, not from the rebuild).
-    pub finished_at_ms: Option<i64>,
-    /// The object already shows this row (a finished job): nothing is written, byte for byte.
-    pub synced: bool,
-    /// `status.currentTask` (0 for a job of one task).
-    pub task_index: i32,
-    /// The job's attempt at which the current task began: `status.attempt` less the task's
-    /// own attempts.
-    pub task_first_attempt: i32,
-    /// `status.tasks[current].startedAt`, ms since epoch.
-    pub task_started_at_ms: Option<i64>,
-    /// `status.tasks`.
-    pub tasks: Vec<TaskStatus>,
-}
+use super::clock::ms_of as ms;
+use super::outcome::Workload;
+use super::reason::Failure;
+use super::record::{JobRow, Object};
 
-fn ms(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<i64> {
-    t.as_ref().map(|t| t.0.as_millisecond())
-}
-
-/// The row to rebuild from `status` (`spec_cancel`: the object's `spec.cancel`), or None when
-/// the status names no job (the operator never saw the object: it is submitted as new).
-pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored> {
+/// The record of `object` to rebuild from `status` at `now_ms`, or None when the status names
+/// no job (the operator never saw the object: it is submitted as new). Its id is
+/// `status.jobId` (so the job's Pods, markers and files stay its own); where it resumes is Done
+/// for a finished job, Waiting for a queued one, and AliveWaiting (a relaunch: it keeps a run
+/// slot and needs a launch slot) for one that was live, with the highest attempt whose
+/// workload may exist as launched (its controller looks for it, adopts it or counts it lost,
+/// instead of launching it again). A finished job is stored as already written to the API
+/// (its status is never rewritten), its TTL counted from its original `finishedAt`.
+pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> Option<JobRow> {
     let job_id = status.job_id.filter(|id| *id > 0)?;
     let phase = status.phase.unwrap_or(JobPhase::Pending);
     let attempt = status.attempt.max(0);
@@ -84,23 +44,25 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
         };
         (ScheduleState::AliveWaiting, attempt, launched)
     };
-    Some(Restored {
-        job_id,
+    let done = schedule == ScheduleState::Done;
+    Some(JobRow {
+        id: job_id,
         phase,
-        schedule,
+        schedule_state: schedule,
         message: status.message.clone().unwrap_or_default(),
         attempt,
         launched_attempt,
         recovery_count: task.map_or(status.recovery_count, |t| t.recovery_count),
         restart_count: task.map_or(status.restart_count, |t| t.restart_count),
         exit_code: status.exit_code,
-        failure_reason: status.failure_reason.clone(),
-        workload: status.workload.clone(),
-        cancel_requested: !phase.is_terminal() && (spec_cancel || phase == JobPhase::Cancelling),
-        submitted_at_ms: ms(&status.submitted_at),
+        failure_reason: status.failure_reason.as_deref().map(Failure::parse),
+        workload: status.workload.as_deref().and_then(Workload::parse),
+        cancel_requested: !phase.is_terminal()
+            && (object.spec.cancel || phase == JobPhase::Cancelling),
+        submitted_at_ms: ms(&status.submitted_at).unwrap_or(now_ms),
         started_at_ms: ms(&status.started_at),
-        finished_at_ms: ms(&status.finished_at),
-        synced: phase.is_terminal(),
+        finished_at_ms: ms(&status.finished_at).or(done.then_some(now_ms)),
+        synced_version: if done { 1 } else { 0 },
         task_index,
         task_first_attempt: match task {
             Some(t) if t.attempt > 0 => (attempt - t.attempt + 1).max(1),
@@ -109,12 +71,31 @@ pub fn restore(status: &ManagedJobStatus, spec_cancel: bool) -> Option<Restored>
         },
         task_started_at_ms: task.and_then(|t| ms(&t.started_at)),
         tasks: status.tasks.clone(),
+        ..JobRow::new(object, now_ms)
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ManagedJobSpec;
+
+    fn restore(status: &ManagedJobStatus, cancel: bool) -> Option<JobRow> {
+        let spec = ManagedJobSpec {
+            run: Some("true".into()),
+            cancel,
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "u",
+            namespace: "ns",
+            name: "j",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+        };
+        super::restore(&object, status, 1_000)
+    }
 
     fn status(phase: JobPhase, schedule: ScheduleState, attempt: i32) -> ManagedJobStatus {
         ManagedJobStatus {
@@ -130,17 +111,17 @@ mod tests {
     fn a_running_job_resumes_as_a_relaunch_that_adopts_its_attempt() {
         let r = restore(&status(JobPhase::Running, ScheduleState::Alive, 2), false).unwrap();
         assert_eq!(
-            (r.job_id, r.schedule, r.attempt, r.launched_attempt),
+            (r.id, r.schedule_state, r.attempt, r.launched_attempt),
             (7, ScheduleState::AliveWaiting, 2, 2)
         );
-        assert!(!r.synced);
+        assert!(r.synced_version < r.status_version);
     }
 
     #[test]
     fn a_finished_job_is_kept_as_it_is_shown() {
         let r = restore(&status(JobPhase::Succeeded, ScheduleState::Done, 1), false).unwrap();
-        assert_eq!(r.schedule, ScheduleState::Done);
-        assert!(r.synced && !r.cancel_requested);
+        assert_eq!(r.schedule_state, ScheduleState::Done);
+        assert!(r.synced_version == r.status_version && !r.cancel_requested);
     }
 
     #[test]
@@ -153,7 +134,7 @@ mod tests {
         assert_eq!((r.attempt, r.launched_attempt), (3, 2));
         let queued = restore(&status(JobPhase::Pending, ScheduleState::Waiting, 0), true).unwrap();
         assert_eq!(
-            (queued.schedule, queued.cancel_requested),
+            (queued.schedule_state, queued.cancel_requested),
             (ScheduleState::Waiting, true)
         );
         assert_eq!(restore(&ManagedJobStatus::default(), false), None);

@@ -1,241 +1,21 @@
-//! The named transitions of a job and the legal edges of its schedule state machine.
-//!
-//! Each function returns a [`Transition`]: the state the writer expects to find ([`Expect`],
-//! checked by the store's compare-and-set) and the [`Change`] to apply. They are pure: the
-//! caller reads the row, calls one, and hands the result to
-//! [`crate::store::Store::transition`], which refuses a stale guard (conflict) and an illegal
-//! edge ([`check_edge`]).
+//! The named transitions of a job: each function returns a [`Transition`], the state the
+//! writer expects to find ([`Expect`], checked by the store's compare-and-set) and the
+//! [`Change`] to apply. They are pure: the caller reads the row, calls one, and hands the
+//! result to the store, which refuses a stale guard (a conflict) and an illegal move
+//! ([`super::change::apply`]).
 
 use std::time::Duration;
 
-use super::backoff;
-use super::reason::{FailureReason, Reason};
-use super::tasks::{current_task, has_next_task, task_attempt};
 use crate::api::{JobPhase, ScheduleState};
-use crate::executor::Outcome;
-use crate::store::JobRow;
 
-/// The state a compare-and-set expects to find. A Done job never matches.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Expect {
-    /// Accepted current phases (empty = any).
-    pub phases: Vec<JobPhase>,
-    /// Accepted current schedule states (empty = any).
-    pub schedule: Vec<ScheduleState>,
-}
-
-impl Expect {
-    /// Expect exactly this phase and schedule state.
-    pub fn exactly(phase: JobPhase, schedule: ScheduleState) -> Expect {
-        Expect {
-            phases: vec![phase],
-            schedule: vec![schedule],
-        }
-    }
-
-    /// Expect the job to be in one of these schedule states, any phase.
-    pub fn schedule(states: &[ScheduleState]) -> Expect {
-        Expect {
-            phases: vec![],
-            schedule: states.to_vec(),
-        }
-    }
-
-    /// Expect the row exactly as read (its phase and schedule state).
-    pub fn unchanged(row: &JobRow) -> Expect {
-        Expect::exactly(row.phase, row.schedule_state)
-    }
-
-    /// True when `row` is in an expected state (and not Done: nothing leaves Done).
-    pub fn matches(&self, row: &JobRow) -> bool {
-        row.schedule_state != ScheduleState::Done
-            && (self.phases.is_empty() || self.phases.contains(&row.phase))
-            && (self.schedule.is_empty() || self.schedule.contains(&row.schedule_state))
-    }
-}
-
-/// A change to apply in one transition. `None` fields stay as they are; `Some(None)` clears.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
-    /// Why (recorded in the history when the phase or schedule state changes).
-    pub reason: Reason,
-    /// New phase.
-    pub phase: Option<JobPhase>,
-    /// New schedule state.
-    pub schedule: Option<ScheduleState>,
-    /// New message.
-    pub message: Option<String>,
-    /// Record a job controller process (pid, start time), or clear it.
-    pub controller: Option<Option<(i32, u64)>>,
-    /// New attempt number.
-    pub attempt: Option<i32>,
-    /// Record that the create of this attempt's workload is issued.
-    pub launched_attempt: Option<i32>,
-    /// New recovery count.
-    pub recovery_count: Option<i32>,
-    /// New restart count.
-    pub restart_count: Option<i32>,
-    /// New exit code.
-    pub exit_code: Option<Option<i32>>,
-    /// New failure reason (`status.failureReason`).
-    pub failure_reason: Option<Option<String>>,
-    /// New workload description (`pid/N` or `pod/NAME`).
-    pub workload: Option<Option<String>>,
-    /// New back-off deadline (ms since epoch).
-    pub backoff_until_ms: Option<Option<i64>>,
-    /// Set started_at (only if still unset).
-    pub started_now: bool,
-    /// Start (now) or clear the current attempt's launch clock (`launched_at_ms`).
-    pub launch_clock: Option<LaunchClock>,
-    /// New launch-timeouts-in-a-row count.
-    pub launch_timeouts: Option<i32>,
-    /// Count one more job controller start.
-    pub controller_started: bool,
-    /// Count one more job controller crash.
-    pub controller_crashed: bool,
-    /// Forget the crashes counted so far (the job made progress since).
-    pub reset_crashes: bool,
-    /// Move a pipeline to this task (the next one): it begins at the change's attempt, its
-    /// start time is cleared ([`super::tasks`]).
-    pub task_index: Option<i32>,
-    /// Start (now, unless it runs already) or clear the clock of the current Pod's wait for a
-    /// node (`node_wait_since_ms`).
-    pub node_wait: Option<LaunchClock>,
-    /// The job goes to the back of its queue: its place (`queued_at_ms`) becomes now.
-    pub requeue: bool,
-}
-
-impl Change {
-    /// A change that only records `reason` (every field stays).
-    pub fn because(reason: Reason) -> Change {
-        Change {
-            reason,
-            phase: None,
-            schedule: None,
-            message: None,
-            controller: None,
-            attempt: None,
-            launched_attempt: None,
-            recovery_count: None,
-            restart_count: None,
-            exit_code: None,
-            failure_reason: None,
-            workload: None,
-            backoff_until_ms: None,
-            started_now: false,
-            launch_clock: None,
-            launch_timeouts: None,
-            controller_started: false,
-            controller_crashed: false,
-            reset_crashes: false,
-            task_index: None,
-            node_wait: None,
-            requeue: false,
-        }
-    }
-
-    /// Sets the phase and schedule state.
-    pub fn to(mut self, phase: JobPhase, schedule: ScheduleState) -> Change {
-        self.phase = Some(phase);
-        self.schedule = Some(schedule);
-        self
-    }
-
-    /// Sets the message.
-    pub fn message(mut self, message: impl Into<String>) -> Change {
-        self.message = Some(message.into());
-        self
-    }
-}
-
-/// A named transition: its guard and its change.
-/// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
-/// the launch deadline counts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LaunchClock {
-    /// Start it now: the attempt is launched, or its Pod was bound after waiting for a node.
-    Start,
-    /// Stop it: the Pod waits for a node (no deadline while it does: a cluster autoscaler may
-    /// take long, and it holds no launch slot).
-    Clear,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transition {
-    /// The state the writer read the job in.
-    pub expect: Expect,
-    /// What to write.
-    pub change: Change,
-}
-
-impl Transition {
-    fn new(expect: Expect, change: Change) -> Transition {
-        Transition { expect, change }
-    }
-}
-
-/// The legal edges of the schedule state machine (DESIGN.md section 4): the main line
-/// `Inactive -> Waiting -> Launching -> Alive`, a relaunch `Alive -> AliveWaiting -> Launching`,
-/// a launch lost before it ran `Launching -> AliveWaiting`, a run slot given back by a Pod no
-/// node took `Alive -> Waiting` ([`node_wait_timed_out`]), and `Done` from anything not Done.
-/// A change of phase alone is a self edge. Nothing leaves `Done`.
-pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 7] = [
-    (ScheduleState::Inactive, ScheduleState::Waiting),
-    (ScheduleState::Waiting, ScheduleState::Launching),
-    (ScheduleState::Launching, ScheduleState::Alive),
-    (ScheduleState::Launching, ScheduleState::AliveWaiting),
-    (ScheduleState::Alive, ScheduleState::AliveWaiting),
-    (ScheduleState::AliveWaiting, ScheduleState::Launching),
-    (ScheduleState::Alive, ScheduleState::Waiting),
-];
-
-/// True when the schedule state may move `from -> to` ([`SCHEDULE_EDGES`], self edges, and
-/// Done from anything not Done).
-pub fn legal_schedule_edge(from: ScheduleState, to: ScheduleState) -> bool {
-    if from == ScheduleState::Done {
-        return false;
-    }
-    from == to || to == ScheduleState::Done || SCHEDULE_EDGES.contains(&(from, to))
-}
-
-/// Why the store refused a change: it would break the state machines.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("illegal transition {reason}: {from_phase}/{from_schedule} -> {to_phase}/{to_schedule}")]
-pub struct IllegalTransition {
-    /// Why it was asked for.
-    pub reason: Reason,
-    /// Phase before.
-    pub from_phase: JobPhase,
-    /// Schedule state before.
-    pub from_schedule: ScheduleState,
-    /// Phase asked for.
-    pub to_phase: JobPhase,
-    /// Schedule state asked for.
-    pub to_schedule: ScheduleState,
-}
-
-/// Checks that `change` applied to `row` keeps both state machines legal: the schedule edge is
-/// legal, Done comes with a terminal phase and a terminal phase with Done, Inactive and Waiting
-/// only while Pending, and Cancelling only after a persisted cancel request.
-pub fn check_edge(row: &JobRow, change: &Change) -> Result<(), IllegalTransition> {
-    let to_phase = change.phase.unwrap_or(row.phase);
-    let to_schedule = change.schedule.unwrap_or(row.schedule_state);
-    let error = || IllegalTransition {
-        reason: change.reason,
-        from_phase: row.phase,
-        from_schedule: row.schedule_state,
-        to_phase,
-        to_schedule,
-    };
-    let legal = legal_schedule_edge(row.schedule_state, to_schedule)
-        && (to_schedule == ScheduleState::Done) == to_phase.is_terminal()
-        && (!matches!(
-            to_schedule,
-            ScheduleState::Inactive | ScheduleState::Waiting
-        ) || to_phase == JobPhase::Pending)
-        && (to_phase != JobPhase::Cancelling || row.cancel_requested);
-    if legal { Ok(()) } else { Err(error()) }
-}
+use super::change::{Change, LaunchClock, Transition};
+use super::clock::backoff;
+use super::deadlines::deadlines;
+use super::edges::Expect;
+use super::outcome::{Outcome, Workload};
+use super::reason::{Failure, FailureReason, Reason};
+use super::record::JobRow;
+use super::tasks::{current_task, has_next_task, stored_message, task_attempt};
 
 // ---- operator side ---------------------------------------------------------------------------
 
@@ -350,7 +130,7 @@ pub fn invalid_spec(row: &JobRow, why: String) -> Transition {
 
 /// The attempt a job controller works on: the row's attempt, at least 1.
 pub fn current_attempt(row: &JobRow) -> i32 {
-    row.attempt.max(1)
+    row.current_attempt()
 }
 
 /// The first launch begins: Starting, with the launch intent of attempt 1 in the same write.
@@ -374,12 +154,12 @@ pub fn launch_intent(row: &JobRow, attempt: i32) -> Transition {
     Transition::new(Expect::unchanged(row), change)
 }
 
-/// The attempt's workload (`pid/N` or `pod/NAME`) runs: Running + Alive.
-pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
+/// The attempt's workload runs: Running + Alive.
+pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
     let shown = task_attempt(row, attempt);
-    let message = match (row.phase, workload.strip_prefix("pod/")) {
-        (_, Some(pod)) => format!("running attempt {shown} in {pod}"),
-        (JobPhase::Recovering, None) => format!("running attempt {shown} (relaunched)"),
+    let message = match (row.phase, &workload) {
+        (_, Workload::Pod(pod)) => format!("running attempt {shown} in {pod}"),
+        (JobPhase::Recovering, _) => format!("running attempt {shown} (relaunched)"),
         _ => format!("running attempt {shown}"),
     };
     let mut change = Change::because(Reason::Running)
@@ -402,7 +182,7 @@ pub fn running(row: &JobRow, attempt: i32, workload: String) -> Transition {
 
 /// The attempt's Pod waits for a node: waiting on the cluster must not hold a launch slot, so
 /// the job keeps its run slot only (Launching -> Alive, phase unchanged).
-pub fn unschedulable(row: &JobRow, workload: String, message: String) -> Transition {
+pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Transition {
     let mut change = Change::because(Reason::Unschedulable).message(message);
     change.schedule = Some(ScheduleState::Alive);
     change.workload = Some(Some(workload));
@@ -415,7 +195,7 @@ pub fn unschedulable(row: &JobRow, workload: String, message: String) -> Transit
 
 /// The attempt's workload was deleted by someone else and is terminating: it no longer counts
 /// as running (a running job shows Recovering); it is relaunched once it is gone.
-pub fn terminating(row: &JobRow, workload: String, message: String) -> Transition {
+pub fn terminating(row: &JobRow, workload: Workload, message: String) -> Transition {
     let mut change = Change::because(Reason::PodTerminating).message(message);
     if row.schedule_state == ScheduleState::Alive {
         change.phase = Some(JobPhase::Recovering);
@@ -425,27 +205,20 @@ pub fn terminating(row: &JobRow, workload: String, message: String) -> Transitio
 }
 
 /// A stop waits for `waiting_on` (e.g. "Pod x-1-1 on node n1 is terminating"): say so in the
-/// job's message; nothing else changes.
-pub fn stopping(row: &JobRow, waiting_on: &str) -> Transition {
+/// job's message; nothing else changes. None when the message says so already.
+pub fn stopping(row: &JobRow, waiting_on: &str) -> Option<Transition> {
     let verb = if row.phase == JobPhase::Cancelling {
         "cancelling"
     } else {
         "stopping"
     };
-    Transition::new(
-        Expect::unchanged(row),
-        Change::because(Reason::Stopping).message(format!("{verb}: waiting for {waiting_on}")),
-    )
-}
-
-/// `t` with `notes` (what the stop had to force) appended to its message.
-pub fn with_notes(mut t: Transition, notes: &[String]) -> Transition {
-    if !notes.is_empty()
-        && let Some(m) = &mut t.change.message
-    {
-        m.push_str(&format!(" ({})", notes.join("; ")));
-    }
-    t
+    let message = format!("{verb}: waiting for {waiting_on}");
+    (stored_message(row, &message) != row.message).then(|| {
+        Transition::new(
+            Expect::unchanged(row),
+            Change::because(Reason::Stopping).message(message),
+        )
+    })
 }
 
 /// The attempt's workload exists but does not run yet; `message` says what it waits for (e.g.
@@ -476,13 +249,13 @@ pub fn reason_and_message(reason: &str, message: &str) -> String {
 /// removed. The job goes back to the launch queue after a back-off (a new attempt; neither a
 /// restart nor a recovery is counted), or, at the `max_timeouts`-th timeout in a row, ends
 /// FailedNoResource. `reason`/`message` are what the workload last waited on (e.g.
-/// `ImagePullBackOff` and the kubelet's message; empty when unknown): the failure reason names
-/// it, else `LaunchTimeout`.
+/// `ImagePullBackOff` and the kubelet's message, or the operator's own `CreateFailed`; None and
+/// empty when unknown): the failure reason names it, else `LaunchTimeout`.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_timed_out(
     row: &JobRow,
     attempt: i32,
-    reason: &str,
+    reason: Option<Failure>,
     message: &str,
     timeout: Duration,
     max_timeouts: i32,
@@ -491,7 +264,8 @@ pub fn launch_timed_out(
 ) -> Transition {
     let timeouts = row.launch_timeouts + 1;
     let shown = task_attempt(row, attempt);
-    let waited_on = match reason_and_message(reason, message) {
+    let reason_text = reason.as_ref().map(Failure::as_str).unwrap_or("");
+    let waited_on = match reason_and_message(reason_text, message) {
         w if w.is_empty() => w,
         w => format!(" (last: {w})"),
     };
@@ -505,12 +279,9 @@ pub fn launch_timed_out(
             .message(format!(
                 "{what}; {timeouts} launch timeouts in a row, giving up"
             ));
-        let failure = if reason.is_empty() {
-            FailureReason::LaunchTimeout.as_str()
-        } else {
-            reason
-        };
-        c.failure_reason = Some(Some(failure.into()));
+        c.failure_reason = Some(Some(
+            reason.unwrap_or(Failure::Operator(FailureReason::LaunchTimeout)),
+        ));
         c
     } else {
         let wait = backoff(backoff_base, timeouts);
@@ -559,7 +330,7 @@ pub fn node_wait_timed_out(
             .message(format!(
                 "{what}; {timeouts} launch timeouts in a row, giving up"
             ));
-        c.failure_reason = Some(Some(FailureReason::Unschedulable.as_str().into()));
+        c.failure_reason = Some(Some(FailureReason::Unschedulable.into()));
         c
     } else {
         let wait = backoff(backoff_base, timeouts);
@@ -609,7 +380,7 @@ pub fn queued_message(
 }
 
 /// A queued job's message says what it really waits for (`message`, from
-/// [`super::queued_message`]); nothing else changes.
+/// [`queued_message`]); nothing else changes.
 pub fn queued(row: &JobRow, message: String) -> Transition {
     Transition::new(
         Expect::exactly(JobPhase::Pending, row.schedule_state),
@@ -619,7 +390,7 @@ pub fn queued(row: &JobRow, message: String) -> Transition {
 
 /// A restart back-off is over: ask for a launch slot (Recovering + Alive -> AliveWaiting).
 pub fn backoff_over(row: &JobRow) -> Transition {
-    let shown = task_attempt(row, current_attempt(row));
+    let shown = task_attempt(row, row.current_attempt());
     let mut change = Change::because(Reason::WaitingForLaunchSlot).message(format!(
         "waiting for a launch slot to start attempt {shown}"
     ));
@@ -631,7 +402,7 @@ pub fn backoff_over(row: &JobRow) -> Transition {
     )
 }
 
-/// What an ended attempt means, decided from the row as read (DESIGN.md section 5):
+/// What an ended attempt means, decided from the row as read (`docs/design.md`, "Failures"):
 /// success ends the job; a workload or setup failure restarts it with a back-off
 /// ([`backoff`] from `backoff_base`, restart count against `maxRestartsOnErrors`) or fails it;
 /// a lost workload recovers it (a new attempt waits for a launch slot, keeping its run slot)
@@ -742,14 +513,14 @@ pub fn after_outcome(
                     ))
             };
             c.exit_code = Some(code);
-            c.failure_reason = Some(Some(reason.clone()));
+            c.failure_reason = Some(Some(Failure::Workload(reason.clone())));
             c
         }
         Outcome::Invalid { reason, message } => {
             let mut c = Change::because(Reason::Failed)
                 .to(JobPhase::FailedPrecheck, ScheduleState::Done)
                 .message(format!("attempt {shown} cannot start: {message}"));
-            c.failure_reason = Some(Some(reason.clone()));
+            c.failure_reason = Some(Some(Failure::Workload(reason.clone())));
             c
         }
         Outcome::Lost { reason } => match budget.max_recoveries {
@@ -759,7 +530,7 @@ pub fn after_outcome(
                     .message(format!(
                         "attempt {shown} was lost ({reason}) and the recovery budget is spent (maxRecoveries {max})"
                     ));
-                c.failure_reason = Some(Some(FailureReason::RecoveryBudgetSpent.as_str().into()));
+                c.failure_reason = Some(Some(FailureReason::RecoveryBudgetSpent.into()));
                 c
             }
             _ => {
@@ -798,13 +569,13 @@ pub fn fail(row: &JobRow, phase: JobPhase, reason: FailureReason, message: Strin
     let mut change = Change::because(Reason::Failed)
         .to(phase, ScheduleState::Done)
         .message(message);
-    change.failure_reason = Some(Some(reason.as_str().into()));
+    change.failure_reason = Some(Some(reason.into()));
     Transition::new(Expect::schedule(&[row.schedule_state]), change)
 }
 
 /// The job ran past `spec.activeDeadlineSeconds`; its workload is stopped, then this is written.
 pub fn deadline_exceeded(row: &JobRow) -> Transition {
-    let message = match super::decide::deadlines(row) {
+    let message = match deadlines(row) {
         (Some((j, _)), Some((t, secs))) if t < j => {
             format!("stopped: the task ran past its activeDeadlineSeconds ({secs} s)")
         }
@@ -843,12 +614,4 @@ pub fn cancelled(row: &JobRow) -> Transition {
         Expect::exactly(JobPhase::Cancelling, row.schedule_state),
         change,
     )
-}
-
-impl Transition {
-    /// Narrows the guard to the phase the row was read in.
-    fn with_row_phase(mut self, row: &JobRow) -> Transition {
-        self.expect.phases = vec![row.phase];
-        self
-    }
 }

@@ -1,4 +1,4 @@
-//! The world check (DESIGN.md section 7): what the store believes, checked against what
+//! The world check (`docs/design.md`, "The store is checked against the world"): what the store believes, checked against what
 //! exists, both ways, as a pure decision over what was observed.
 //!
 //! The store is never trusted on the strength of the events the operator happened to see: an
@@ -34,6 +34,9 @@ use std::collections::{HashMap, HashSet};
 
 use crate::api::ExecutorKind;
 
+use super::pod::{attempt_pod_name, legacy_attempt_pod_name};
+use super::record::JobRow;
+
 /// A job as the world check sees it, from its row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
@@ -58,6 +61,76 @@ pub struct Job {
     pub controller: Option<(i32, u64)>,
     /// Attempts whose files it may have (for [`Fix::Forget`]).
     pub attempts: i32,
+}
+
+/// A job that holds no run slot, as the store reads it briefly for the world check (a few
+/// small columns per job, however many finished jobs it keeps).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobBrief {
+    /// Store id.
+    pub id: i64,
+    /// Its object's uid.
+    pub uid: String,
+    /// Its object's namespace.
+    pub namespace: String,
+    /// Its executor.
+    pub executor: ExecutorKind,
+    /// A cancel for a deletion is requested.
+    pub deleting: bool,
+    /// Attempts whose files it may have.
+    pub attempts: i32,
+}
+
+impl Job {
+    /// A job holding a run slot, from its record: its current attempt, the names that
+    /// attempt's Pod may have (pod jobs), its recorded controller.
+    pub fn live(row: &JobRow) -> Job {
+        let attempt = row.current_attempt();
+        let pod_names = match row.executor {
+            ExecutorKind::Pod => vec![
+                attempt_pod_name(row, attempt),
+                legacy_attempt_pod_name(row, attempt),
+            ],
+            ExecutorKind::Local => Vec::new(),
+        };
+        Job {
+            id: row.id,
+            uid: row.uid.clone(),
+            namespace: row.namespace.clone(),
+            executor: row.executor,
+            done: false,
+            deleting: row.deleting,
+            attempt,
+            pod_names,
+            controller: row.controller(),
+            attempts: row.attempts(),
+        }
+    }
+
+    /// A job not admitted yet (Inactive, Waiting): an object, no workload.
+    pub fn queued(brief: JobBrief) -> Job {
+        Job {
+            id: brief.id,
+            uid: brief.uid,
+            namespace: brief.namespace,
+            executor: brief.executor,
+            done: false,
+            deleting: brief.deleting,
+            attempt: 0,
+            pod_names: Vec::new(),
+            controller: None,
+            attempts: brief.attempts,
+        }
+    }
+
+    /// A Done job: an object, and files of some attempts.
+    pub fn done(brief: JobBrief) -> Job {
+        Job {
+            done: true,
+            deleting: true,
+            ..Job::queued(brief)
+        }
+    }
 }
 
 /// A Pod carrying our marks (the job-id and attempt labels and a ManagedJob controller owner),

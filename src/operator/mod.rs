@@ -9,8 +9,9 @@
 //!   caps, and within the API budget (`--api-qps`/`--api-burst`, a token bucket);
 //! - Events ([`crate::events`]) from the store's history, after each status write, best effort.
 //!
-//! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election). The
-//! Pod watch is the pod executor's ([`crate::executor::pod::watch`]).
+//! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election),
+//! [`pod_watch`] (the one shared Pod watch), [`rebuild`] (a lost store), [`world`] (the world
+//! check's observations and fixes), [`budget`] (the API budget).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,14 +26,15 @@ use kube::{Client, Resource as _, ResourceExt};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 
-use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState, validate_spec};
+use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState};
 use crate::engine::{Config, Engine};
 use crate::events::EventPublisher;
-use crate::lifecycle::{self, now_ms};
-use crate::store::{Cas, StoreError};
+use crate::lifecycle::{Object, now_ms};
+use crate::store::StoreError;
 
 pub mod budget;
 pub mod lease;
+pub mod pod_watch;
 pub mod rebuild;
 pub mod status_writer;
 pub mod world;
@@ -206,17 +208,13 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         .config()
         .executors
         .contains(&ExecutorKind::Pod)
-        .then(|| Arc::new(crate::executor::pod::watch::PodCache::default()));
+        .then(|| Arc::new(pod_watch::PodCache::default()));
     if let Some(cache) = &pod_cache {
         let pods: Api<Pod> = match &namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        tokio::spawn(crate::executor::pod::watch::run(
-            op.engine.clone(),
-            pods,
-            cache.clone(),
-        ));
+        tokio::spawn(pod_watch::run(op.engine.clone(), pods, cache.clone()));
     }
     let jobs: Api<ManagedJob> = match &namespace {
         Some(ns) => Api::namespaced(client, ns),
@@ -422,24 +420,18 @@ impl Operator {
             .as_ref()
             .map(|t| t.0.as_millisecond())
             .unwrap_or_else(now_ms);
-        let up = self.engine.store().upsert_created(
-            &uid,
-            &ns,
-            &name,
+        let object = Object {
+            uid: &uid,
+            namespace: &ns,
+            name: &name,
             generation,
-            &mj.spec,
+            spec: &mj.spec,
             created_at_ms,
-            mj.status.as_ref(),
-        )?;
+        };
+        let up = self.engine.store().submit(&object, mj.status.as_ref())?;
         let mut row = up.row;
         if up.inserted {
-            tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, "job submitted");
-            if let Err(why) = validate_spec(&mj.spec) {
-                let t = lifecycle::invalid_spec(&row, why);
-                if let Cas::Applied(r) = self.engine.store().transition(row.id, &t)? {
-                    row = *r;
-                }
-            }
+            tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, phase = %row.phase, "job submitted");
         }
         if mj.spec.cancel && (up.inserted || !row.cancel_requested) {
             row = self.engine.cancel(row, false)?;
@@ -481,9 +473,7 @@ impl Operator {
             }
             tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
             self.engine.store().delete(row.id)?;
-            self.engine
-                .state_dir()
-                .forget_job(row.id, row.attempt.max(row.launched_attempt));
+            self.engine.state_dir().forget_job(row.id, row.attempts());
             return Ok(Action::await_change());
         }
         let id = row.id;

@@ -1,4 +1,4 @@
-//! Rebuilding a lost store (DESIGN.md section 7): when the operator starts on a store with no
+//! Rebuilding a lost store (`docs/design.md`, "A lost store"): when the operator starts on a store with no
 //! job at all (a new volume, an emptyDir after a pod restart, a deleted state dir), every
 //! ManagedJob whose status names a job id is restored from that status
 //! ([`lifecycle::restore`]) before the first admission, so ids, attempts and counters carry on,
@@ -13,8 +13,9 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::{ExecutorKind, LABEL_JOB_ID, ManagedJob};
-use crate::executor::pod::{self, PodObservation, PodState};
-use crate::lifecycle::{self, now_ms};
+use crate::executor::pod;
+use crate::lifecycle::pod::{PodObservation, PodState};
+use crate::lifecycle::{self, JobRow, Object, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::Store;
 
@@ -55,11 +56,26 @@ pub async fn rebuild_if_empty(
         .list(&ListParams::default().labels(&selector))
         .await?
         .items;
-    let restorable: Vec<(ManagedJob, lifecycle::Restored)> = objects
-        .into_iter()
+    let now = now_ms();
+    let restorable: Vec<JobRow> = objects
+        .iter()
         .filter_map(|mj| {
-            let r = lifecycle::restore(mj.status.as_ref()?, mj.spec.cancel)?;
-            Some((mj, r))
+            let (uid, ns) = (mj.uid()?, mj.namespace()?);
+            let name = mj.name_any();
+            let object = Object {
+                uid: &uid,
+                namespace: &ns,
+                name: &name,
+                generation: mj.metadata.generation.unwrap_or(0),
+                spec: &mj.spec,
+                created_at_ms: mj
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_millisecond())
+                    .unwrap_or(now),
+            };
+            lifecycle::restore(&object, mj.status.as_ref()?, now)
         })
         .collect();
     let mut out = Rebuilt::default();
@@ -87,26 +103,8 @@ pub async fn rebuild_if_empty(
             None
         }
     };
-    for (mj, r) in restorable {
-        let (Some(uid), Some(ns)) = (mj.uid(), mj.namespace()) else {
-            continue;
-        };
-        let created_at_ms = mj
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_millisecond())
-            .unwrap_or_else(now_ms);
-        let generation = mj.metadata.generation.unwrap_or(0);
-        let row = store.restore(
-            &uid,
-            &ns,
-            &mj.name_any(),
-            generation,
-            &mj.spec,
-            created_at_ms,
-            &r,
-        )?;
+    for record in restorable {
+        let row = store.restore(&record)?;
         out.jobs += 1;
         let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
         if row.executor != ExecutorKind::Pod || !live {

@@ -13,8 +13,8 @@ use kube::api::{Api, Patch, PatchParams};
 use super::{EVENT_WORKERS, Operator};
 use crate::api::{ManagedJob, ScheduleState};
 use crate::engine::BACKSTOP;
+use crate::lifecycle::JobRow;
 use crate::lifecycle::now_ms;
-use crate::store::JobRow;
 
 /// Status writes in flight at once (the API server serves them in parallel; the QPS budget
 /// still bounds the rate).

@@ -1,4 +1,4 @@
-//! The world check's I/O (DESIGN.md section 7): gathers what exists (the ManagedJobs, the Pods
+//! The world check's I/O (`docs/design.md`, "The store is checked against the world"): gathers what exists (the ManagedJobs, the Pods
 //! with our marks, the processes of the state dir), lets [`world::check`] decide
 //! against the store, and carries the decision out. At start, before anything is admitted or
 //! resumed, the store is checked against a list of the objects; then continuously: every
@@ -13,8 +13,8 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
 use super::Operator;
+use super::pod_watch::PodCache;
 use crate::api::ManagedJob;
-use crate::executor::pod::watch::PodCache;
 use crate::lifecycle::world::{self, Fix, World};
 use crate::state_dir::StateDir;
 use crate::store::Store;
@@ -41,23 +41,14 @@ pub async fn check_objects_at_start(
 ) -> anyhow::Result<()> {
     let mut store = Store::open(&dir.store(), 1024)?;
     // The rows first, then the objects (see lifecycle::world).
-    let mut jobs: Vec<world::Job> = store
-        .live_jobs()?
-        .iter()
-        .map(crate::engine::world_job)
-        .collect();
+    let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
     jobs.extend(
         store
             .pending_jobs_brief()?
             .into_iter()
-            .map(crate::engine::pending_world_job),
+            .map(world::Job::queued),
     );
-    jobs.extend(
-        store
-            .done_jobs_brief()?
-            .into_iter()
-            .map(crate::engine::done_world_job),
-    );
+    jobs.extend(store.done_jobs_brief()?.into_iter().map(world::Job::done));
     let objects = list_object_uids(client, namespace, shard).await?;
     let fixes = world::check(
         &jobs,

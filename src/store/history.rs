@@ -1,42 +1,21 @@
-//! The history of each job (`transitions`): one entry per change of phase or schedule state.
+//! The history of each job (`transitions`): one entry ([`HistoryEntry`]) per change of phase or
+//! schedule state.
 
 use rusqlite::{OptionalExtension, params};
 
 use super::{Result, Store, StoreError};
 use crate::api::{JobPhase, ScheduleState};
 use crate::lifecycle::Reason;
+use crate::lifecycle::record::{HistoryEntry, Step};
 
-/// One entry of a job's history.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HistoryEntry {
-    /// Position in the history (a store-wide increasing sequence).
-    pub id: i64,
-    /// When (ms since epoch).
-    pub at_ms: i64,
-    /// Phase before (None at insert).
-    pub from_phase: Option<String>,
-    /// Phase after.
-    pub to_phase: String,
-    /// Schedule state before.
-    pub from_schedule: Option<String>,
-    /// Schedule state after.
-    pub to_schedule: String,
-    /// Why.
-    pub reason: Reason,
-    /// Message at that time.
-    pub message: String,
-}
-
-/// Appends one entry (the only INSERT into `transitions`); returns its id.
+/// Appends one entry, `step` at `at_ms` (the only INSERT into `transitions`); returns its id.
 pub(super) fn record(
     tx: &rusqlite::Transaction<'_>,
     job_id: i64,
     at_ms: i64,
-    from: Option<(JobPhase, ScheduleState)>,
-    to: (JobPhase, ScheduleState),
-    reason: Reason,
-    message: &str,
+    step: &Step,
 ) -> Result<i64> {
+    let (from, to) = (step.from, step.to);
     tx.prepare_cached(
         "INSERT INTO transitions (job_id, at_ms, from_phase, to_phase, from_schedule,
             to_schedule, reason, message)
@@ -49,19 +28,26 @@ pub(super) fn record(
         to.0.as_str(),
         from.map(|(_, s)| s.as_str()),
         to.1.as_str(),
-        reason.as_str(),
-        message
+        step.reason.as_str(),
+        step.message
     ])?;
     Ok(tx.last_insert_rowid())
 }
 
+fn corrupt(job_id: i64, what: String) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt { job_id, what }))
+}
+
 fn parse_reason(job_id: i64, s: String) -> rusqlite::Result<Reason> {
-    Reason::parse(&s).ok_or_else(|| {
-        rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
-            job_id,
-            what: format!("history reason {s:?}"),
-        }))
-    })
+    Reason::parse(&s).ok_or_else(|| corrupt(job_id, format!("history reason {s:?}")))
+}
+
+fn parse_phase(job_id: i64, s: String) -> rusqlite::Result<JobPhase> {
+    JobPhase::parse(&s).ok_or_else(|| corrupt(job_id, format!("history phase {s:?}")))
+}
+
+fn parse_schedule(job_id: i64, s: String) -> rusqlite::Result<ScheduleState> {
+    ScheduleState::parse(&s).ok_or_else(|| corrupt(job_id, format!("history schedule {s:?}")))
 }
 
 impl Store {
@@ -101,10 +87,16 @@ impl Store {
             Ok(HistoryEntry {
                 id: r.get(0)?,
                 at_ms: r.get(1)?,
-                from_phase: r.get(2)?,
-                to_phase: r.get(3)?,
-                from_schedule: r.get(4)?,
-                to_schedule: r.get(5)?,
+                from_phase: r
+                    .get::<_, Option<String>>(2)?
+                    .map(|p| parse_phase(id, p))
+                    .transpose()?,
+                to_phase: parse_phase(id, r.get(3)?)?,
+                from_schedule: r
+                    .get::<_, Option<String>>(4)?
+                    .map(|s| parse_schedule(id, s))
+                    .transpose()?,
+                to_schedule: parse_schedule(id, r.get(5)?)?,
                 reason: parse_reason(id, r.get::<_, String>(6)?)?,
                 message: r.get(7)?,
             })

@@ -1,14 +1,17 @@
 //! Jobs: mirroring ManagedJobs in, the compare-and-set of every transition, and the queries of
-//! the scheduler, the status writer and the CLI.
+//! the scheduler, the status writer and the CLI. Every record is written through [`insert`] and
+//! [`update`] (built from the record's declaration, [`super::row`]); every change to one is
+//! decided and applied by [`crate::lifecycle`].
 
 use rusqlite::{OptionalExtension, params};
 
 use super::history;
-use super::row::JOB_COLUMNS;
-use super::{JobRow, Result, Store, StoreError};
-use crate::api::{JobPhase, ManagedJobSpec, ScheduleState};
+use super::row::{self, from_row, select_list};
+use super::{Result, Store, StoreError};
+use crate::api::{JobPhase, ManagedJobSpec, ManagedJobStatus, ScheduleState};
 use crate::capacity::SlotUsage;
-use crate::lifecycle::{self, Change, LaunchClock, Reason, Transition, now_ms};
+use crate::lifecycle::world::JobBrief;
+use crate::lifecycle::{self, JobRow, Object, Step, Transition, now_ms};
 
 /// What a compare-and-set found.
 #[derive(Debug)]
@@ -29,24 +32,6 @@ impl Cas {
     }
 }
 
-/// A job as the world check reads it when it holds no slot ([`Store::pending_jobs_brief`],
-/// [`Store::done_jobs_brief`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobBrief {
-    /// Store id.
-    pub id: i64,
-    /// Its object's uid.
-    pub uid: String,
-    /// Its object's namespace.
-    pub namespace: String,
-    /// Its executor.
-    pub executor: crate::api::ExecutorKind,
-    /// A cancel for a deletion is requested.
-    pub deleting: bool,
-    /// Attempts whose files it may have.
-    pub attempts: i32,
-}
-
 /// Outcome of mirroring a ManagedJob into the store.
 #[derive(Debug)]
 pub struct Upserted {
@@ -64,25 +49,26 @@ impl Store {
 
     /// The job with this id, if any.
     pub fn find(&self, id: i64) -> Result<Option<JobRow>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+        let sql = format!("SELECT {} FROM jobs WHERE id = ?1", select_list());
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        Ok(stmt.query_row([id], JobRow::from_row).optional()?)
+        Ok(stmt.query_row([id], from_row).optional()?)
     }
 
     /// The job mirrored from the object with this uid, if any.
     pub fn find_by_uid(&self, uid: &str) -> Result<Option<JobRow>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE uid = ?1");
+        let sql = format!("SELECT {} FROM jobs WHERE uid = ?1", select_list());
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        Ok(stmt.query_row([uid], JobRow::from_row).optional()?)
+        Ok(stmt.query_row([uid], from_row).optional()?)
     }
 
     /// Jobs named `namespace/name` (newest first; a name can be reused after deletion).
     pub fn find_by_name(&self, namespace: &str, name: &str) -> Result<Vec<JobRow>> {
         let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ?1 AND name = ?2 ORDER BY id DESC"
+            "SELECT {} FROM jobs WHERE namespace = ?1 AND name = ?2 ORDER BY id DESC",
+            select_list()
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map(params![namespace, name], JobRow::from_row)?;
+        let rows = stmt.query_map(params![namespace, name], from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -92,13 +78,13 @@ impl Store {
     }
 
     fn select<P: rusqlite::Params>(&self, where_clause: &str, p: P) -> Result<Vec<JobRow>> {
-        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {where_clause}");
+        let sql = format!("SELECT {} FROM jobs WHERE {where_clause}", select_list());
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map(p, JobRow::from_row)?;
+        let rows = stmt.query_map(p, from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// [`Store::upsert_created`] for an object created now.
+    /// [`Store::submit`] for an object created now, carrying no status.
     pub fn upsert(
         &mut self,
         uid: &str,
@@ -107,134 +93,65 @@ impl Store {
         generation: i64,
         spec: &ManagedJobSpec,
     ) -> Result<Upserted> {
-        self.upsert_created(uid, namespace, name, generation, spec, now_ms(), None)
+        let object = Object {
+            uid,
+            namespace,
+            name,
+            generation,
+            spec,
+            created_at_ms: now_ms(),
+        };
+        self.submit(&object, None)
     }
 
-    /// Mirrors a ManagedJob: inserts it as Pending/Waiting at first sight (the job is submitted
-    /// at once), otherwise updates its generation and priority. `created_at_ms` is the object's
-    /// `metadata.creationTimestamp`: FIFO within a priority follows it (then the job id), so the
-    /// order in which the operator happens to see objects does not reorder the queue.
-    ///
-    /// `known` is the status the object already carries. When it shows a terminal phase (the
-    /// store lost the job, e.g. a new state dir), the job is stored Done with that phase and is
-    /// never run again: terminal jobs keep their final status (DESIGN.md section 7).
-    #[allow(clippy::too_many_arguments)]
-    pub fn upsert_created(
+    /// Mirrors a ManagedJob. At first sight it is stored as [`lifecycle::submission`] decides
+    /// (queued at once; kept Done with the final status `known` shows, when its object already
+    /// carries one: the store lost the job; failed at once when its spec fails the checks the
+    /// API schema cannot express), with its queue position; otherwise its generation and
+    /// priority are updated.
+    pub fn submit(
         &mut self,
-        uid: &str,
-        namespace: &str,
-        name: &str,
-        generation: i64,
-        spec: &ManagedJobSpec,
-        created_at_ms: i64,
-        known: Option<&crate::api::ManagedJobStatus>,
+        object: &Object<'_>,
+        known: Option<&ManagedJobStatus>,
     ) -> Result<Upserted> {
-        // A job created already cancelled is stored with its cancel request, so no pass can
-        // admit it before the request is acted on.
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let existing: Option<(i64, i64, i32)> = tx
             .prepare_cached("SELECT id, generation, priority FROM jobs WHERE uid = ?1")?
-            .query_row([uid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_row([object.uid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()?;
         let (id, inserted) = match existing {
             Some((id, old_generation, old_priority)) => {
-                if old_generation != generation || old_priority != spec.priority {
+                let priority = object.spec.priority;
+                if old_generation != object.generation || old_priority != priority {
                     tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
                             status_version = status_version + 1 WHERE id = ?1",
                     )?
-                    .execute(params![id, generation, spec.priority])?;
+                    .execute(params![id, object.generation, priority])?;
                 }
                 (id, false)
             }
             None => {
                 let now = now_ms();
-                let spec_json = serde_json::to_string(spec).expect("a spec serializes");
-                tx.prepare_cached(
-                    "INSERT INTO jobs (uid, namespace, name, generation, executor, spec, priority,
-                        phase, schedule_state, message, submitted_at_ms, phase_changed_at_ms,
-                        queued_at_ms, cancel_requested, tasks)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', 'Waiting', ?8, ?9, ?9, ?10,
-                        ?11, ?12)",
-                )?
-                .execute(params![
-                    uid,
-                    namespace,
-                    name,
-                    generation,
-                    spec.executor().as_str(),
-                    spec_json,
-                    spec.priority,
-                    "queued: waiting to be admitted",
-                    now,
-                    created_at_ms,
-                    spec.cancel,
-                    serde_json::to_string(&lifecycle::tasks::initial_records(spec))
-                        .expect("task records serialize"),
-                ])?;
-                let id = tx.last_insert_rowid();
-                let pending = JobPhase::Pending;
-                for (from, to, reason) in [
-                    (None, ScheduleState::Inactive, Reason::Created),
-                    (
-                        Some((pending, ScheduleState::Inactive)),
-                        ScheduleState::Waiting,
-                        Reason::Submitted,
-                    ),
-                ] {
-                    history::record(&tx, id, now, from, (pending, to), reason, "")?;
-                }
-                let position: i64 = tx
-                    .prepare_cached(
-                        "SELECT count(*) FROM jobs
+                let submission = lifecycle::submission(object, known, now)?;
+                let id = insert(&tx, &submission.record, false, &submission.steps, now)?;
+                if submission.record.schedule_state == ScheduleState::Waiting {
+                    let position: i64 = tx
+                        .prepare_cached(
+                            "SELECT count(*) FROM jobs
                             WHERE schedule_state IN ('Waiting', 'AliveWaiting')
                             AND schedule_state = 'Waiting'
                             AND (priority > ?1 OR (priority = ?1 AND (queued_at_ms < ?3
                                 OR (queued_at_ms = ?3 AND id <= ?2))))",
-                    )?
-                    .query_row(params![spec.priority, id, created_at_ms], |r| r.get(0))?;
-                // Its Submitted transition starts the job's unwritten changes.
-                let seq = tx.last_insert_rowid();
-                tx.prepare_cached(
-                    "UPDATE jobs SET queue_position = ?2, changed_seq = ?3,
-                        unsynced_since_seq = ?3 WHERE id = ?1",
-                )?
-                .execute(params![id, position, seq])?;
-                if let Some(k) = known
-                    && let Some(phase) = k.phase.filter(|p| p.is_terminal())
-                {
-                    tx.prepare_cached(
-                        "UPDATE jobs SET phase = ?2, schedule_state = 'Done', exit_code = ?3,
-                            failure_reason = ?4, attempt = ?5, recovery_count = ?6,
-                            restart_count = ?7, finished_at_ms = ?8, queue_position = NULL,
-                            message = ?9, workload = ?10, task_index = ?11, tasks = ?12
-                         WHERE id = ?1",
-                    )?
-                    .execute(params![
-                        id,
-                        phase.as_str(),
-                        k.exit_code,
-                        k.failure_reason,
-                        k.attempt,
-                        k.recovery_count,
-                        k.restart_count,
-                        now,
-                        k.message.clone().unwrap_or_default(),
-                        k.workload,
-                        k.current_task.unwrap_or(0),
-                        serde_json::to_string(&k.tasks).expect("task records serialize"),
-                    ])?;
-                    history::record(
-                        &tx,
-                        id,
-                        now,
-                        Some((JobPhase::Pending, ScheduleState::Waiting)),
-                        (phase, ScheduleState::Done),
-                        Reason::KeptFinalStatus,
-                        "the object already carried a final status",
-                    )?;
+                        )?
+                        .query_row(
+                            params![object.spec.priority, id, object.created_at_ms],
+                            |r| r.get(0),
+                        )?;
+                    tx.prepare_cached("UPDATE jobs SET queue_position = ?2 WHERE id = ?1")?
+                        .execute(params![id, position])?;
                 }
                 (id, true)
             }
@@ -293,157 +210,64 @@ impl Store {
 }
 
 fn read_job(tx: &rusqlite::Transaction<'_>, id: i64) -> Result<Option<JobRow>> {
-    let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1");
+    let sql = format!("SELECT {} FROM jobs WHERE id = ?1", select_list());
     let mut stmt = tx.prepare_cached(&sql)?;
-    Ok(stmt.query_row([id], JobRow::from_row).optional()?)
+    Ok(stmt.query_row([id], from_row).optional()?)
 }
 
-/// Applies `change` to `before` inside `tx` (the guard already matched): checks the edge,
-/// updates the row, records a history entry when the phase or schedule state moved.
-fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change) -> Result<JobRow> {
-    lifecycle::check_edge(&before, change)?;
-    let id = before.id;
+/// Inserts `record` inside `tx` (under its own id when `keep_id`, else a new one) with its
+/// first history entries `steps`, recorded at `at_ms`; returns its id. Its last change is the last step; its
+/// unwritten changes start with the first (any step of one insert orders the same against
+/// other jobs' changes: nothing else is written meanwhile).
+fn insert(
+    tx: &rusqlite::Transaction<'_>,
+    record: &JobRow,
+    keep_id: bool,
+    steps: &[Step],
+    at_ms: i64,
+) -> Result<i64> {
+    tx.prepare_cached(row::insert_sql())?
+        .execute(rusqlite::params_from_iter(row::insert_values(
+            record, keep_id,
+        )))?;
+    let id = tx.last_insert_rowid();
+    let mut seqs = Vec::with_capacity(steps.len());
+    for step in steps {
+        seqs.push(history::record(tx, id, at_ms, step)?);
+    }
+    if let (Some(first), Some(last)) = (seqs.first(), seqs.last()) {
+        tx.prepare_cached(
+            "UPDATE jobs SET changed_seq = ?2, unsynced_since_seq = ?3 WHERE id = ?1",
+        )?
+        .execute(params![id, last, first])?;
+    }
+    Ok(id)
+}
+
+/// Applies `change` to `before` inside `tx` (the guard already matched):
+/// [`lifecycle::apply`] decides the record after it (an illegal move is an error and nothing
+/// is written), the record is updated, and a move of its phase or schedule state is recorded
+/// in its history.
+fn write_change(
+    tx: &rusqlite::Transaction<'_>,
+    before: JobRow,
+    change: &lifecycle::Change,
+) -> Result<JobRow> {
     let now = now_ms();
-    let mut after = before.clone();
-    if let Some(p) = change.phase {
-        if p != after.phase {
-            after.phase_changed_at_ms = now;
-        }
-        after.phase = p;
-        if p.is_terminal() && after.finished_at_ms.is_none() {
-            after.finished_at_ms = Some(now);
-        }
-    }
-    if let Some(s) = change.schedule {
-        after.schedule_state = s;
-    }
-    if let Some(m) = &change.message {
-        after.message = m.clone();
-    }
-    if let Some(c) = change.controller {
-        after.controller_pid = c.map(|(pid, _)| pid);
-        after.controller_start_time = c.map(|(_, t)| t);
-    }
-    if let Some(a) = change.attempt {
-        after.attempt = a;
-    }
-    if let Some(a) = change.launched_attempt {
-        after.launched_attempt = a;
-    }
-    if let Some(n) = change.recovery_count {
-        after.recovery_count = n;
-    }
-    if let Some(n) = change.restart_count {
-        after.restart_count = n;
-    }
-    if let Some(c) = change.exit_code {
-        after.exit_code = c;
-    }
-    if let Some(r) = &change.failure_reason {
-        after.failure_reason = r.clone();
-    }
-    if let Some(w) = &change.workload {
-        after.workload = w.clone();
-    }
-    if let Some(b) = change.backoff_until_ms {
-        after.backoff_until_ms = b;
-    }
-    match change.launch_clock {
-        Some(LaunchClock::Start) => after.launched_at_ms = Some(now),
-        Some(LaunchClock::Clear) => after.launched_at_ms = None,
-        None => {}
-    }
-    if let Some(n) = change.launch_timeouts {
-        after.launch_timeouts = n;
-    }
-    match change.node_wait {
-        Some(LaunchClock::Start) if after.node_wait_since_ms.is_none() => {
-            after.node_wait_since_ms = Some(now)
-        }
-        Some(LaunchClock::Clear) => after.node_wait_since_ms = None,
-        _ => {}
-    }
-    if change.requeue {
-        after.queued_at_ms = now;
-    }
-    if change.started_now && after.started_at_ms.is_none() {
-        after.started_at_ms = Some(now);
-    }
-    if let Some(task) = change.task_index {
-        after.task_index = task;
-        after.task_first_attempt = after.attempt;
-        after.task_started_at_ms = None;
-    }
-    if change.started_now && after.task_started_at_ms.is_none() {
-        after.task_started_at_ms = Some(now);
-    }
-    if change.controller_started {
-        after.controller_starts += 1;
-    }
-    if change.reset_crashes {
-        after.controller_crashes = 0;
-    }
-    if change.controller_crashed {
-        after.controller_crashes += 1;
-    }
-    if after.schedule_state != ScheduleState::Waiting {
-        after.queue_position = None;
-    }
-    lifecycle::tasks::follow(&before, change, &mut after, now);
-    after.status_version += 1;
-    let tasks = serde_json::to_string(&after.tasks).expect("task records serialize");
-    tx.prepare_cached(
-        "UPDATE jobs SET phase = ?2, schedule_state = ?3, message = ?4, controller_pid = ?5,
-                controller_start_time = ?6, attempt = ?7, launched_attempt = ?8,
-                recovery_count = ?9, restart_count = ?10, exit_code = ?11, failure_reason = ?12,
-                workload = ?13, backoff_until_ms = ?14, started_at_ms = ?15, finished_at_ms = ?16,
-                phase_changed_at_ms = ?17, controller_starts = ?18, controller_crashes = ?19,
-                queue_position = ?20, status_version = ?21, launched_at_ms = ?22,
-                launch_timeouts = ?23, task_index = ?24, task_first_attempt = ?25,
-                task_started_at_ms = ?26, tasks = ?27, node_wait_since_ms = ?28,
-                queued_at_ms = ?29
-             WHERE id = ?1",
-    )?
-    .execute(params![
-        id,
-        after.phase.as_str(),
-        after.schedule_state.as_str(),
-        after.message,
-        after.controller_pid,
-        after.controller_start_time.map(|t| t as i64),
-        after.attempt,
-        after.launched_attempt,
-        after.recovery_count,
-        after.restart_count,
-        after.exit_code,
-        after.failure_reason,
-        after.workload,
-        after.backoff_until_ms,
-        after.started_at_ms,
-        after.finished_at_ms,
-        after.phase_changed_at_ms,
-        after.controller_starts,
-        after.controller_crashes,
-        after.queue_position,
-        after.status_version,
-        after.launched_at_ms,
-        after.launch_timeouts,
-        after.task_index,
-        after.task_first_attempt,
-        after.task_started_at_ms,
-        tasks,
-        after.node_wait_since_ms,
-        after.queued_at_ms,
-    ])?;
-    if before.phase != after.phase || before.schedule_state != after.schedule_state {
+    let mut after = lifecycle::apply(&before, change, now)?;
+    tx.prepare_cached(row::update_sql())?
+        .execute(rusqlite::params_from_iter(row::update_values(&after)))?;
+    if lifecycle::change::moved(&before, &after) {
         let seq = history::record(
             tx,
-            id,
+            after.id,
             now,
-            Some((before.phase, before.schedule_state)),
-            (after.phase, after.schedule_state),
-            change.reason,
-            &after.message,
+            &Step {
+                from: Some(before.state()),
+                to: after.state(),
+                reason: change.reason(),
+                message: after.message.clone(),
+            },
         )?;
         // Had the API seen every earlier change? Then this one starts the unsynced run.
         let was_synced = before.status_version <= before.synced_version;
@@ -452,7 +276,7 @@ fn write_change(tx: &rusqlite::Transaction<'_>, before: JobRow, change: &Change)
                     unsynced_since_seq = CASE WHEN ?3 THEN ?2 ELSE unsynced_since_seq END
                  WHERE id = ?1",
         )?
-        .execute(params![id, seq, was_synced])?;
+        .execute(params![after.id, seq, was_synced])?;
         after.changed_seq = seq;
         if was_synced {
             after.unsynced_since_seq = seq;
@@ -470,22 +294,12 @@ impl Store {
             .query_row([], |r| r.get(0))?)
     }
 
-    /// Inserts a job rebuilt from its object's status ([`lifecycle::restore`]), under its
-    /// status' job id when that id is free (otherwise a new one, logged), with one history entry
-    /// ([`Reason::Restored`]). A finished job is stored as already written to the API, so its
-    /// status is never rewritten. Returns the row, or the existing one when the uid is stored.
-    #[allow(clippy::too_many_arguments)]
-    pub fn restore(
-        &mut self,
-        uid: &str,
-        namespace: &str,
-        name: &str,
-        generation: i64,
-        spec: &ManagedJobSpec,
-        created_at_ms: i64,
-        r: &lifecycle::Restored,
-    ) -> Result<JobRow> {
-        if let Some(row) = self.find_by_uid(uid)? {
+    /// Inserts `record`, rebuilt from its object's status ([`lifecycle::restore`]), under its
+    /// id when that id is free (otherwise a new one, logged), with one history entry
+    /// ([`lifecycle::Reason::Restored`]). Returns the row, or the existing one when the uid is
+    /// stored.
+    pub fn restore(&mut self, record: &JobRow) -> Result<JobRow> {
+        if let Some(row) = self.find_by_uid(&record.uid)? {
             return Ok(row);
         }
         let tx = self
@@ -493,69 +307,17 @@ impl Store {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let taken: bool = tx
             .prepare_cached("SELECT EXISTS (SELECT 1 FROM jobs WHERE id = ?1)")?
-            .query_row([r.job_id], |row| row.get(0))?;
+            .query_row([record.id], |row| row.get(0))?;
         if taken {
-            tracing::warn!(job_id = r.job_id, %namespace, %name, "two objects show one job id; this one gets a new id");
+            tracing::warn!(job_id = record.id, namespace = %record.namespace, name = %record.name, "two objects show one job id; this one gets a new id");
         }
-        let now = now_ms();
-        let spec_json = serde_json::to_string(spec).expect("a spec serializes");
-        let synced = i64::from(r.synced);
-        tx.prepare_cached(
-            "INSERT INTO jobs (id, uid, namespace, name, generation, executor, spec, priority,
-                phase, schedule_state, message, cancel_requested, attempt, launched_attempt,
-                recovery_count, restart_count, exit_code, failure_reason, workload,
-                submitted_at_ms, started_at_ms, finished_at_ms, phase_changed_at_ms,
-                queued_at_ms, status_version, synced_version, task_index, task_first_attempt,
-                task_started_at_ms, tasks)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18, ?19, ?20, ?21, ?22, ?23, ?24, 1, ?25, ?26, ?27, ?28, ?29)",
-        )?
-        .execute(params![
-            (!taken).then_some(r.job_id),
-            uid,
-            namespace,
-            name,
-            generation,
-            spec.executor().as_str(),
-            spec_json,
-            spec.priority,
-            r.phase.as_str(),
-            r.schedule.as_str(),
-            r.message,
-            r.cancel_requested,
-            r.attempt,
-            r.launched_attempt,
-            r.recovery_count,
-            r.restart_count,
-            r.exit_code,
-            r.failure_reason,
-            r.workload,
-            r.submitted_at_ms.unwrap_or(now),
-            r.started_at_ms,
-            r.finished_at_ms
-                .or((r.schedule == ScheduleState::Done).then_some(now)),
-            now,
-            created_at_ms,
-            synced,
-            r.task_index,
-            r.task_first_attempt,
-            r.task_started_at_ms,
-            serde_json::to_string(&r.tasks).expect("task records serialize"),
-        ])?;
-        let id = tx.last_insert_rowid();
-        let seq = history::record(
-            &tx,
-            id,
-            now,
-            None,
-            (r.phase, r.schedule),
-            Reason::Restored,
-            "rebuilt from the object's status after the store was lost",
-        )?;
-        tx.prepare_cached(
-            "UPDATE jobs SET changed_seq = ?2, unsynced_since_seq = ?2 WHERE id = ?1",
-        )?
-        .execute(params![id, seq])?;
+        let step = Step {
+            from: None,
+            to: record.state(),
+            reason: lifecycle::Reason::Restored,
+            message: "rebuilt from the object's status after the store was lost".into(),
+        };
+        let id = insert(&tx, record, !taken, std::slice::from_ref(&step), now_ms())?;
         tx.commit()?;
         self.get(id)
     }
@@ -732,6 +494,7 @@ impl Store {
     }
 
     fn briefly(&self, where_clause: &str) -> Result<Vec<JobBrief>> {
+        use crate::api::ExecutorKind;
         let sql = format!(
             "SELECT id, uid, namespace, executor, deleting, max(attempt, launched_attempt)
              FROM jobs WHERE {where_clause}"
@@ -743,8 +506,7 @@ impl Store {
                 id: r.get(0)?,
                 uid: r.get(1)?,
                 namespace: r.get(2)?,
-                executor: crate::api::ExecutorKind::parse(&executor)
-                    .unwrap_or(crate::api::ExecutorKind::Local),
+                executor: ExecutorKind::parse(&executor).unwrap_or(ExecutorKind::Local),
                 deleting: r.get(4)?,
                 attempts: r.get(5)?,
             })
@@ -764,7 +526,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::{self as lc, Expect};
+    use crate::lifecycle::{self as lc, Expect, Reason, faults};
 
     /// Every query of a scheduling pass (and of the operator's per-pass reads) is served by an
     /// index: none reads the whole jobs table, so finished jobs never slow a pass down.
@@ -794,7 +556,7 @@ mod tests {
                 .unwrap();
             rows.map(|r| r.unwrap()).collect()
         };
-        let select = |w: &str| format!("SELECT {JOB_COLUMNS} FROM jobs WHERE {w}");
+        let select = |w: &str| format!("SELECT {} FROM jobs WHERE {w}", select_list());
         let queries = [
             select(
                 "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
@@ -870,8 +632,11 @@ mod tests {
         store.transition(row.id, &lc::cancel_queued(&row)).unwrap();
         let back = Transition {
             expect: Expect::default(),
-            change: Change::because(Reason::Submitted)
-                .to(JobPhase::Pending, ScheduleState::Waiting),
+            change: faults::change(
+                Reason::Submitted,
+                Some(JobPhase::Pending),
+                Some(ScheduleState::Waiting),
+            ),
         };
         assert!(matches!(
             store.transition(row.id, &back).unwrap(),
@@ -887,7 +652,11 @@ mod tests {
         // Waiting -> Alive skips the launch slot.
         let skip = Transition {
             expect: Expect::default(),
-            change: Change::because(Reason::Running).to(JobPhase::Running, ScheduleState::Alive),
+            change: faults::change(
+                Reason::Running,
+                Some(JobPhase::Running),
+                Some(ScheduleState::Alive),
+            ),
         };
         let err = store.transition(row.id, &skip).unwrap_err();
         assert!(matches!(err, StoreError::Illegal(_)), "{err}");
@@ -898,7 +667,11 @@ mod tests {
         // Done with a phase that is not terminal.
         let half = Transition {
             expect: Expect::default(),
-            change: Change::because(Reason::Failed).to(JobPhase::Running, ScheduleState::Done),
+            change: faults::change(
+                Reason::Failed,
+                Some(JobPhase::Running),
+                Some(ScheduleState::Done),
+            ),
         };
         assert!(store.transition(row.id, &half).is_err());
         // Cancelling without a persisted cancel request.

@@ -1,14 +1,14 @@
 //! The SQLite store: the scheduler's working state and the source of every status write.
 //!
-//! One row per job in `jobs` holds both state machines of DESIGN.md section 4 (phase and schedule
-//! state); `transitions` keeps each job's history. Every state change is a compare-and-set on the
+//! One row per job in `jobs` holds both state machines (`docs/design.md`, "Two state machines"); `transitions` keeps each job's history. Every state change is a compare-and-set on the
 //! expected previous state ([`Store::transition`]) of a transition decided by
 //! [`crate::lifecycle`]: a failed CAS reports the current row and never overwrites, an illegal
 //! edge is an error and is never written. The file is opened in WAL mode and shared by the
 //! operator and every job controller process; writers wait up to [`BUSY_TIMEOUT`] for the lock.
 //!
 //! - [`schema`]: the tables and their migrations;
-//! - [`row`]: [`JobRow`], mapped by column name;
+//! - [`row`]: the job record ([`crate::lifecycle::JobRow`]) in SQL, every statement built from
+//!   its one declaration;
 //! - [`jobs`]: mirroring, the compare-and-set, the scheduler's and status writer's queries;
 //! - [`history`]: each job's transitions;
 //! - [`pods`]: what the Pod watch saw of each attempt's Pod;
@@ -26,9 +26,7 @@ pub mod row;
 pub mod schema;
 pub mod settings;
 
-pub use history::HistoryEntry;
-pub use jobs::{Cas, JobBrief, Upserted};
-pub use row::JobRow;
+pub use jobs::{Cas, Upserted};
 pub use settings::Settings;
 
 /// How long a writer waits for another process's write lock before failing.

@@ -3,8 +3,8 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::{Result, Store};
-use crate::executor::pod::{PodObservation, PodState};
 use crate::lifecycle::now_ms;
+use crate::lifecycle::pod::{PodObservation, PodState};
 
 impl Store {
     /// Records what the Pod watch saw; returns true when it differs from what was stored.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Result, Store};
 use crate::api::ExecutorKind;
 use crate::capacity::Caps;
+use crate::defaults;
 
 const KEY: &str = "settings";
 
@@ -19,7 +20,7 @@ pub struct Settings {
     /// Grace between SIGTERM and SIGKILL when stopping a workload, ms (`--cancel-grace`).
     pub cancel_grace_ms: u64,
     /// First restart back-off, ms; doubles per restart up to
-    /// [`crate::lifecycle::MAX_BACKOFF`] (`--restart-backoff`).
+    /// [`crate::lifecycle::MAX_BACKOFF`] (`--restart-backoff-seconds`).
     pub restart_backoff_ms: u64,
     /// Caps in force (None before an operator wrote them).
     pub caps: Option<Caps>,
@@ -40,11 +41,11 @@ pub struct Settings {
 }
 
 fn default_launch_timeout_ms() -> u64 {
-    crate::lifecycle::DEFAULT_LAUNCH_TIMEOUT.as_millis() as u64
+    defaults::LAUNCH_TIMEOUT.as_millis() as u64
 }
 
 fn default_max_launch_timeouts() -> i32 {
-    crate::lifecycle::DEFAULT_MAX_LAUNCH_TIMEOUTS
+    defaults::MAX_LAUNCH_TIMEOUTS
 }
 
 impl Default for Settings {
@@ -52,8 +53,9 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             executors: vec![ExecutorKind::Local],
-            cancel_grace_ms: 5_000,
-            restart_backoff_ms: 1_000,
+            cancel_grace_ms: defaults::seconds(defaults::CANCEL_GRACE_SECONDS).as_millis() as u64,
+            restart_backoff_ms: defaults::seconds(defaults::RESTART_BACKOFF_SECONDS).as_millis()
+                as u64,
             caps: None,
             launch_timeout_ms: default_launch_timeout_ms(),
             max_launch_timeouts: default_max_launch_timeouts(),

@@ -1,12 +1,13 @@
 //! The pod executor: one Pod per attempt in the ManagedJob's namespace (DESIGN.md section 9).
 //!
-//! - The Pod's name is deterministic ([`pod_name`]), so a retried create finds the existing Pod
-//!   (AlreadyExists) and adopts it instead of duplicating it.
+//! - The Pod's name is deterministic ([`pod_name`], decided in [`crate::lifecycle::pod`]), so a
+//!   retried create finds the existing Pod (AlreadyExists) and adopts it instead of
+//!   duplicating it.
 //! - It carries the job id and attempt as labels, is owned by the ManagedJob (garbage-collected
 //!   with it) and has restartPolicy Never: the job controller restarts and recovers, not the kubelet.
-//! - The operator's single shared watch on labelled Pods ([`watch`]) turns each Pod into a
-//!   [`PodObservation`] ([`state::observe`]) in the store; job controllers read those and never
-//!   watch or poll the API themselves.
+//! - The operator's single shared watch on labelled Pods (`operator::pod_watch`) turns each
+//!   Pod into a [`PodObservation`] ([`state::observe`]) in the store; job controllers read
+//!   those and never watch or poll the API themselves.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,114 +15,21 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use super::{Executor, Launched, Refused, Stop};
+use super::{Executor, Launched, Result, Stop};
 use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK};
-use crate::lifecycle::{FailureReason, Observed};
-use crate::store::{JobRow, Store};
+use crate::lifecycle::{FailureReason, JobRow, Observed, Refused, Workload};
+use crate::store::Store;
 
 pub mod state;
-pub mod watch;
 
+pub use crate::lifecycle::pod::{
+    MAX_POD_NAME, TAG_ALPHABET, TAG_LEN, attempt_pod_name, legacy_attempt_pod_name,
+    pipeline_pod_name, pod_name, task_pod_name, uid_tag,
+};
 pub use state::{PodObservation, PodState};
 
 /// Label with the ManagedJob's name on each Pod (for `kubectl get pods -l`).
 pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
-/// Longest Pod name we generate: a DNS label, so the Pod's hostname is its name.
-pub const MAX_POD_NAME: usize = 63;
-
-/// `<job name>-<job id>-<attempt>-<uid tag>`, with the job name cut so the whole fits in 63
-/// characters (e.g. `train-7-1-x7b2kq`). Unique per job object and attempt: the tag
-/// ([`uid_tag`]) comes from the object's uid, so two jobs whose names share their first
-/// characters and whose ids are equal (two shards, each with its own ids, in one namespace)
-/// never want one Pod name. Valid for any legal ManagedJob name.
-pub fn pod_name(job_name: &str, uid: &str, job_id: i64, attempt: i32) -> String {
-    with_suffix(job_name, &format!("-{job_id}-{attempt}-{}", uid_tag(uid)))
-}
-
-/// Characters of a [`uid_tag`]: Kubernetes' `rand.SafeEncodeString` alphabet (no vowels, no
-/// look-alikes such as 0/o, 1/l), as in the names of a ReplicaSet's Pods.
-pub const TAG_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-/// Characters in a [`uid_tag`]: 27^6, about 3.9 x 10^8 tags.
-pub const TAG_LEN: usize = 6;
-
-/// A short, stable tag of an object's uid ([`TAG_LEN`] characters of [`TAG_ALPHABET`] from the
-/// uid's 64-bit FNV-1a hash): the part of a Pod name that tells two jobs apart when their
-/// names and ids agree.
-pub fn uid_tag(uid: &str) -> String {
-    // FNV-1a, 64 bits (offset basis and prime from the FNV reference): stable across releases
-    // and platforms, as a name recorded before a create must be.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in uid.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (0..TAG_LEN)
-        .map(|_| {
-            let c = TAG_ALPHABET[(h % TAG_ALPHABET.len() as u64) as usize] as char;
-            h /= TAG_ALPHABET.len() as u64;
-            c
-        })
-        .collect()
-}
-
-/// The Pod name of `row`'s `attempt` (the job's count): [`pod_name`] for a job of one task;
-/// `<job name>-<job id>-<task index>-<attempt within the task>-<uid tag>` for a pipeline's
-/// current task (e.g. `etl-7-1-2-x7b2kq`: the second attempt of task 1, counted from 0), cut to
-/// 63 characters the same way.
-pub fn attempt_pod_name(row: &JobRow, attempt: i32) -> String {
-    if !row.spec.is_pipeline() {
-        return pod_name(&row.name, &row.uid, row.id, attempt);
-    }
-    let task = crate::lifecycle::tasks::task_attempt(row, attempt);
-    task_pod_name(row, row.task_index.max(0) as usize, task)
-}
-
-/// The Pod name of attempt `task_attempt` (from 1) of task `index` of `row`'s pipeline.
-pub fn task_pod_name(row: &JobRow, index: usize, task_attempt: i32) -> String {
-    pipeline_pod_name(&row.name, &row.uid, row.id, index, task_attempt)
-}
-
-/// `<job name>-<job id>-<task index>-<task attempt>-<uid tag>`, cut to 63 characters as
-/// [`pod_name`] is.
-pub fn pipeline_pod_name(
-    job_name: &str,
-    uid: &str,
-    job_id: i64,
-    index: usize,
-    task_attempt: i32,
-) -> String {
-    with_suffix(
-        job_name,
-        &format!("-{job_id}-{index}-{task_attempt}-{}", uid_tag(uid)),
-    )
-}
-
-/// The name an attempt's Pod had before names carried a [`uid_tag`] (operators before issue
-/// 21): `<job name>-<job id>-<attempt>`, or `<job name>-<job id>-<task>-<task attempt>`. A Pod
-/// so named, created before an upgrade, is still its attempt's (matched by
-/// [`is_attempt_pod`], deleted by a stop); no new Pod gets such a name.
-pub fn legacy_attempt_pod_name(row: &JobRow, attempt: i32) -> String {
-    if !row.spec.is_pipeline() {
-        return with_suffix(&row.name, &format!("-{}-{attempt}", row.id));
-    }
-    let task = crate::lifecycle::tasks::task_attempt(row, attempt);
-    with_suffix(
-        &row.name,
-        &format!("-{}-{}-{task}", row.id, row.task_index.max(0)),
-    )
-}
-
-fn with_suffix(job_name: &str, suffix: &str) -> String {
-    let keep = MAX_POD_NAME.saturating_sub(suffix.len());
-    let mut base: String = job_name.chars().take(keep).collect();
-    // A name cut inside a dotted subdomain must still end alphanumerically; dots become dashes
-    // so the result is a DNS label.
-    base = base.replace('.', "-");
-    let base = base.trim_end_matches('-');
-    let base = if base.is_empty() { "job" } else { base };
-    format!("{base}{suffix}")
-}
-
 /// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never.
 pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     let task = crate::lifecycle::tasks::current_task(row);
@@ -231,7 +139,7 @@ impl PodExecutor {
         }
     }
 
-    async fn client(&mut self) -> anyhow::Result<kube::Client> {
+    async fn client(&mut self) -> Result<kube::Client> {
         if self.client.is_none() {
             self.client = Some(kube::Client::try_default().await?);
         }
@@ -280,17 +188,12 @@ impl Executor for PodExecutor {
     const CREATE_IS_IDEMPOTENT: bool = true;
     const STOPS_AFTER_EXIT: bool = false;
 
-    async fn observe(
-        &mut self,
-        store: &Store,
-        job: &JobRow,
-        attempt: i32,
-    ) -> anyhow::Result<Observed> {
+    async fn observe(&mut self, store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
         let Some(o) = store.pod_observation(job.id, attempt)? else {
             // Not seen: either never created, or not reported yet; a failed create says why.
             return Ok(match &self.create_failure {
                 Some(f) if f.attempt == attempt => Observed::CreateFailed {
-                    workload: format!("pod/{}", attempt_pod_name(job, attempt)),
+                    pod: attempt_pod_name(job, attempt),
                     message: f.message.clone(),
                     retry_at_ms: f.retry_at_ms,
                 },
@@ -316,7 +219,7 @@ impl Executor for PodExecutor {
     /// apart, [`NAMESPACE_TERMINATING`]); any other error is [`Launched::Failed`], to be tried
     /// again after [`CREATE_RETRY_BASE`] doubling up to [`CREATE_RETRY_MAX`] (the job
     /// controller decides when, against the launch deadline and any cancel).
-    async fn launch(&mut self, job: &JobRow, attempt: i32) -> anyhow::Result<Launched> {
+    async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
         let mut pod = build_pod(job, attempt);
         // The shard's label, whatever the template says: this shard's Pod watch must see it,
@@ -372,7 +275,7 @@ impl Executor for PodExecutor {
     /// that has been terminating for longer than its grace period plus
     /// [`state::TERMINATING_MARGIN`] on a node that is not Ready is force-deleted, as the pod GC
     /// does for a node that is gone. Gone once none is left.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> anyhow::Result<Stop> {
+    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
         let force = kube::api::DeleteParams {
             grace_period_seconds: Some(0),
@@ -393,7 +296,7 @@ impl Executor for PodExecutor {
             .collect();
         // The current attempt's Pod as the watch saw it: named otherwise when it was created
         // before an upgrade (legacy_attempt_pod_name).
-        if let Some(seen) = job.workload.as_deref().and_then(|w| w.strip_prefix("pod/"))
+        if let Some(seen) = job.workload.as_ref().and_then(Workload::pod_name)
             && !names.iter().any(|n| n == seen)
         {
             names.push(seen.to_string());
@@ -451,7 +354,7 @@ mod tests {
 
     #[test]
     fn only_the_attempts_own_pod_is_its_pod() {
-        let row = crate::store::JobRow {
+        let row = crate::lifecycle::JobRow {
             id: 3,
             uid: "uid-3".into(),
             namespace: "ns".into(),
@@ -480,7 +383,7 @@ mod tests {
         assert!(!is_attempt_pod(&adopted, &row, 1), "another owner");
     }
 
-    fn test_row() -> crate::store::JobRow {
+    fn test_row() -> crate::lifecycle::JobRow {
         let mut store = crate::store::Store::in_memory().unwrap();
         let spec = crate::api::ManagedJobSpec {
             template: Some(Default::default()),
@@ -496,7 +399,7 @@ mod tests {
             template: Some(Default::default()),
             ..Default::default()
         };
-        let mut row = crate::store::JobRow {
+        let mut row = crate::lifecycle::JobRow {
             id: 77,
             name: "x".repeat(253),
             ..test_row()
@@ -525,58 +428,10 @@ mod tests {
         assert!(!is_attempt_pod(&pod, &row, 4), "another task's Pod");
     }
 
-    #[test]
-    fn pod_names_fit_and_are_unique() {
-        let long = "a".repeat(253);
-        let n = pod_name(&long, "u", 123456, 7);
-        assert!(n.len() <= MAX_POD_NAME, "{n}");
-        assert!(n.ends_with(&format!("-123456-7-{}", uid_tag("u"))), "{n}");
-        assert_ne!(pod_name(&long, "u", 1, 1), pod_name(&long, "u", 1, 2));
-        let dotted = format!("{}.b", "x".repeat(60));
-        let n = pod_name(&dotted, "u", 5, 1);
-        assert!(!n.contains('.') && n.len() <= MAX_POD_NAME, "{n}");
-        assert_eq!(
-            pod_name("hello", "2b3f9c1e-0000-4000-8000-000000000001", 1, 2),
-            format!(
-                "hello-1-2-{}",
-                uid_tag("2b3f9c1e-0000-4000-8000-000000000001")
-            )
-        );
-        let tag = uid_tag("u");
-        assert_eq!(
-            pod_name(&format!("{}-", "y".repeat(48)), "u", 1, 1),
-            format!("{}-1-1-{tag}", "y".repeat(48))
-        );
-    }
-
-    /// Issue 21, class 6: two jobs whose names share their first 59 characters and whose ids
-    /// and attempts are equal (two shards in one namespace) get two Pod names, each still at
-    /// most 63 characters and readable (name, id, attempt, tag); the tag is stable.
-    #[test]
-    fn two_jobs_never_want_one_pod_name() {
-        let prefix = "p".repeat(59);
-        let (a, b) = (format!("{prefix}-alpha"), format!("{prefix}-beta"));
-        let (ua, ub) = (
-            "6f1d2c3b-1111-4a5b-9c8d-0123456789ab",
-            "6f1d2c3b-2222-4a5b-9c8d-0123456789ab",
-        );
-        let (na, nb) = (pod_name(&a, ua, 1, 1), pod_name(&b, ub, 1, 1));
-        assert_ne!(na, nb);
-        assert!(na.len() <= MAX_POD_NAME && nb.len() <= MAX_POD_NAME);
-        assert!(na.starts_with("ppp") && na.contains("-1-1-"), "{na}");
-        assert_eq!(uid_tag(ua), uid_tag(ua), "stable");
-        assert_eq!(uid_tag(ua).len(), TAG_LEN);
-        // Distinct uids give distinct tags (a sample of 10,000: no collision).
-        let tags: std::collections::HashSet<String> = (0..10_000)
-            .map(|i| uid_tag(&format!("00000000-0000-4000-8000-{i:012}")))
-            .collect();
-        assert_eq!(tags.len(), 10_000);
-    }
-
     /// A Pod created before names carried a uid tag is still its attempt's.
     #[test]
     fn a_legacy_named_pod_is_still_the_attempts() {
-        let row = crate::store::JobRow {
+        let row = crate::lifecycle::JobRow {
             id: 3,
             uid: "uid-3".into(),
             namespace: "ns".into(),

@@ -11,9 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-use super::state::{self, PodObservation, PodState};
 use crate::api::{ExecutorKind, LABEL_JOB_ID};
 use crate::engine::Engine;
+use crate::executor::pod::{self, state};
+use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::world::PodSeen;
 
 /// Every Pod with our marks (the job-id and attempt labels and a ManagedJob controller owner),
@@ -41,7 +42,7 @@ impl PodCache {
 
 /// What the world check needs of `pod`, when it carries our marks.
 pub fn pod_seen(pod: &Pod) -> Option<PodSeen> {
-    let (job_id, attempt) = super::pod_key(pod)?;
+    let (job_id, attempt) = pod::pod_key(pod)?;
     let owner = pod.metadata.owner_references.iter().flatten().find(|o| {
         o.controller == Some(true)
             && o.kind == "ManagedJob"
@@ -140,11 +141,11 @@ async fn still_exists(client: &kube::Client, pod: &Pod) -> bool {
 }
 
 /// Records what a labelled Pod shows, if it is one of our jobs' attempts by namespace, name,
-/// owner and labels ([`super::is_attempt_pod`]), and wakes that job's controller when something changed. Returns its (job, attempt).
+/// owner and labels ([`pod::is_attempt_pod`]), and wakes that job's controller when something changed. Returns its (job, attempt).
 fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
-    let (id, attempt) = super::pod_key(pod)?;
+    let (id, attempt) = pod::pod_key(pod)?;
     let row = engine.store().find(id).ok()??;
-    if !super::is_attempt_pod(pod, &row, attempt) {
+    if !pod::is_attempt_pod(pod, &row, attempt) {
         tracing::debug!(job_id = id, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, "a labelled Pod that is not this job's: ignored");
         return None;
     }

@@ -1,0 +1,77 @@
+//! Every default of the operator, in one place: the `managed-jobs run` flags' values when they
+//! are not given (`cli`), the settings a job controller uses when no operator wrote any
+//! (`store::settings`), and what a job's spec falls back to. Each with its unit and where it
+//! comes from.
+
+use std::time::Duration;
+
+use crate::api::ExecutorKind;
+
+/// `--cancel-grace-seconds`: SIGTERM to SIGKILL when stopping a workload, seconds (Kubernetes'
+/// default `terminationGracePeriodSeconds` is 30; a batch job that checkpoints on SIGTERM
+/// usually needs less, and a cancel should feel prompt).
+pub const CANCEL_GRACE_SECONDS: f64 = 5.0;
+
+/// `--restart-backoff-seconds`: the first back-off before a restart after an error, seconds;
+/// doubles per restart up to `lifecycle::clock::MAX_BACKOFF` (the kubelet's CrashLoopBackOff
+/// starts at 10 s; a managed job's restart is rarer and costs a launch).
+pub const RESTART_BACKOFF_SECONDS: f64 = 1.0;
+
+/// `--max-controller-crashes`: job controller exits before the job is done, in a row, that end
+/// it FailedController (SkyPilot fails at the first; a resumed controller loses nothing).
+pub const MAX_CONTROLLER_CRASHES: i64 = 3;
+
+/// `--launch-timeout-seconds`, in seconds: how long a launched workload may take to start
+/// running. Kueue's waitForPodsReady defaults to 5 minutes; ours is longer because ML images of
+/// several GB often take minutes to pull, and a timeout costs the whole launch again.
+pub const LAUNCH_TIMEOUT_SECONDS: f64 = 600.0;
+
+/// [`LAUNCH_TIMEOUT_SECONDS`] as a duration (a job's `spec.launchTimeoutSeconds` overrides it).
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(LAUNCH_TIMEOUT_SECONDS as u64);
+
+/// `--max-launch-timeouts`: launch timeouts in a row that end a job FailedNoResource.
+pub const MAX_LAUNCH_TIMEOUTS: i32 = 3;
+
+/// `--job-memory-mib`: the per-job memory budget behind the run cap, MiB. A job controller
+/// process measures about 1-4 MiB of private memory (USS; see BENCHMARKS.md); the budget
+/// leaves room for its page tables and kernel overhead and for bursts while it launches
+/// (SkyPilot assumed 350 MB per Python process).
+pub const JOB_MEMORY_MIB: u64 = 16;
+
+/// `--reserved-memory-mib`: memory kept for the operator itself and the host, MiB.
+pub const RESERVED_MEMORY_MIB: u64 = 512;
+
+/// `--api-qps`: sustained Kubernetes API requests per second for the operator's writes (status
+/// writes first, Events from what they leave; client-go's default is 5, too few for thousands
+/// of jobs, and the API server's default max-mutating-requests-inflight is 200).
+pub const API_QPS: u32 = 50;
+
+/// `--api-burst`: requests above [`API_QPS`] in a burst (twice the rate, as client-go pairs
+/// them).
+pub const API_BURST: u32 = 100;
+
+/// `--metrics-addr`: where `/metrics`, `/healthz` and `/readyz` are served.
+pub const METRICS_ADDR: &str = "0.0.0.0:8080";
+
+/// `--lease-duration-seconds`: a dead leader is replaced within this, seconds (client-go's
+/// leader election default is 15 s).
+pub const LEASE_DURATION_SECONDS: u64 = 15;
+
+/// `--log-format`.
+pub const LOG_FORMAT: &str = "text";
+
+/// `--executors`: inside a cluster only `pod` (the local executor would run user code with the
+/// operator's identity, so it is switched on explicitly); outside one (a laptop, the dev
+/// control plane) `local,pod`.
+pub fn executors(in_cluster: bool) -> Vec<ExecutorKind> {
+    if in_cluster {
+        vec![ExecutorKind::Pod]
+    } else {
+        vec![ExecutorKind::Local, ExecutorKind::Pod]
+    }
+}
+
+/// Seconds as a duration; `secs` is one of the defaults above (finite, not negative).
+pub fn seconds(secs: f64) -> Duration {
+    Duration::from_secs_f64(secs)
+}

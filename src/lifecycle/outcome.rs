@@ -1,0 +1,187 @@
+//! What the executors report, as the decisions read it: an attempt's [`Workload`], what is
+//! [`Observed`] of it, how it ended ([`Outcome`]) and a launch refused for good ([`Refused`]).
+
+use std::fmt;
+
+use super::reason::FailureReason;
+
+/// An attempt's workload, as `status.workload` names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Workload {
+    /// A local attempt: the pid of its wrapper shell (also its process group). `pid/<pid>`.
+    Process(i32),
+    /// A pod attempt: its Pod's name. `pod/<name>`.
+    Pod(String),
+}
+
+impl Workload {
+    /// Parses `pid/<pid>` or `pod/<name>`.
+    pub fn parse(s: &str) -> Option<Workload> {
+        if let Some(pid) = s.strip_prefix("pid/") {
+            return pid.parse().ok().map(Workload::Process);
+        }
+        s.strip_prefix("pod/")
+            .filter(|name| !name.is_empty())
+            .map(|name| Workload::Pod(name.to_string()))
+    }
+
+    /// The Pod's name, for a pod attempt.
+    pub fn pod_name(&self) -> Option<&str> {
+        match self {
+            Workload::Pod(name) => Some(name),
+            Workload::Process(_) => None,
+        }
+    }
+
+    /// The process (group) id, for a local attempt.
+    pub fn pid(&self) -> Option<i32> {
+        match self {
+            Workload::Process(pid) => Some(*pid),
+            Workload::Pod(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Workload::Process(pid) => write!(f, "pid/{pid}"),
+            Workload::Pod(name) => write!(f, "pod/{name}"),
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every part exited 0.
+    Succeeded,
+    /// The setup script (or an init container) failed.
+    SetupFailed {
+        /// Exit code.
+        code: i32,
+        /// The workload's CamelCase reason.
+        reason: String,
+        /// Which part failed, when the executor knows (e.g. "init container fetch exited with
+        /// code 2").
+        detail: Option<String>,
+    },
+    /// The workload itself failed (counts against maxRestartsOnErrors).
+    Failed {
+        /// Exit code (128 + signal for a signal).
+        code: i32,
+        /// The workload's CamelCase reason, e.g. `ExitCode`, `OOMKilled`.
+        reason: String,
+        /// Which part failed, when the executor knows (e.g. "container sidecar was OOM-killed
+        /// (exit code 0)").
+        detail: Option<String>,
+    },
+    /// The node refused to run the workload (a Pod ended Failed before any container ran:
+    /// `OutOfcpu`, `UnexpectedAdmissionError`, `SysctlForbidden`...). A workload error, like
+    /// [`Outcome::Failed`]: it uses maxRestartsOnErrors and backs off; never a tight relaunch loop.
+    Refused {
+        /// The node's CamelCase reason.
+        reason: String,
+        /// The node's message.
+        message: String,
+    },
+    /// The workload can never start as specified (an invalid image name, a container config
+    /// that references what does not exist): retrying cannot help, the job fails its precheck
+    /// and the workload is removed.
+    Invalid {
+        /// The kubelet's CamelCase reason, e.g. `InvalidImageName`.
+        reason: String,
+        /// What is wrong, naming the container.
+        message: String,
+    },
+    /// The workload was taken away (preemption, eviction, node loss): a recovery, bounded by
+    /// maxRecoveries.
+    Lost {
+        /// Sentence saying what happened.
+        reason: String,
+    },
+}
+
+/// What an executor observes of one attempt's workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// No trace of it: never created, not seen yet (a Pod the watch has not reported), or gone
+    /// without a recorded end.
+    NotFound,
+    /// Its Pod was created and does not run yet (being scheduled, pulling its image...).
+    Pending {
+        /// The Pod's name.
+        pod: String,
+        /// CamelCase reason of what it waits on (e.g. `ImagePullBackOff`), empty when nothing
+        /// says.
+        reason: String,
+        /// What it waits on, naming the container (e.g. "container main: Back-off pulling
+        /// image ..."), or where it is bound; may be empty.
+        message: String,
+    },
+    /// Its Pod waits for a node; `message` is the scheduler's reason.
+    Unschedulable {
+        /// The Pod's name.
+        pod: String,
+        /// E.g. "0/4 nodes are available: ...".
+        message: String,
+    },
+    /// Its Pod was deleted (by someone else: a user, a controller, an eviction) but is not gone
+    /// yet, and had not exited: it no longer counts as running.
+    Terminating {
+        /// The Pod's name.
+        pod: String,
+        /// E.g. "Pod x-1-1 on node n1 is terminating".
+        message: String,
+        /// When it has outlived its grace period plus a margin (ms since epoch): past it, on a
+        /// node that is not Ready, it is force-deleted.
+        force_at_ms: Option<i64>,
+        /// Whether its node is Ready, when asked (past `force_at_ms`); None: not asked or
+        /// unknown (never forced then).
+        node_ready: Option<bool>,
+    },
+    /// Its Pod's create failed and may succeed later (the API answered 5xx, or could not be
+    /// reached): tried again at `retry_at_ms`, against the launch deadline.
+    CreateFailed {
+        /// The Pod's name.
+        pod: String,
+        /// What the API said.
+        message: String,
+        /// When to try the create again (ms since epoch).
+        retry_at_ms: i64,
+    },
+    /// It runs.
+    Running {
+        /// The workload.
+        workload: Workload,
+    },
+    /// It ended; here is how.
+    Ended(Outcome),
+}
+
+/// The executor refused to start an attempt, for good (retrying cannot help).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// `status.failureReason`.
+    pub reason: FailureReason,
+    /// What was refused and why, for `status.message`.
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_read_as_the_status_shows_them() {
+        for w in [
+            Workload::Process(42),
+            Workload::Pod("train-7-1-x7b2kq".into()),
+        ] {
+            assert_eq!(Workload::parse(&w.to_string()), Some(w));
+        }
+        assert_eq!(Workload::Process(42).to_string(), "pid/42");
+        assert_eq!(Workload::parse("pod/"), None);
+        assert_eq!(Workload::parse("vm/1"), None);
+    }
+}
