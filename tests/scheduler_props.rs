@@ -54,7 +54,14 @@
 //!    of legal schedule-state edges ending in its current state;
 //! 8. the API's view within the caps: the operator's status writer (`StatusWrite`: the writes
 //!    [`operator::writable`] allows start; `StatusAck`: one in flight lands, in any order) never
-//!    lets the API show more jobs Launching, or holding run slots, than the caps.
+//!    lets the API show more jobs Launching, or holding run slots, than the caps;
+//! 9. pipelines: one row per job, its tasks run one at a time and in order, a task after a
+//!    failed or cancelled one is Skipped;
+//! 10. no workload runs for a Done job, over the whole run: the model keeps each job's running
+//!     workload (a local attempt's processes or its Pod, from its launch to its end or its
+//!     stop), and a job given up for its controller (`ControllerGivesUp`) has it stopped as
+//!     [`lifecycle::stop_after_give_up`] says: a local job's processes by the engine, a pod
+//!     job's Pod by the world check ([`world::check`]), which never touches a live attempt.
 //!
 //! Ranks compare (priority, id): the store orders each queue by priority, then creation time,
 //! then id, and [`Store::upsert`] stamps a job's creation with the current time, so for jobs
@@ -72,13 +79,15 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use managed_jobs::api::ExecutorKind;
 use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState, TaskPhase, TaskSpec};
 use managed_jobs::capacity::Caps;
 use managed_jobs::capacity::SlotUsage;
 use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
     self, Action, AtStart, CancelRoute, Context, ControllerExit, Expect, FailureReason, JobRow,
-    Observed, Outcome, Reason, Transition, Workload, faults,
+    Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults, world,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
@@ -119,17 +128,39 @@ fn spec(priority: i32) -> ManagedJobSpec {
     }
 }
 
-/// A job of one task (`tasks` 0) or a pipeline of `tasks` tasks.
-fn spec_with(priority: i32, tasks: usize) -> ManagedJobSpec {
+/// A job of one task (`tasks` 0) or a pipeline of `tasks` tasks, run by the local executor or
+/// (`pod`) in Pods.
+fn spec_with(priority: i32, tasks: usize, pod: bool) -> ManagedJobSpec {
+    let template = || {
+        Some(PodTemplateSpec {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
     if tasks == 0 {
-        return spec(priority);
+        return if pod {
+            ManagedJobSpec {
+                priority,
+                template: template(),
+                ..Default::default()
+            }
+        } else {
+            spec(priority)
+        };
     }
     ManagedJobSpec {
         priority,
         tasks: (0..tasks)
             .map(|i| TaskSpec {
                 name: format!("t{i}"),
-                run: Some("true".into()),
+                run: (!pod).then(|| "true".into()),
+                template: if pod { template() } else { None },
                 ..Default::default()
             })
             .collect(),
@@ -195,6 +226,9 @@ enum Mutation {
     FailedTaskMovesOn,
     /// A pipeline's next task launches at once, without waiting for a launch slot.
     NextTaskSkipsTheQueue,
+    /// A job given up for its controller has only its local processes stopped: its running Pod
+    /// is left (issue 21's class 2, before the world check was asked for at once).
+    GiveUpStopsOnlyLocal,
 }
 
 /// One step of the random sequence. `usize` arguments pick the k-th (mod len) eligible job.
@@ -325,6 +359,16 @@ struct Model {
     task_after_failure: Option<i32>,
     /// The highest task index seen of each pipeline.
     task_seen: HashMap<i64, i32>,
+    /// The workload of each job that runs now: a local attempt's processes or a Pod.
+    workloads: HashMap<i64, RunningWorkload>,
+}
+
+/// A workload that runs in the model: which attempt, on which executor, and its Pod's name.
+#[derive(Clone, Debug)]
+struct RunningWorkload {
+    attempt: i32,
+    executor: ExecutorKind,
+    pod: String,
 }
 
 /// What a run exercised (see [`the_model_reaches_the_interesting_cases`]).
@@ -348,6 +392,8 @@ struct Stats {
     task_moves: usize,
     /// Tasks skipped after a failed one.
     tasks_skipped: usize,
+    /// Running Pods of jobs given up for their controller, deleted by the world check.
+    pods_of_given_up_jobs: usize,
 }
 
 impl Stats {
@@ -361,6 +407,7 @@ impl Stats {
         self.resumed_at_restart += o.resumed_at_restart;
         self.task_moves += o.task_moves;
         self.tasks_skipped += o.tasks_skipped;
+        self.pods_of_given_up_jobs += o.pods_of_given_up_jobs;
     }
 }
 
@@ -386,6 +433,7 @@ impl Model {
             mutation: None,
             task_after_failure: None,
             task_seen: HashMap::new(),
+            workloads: HashMap::new(),
         }
     }
 
@@ -454,7 +502,13 @@ impl Model {
         let row = self.get(id);
         let action = lifecycle::next_action(&row, observed.as_ref(), &Model::context(&row));
         match &action {
-            Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => {
+            Action::Apply(t) => {
+                let t = self.mutate(t.clone());
+                self.cas(id, t)?;
+            }
+            // The workload is stopped, then the transition written.
+            Action::StopThen(t) | Action::RemoveThen(t) => {
+                self.workloads.remove(&id);
                 let t = self.mutate(t.clone());
                 self.cas(id, t)?;
             }
@@ -564,7 +618,8 @@ impl Model {
                 "ns",
                 &format!("job-{n}"),
                 1,
-                &spec_with(priority, tasks),
+                // Every other job runs in Pods.
+                &spec_with(priority, tasks, n.is_multiple_of(2)),
             )
             .expect("upsert");
         prop_assert!(up.inserted);
@@ -910,7 +965,21 @@ impl Model {
             id,
             action
         );
-        let workload = Workload::Pod(format!("job-{id}"));
+        let row = self.get(id);
+        let attempt = row.current_attempt();
+        let pod = lifecycle::pod::attempt_pod_name(&row, attempt);
+        let workload = match row.executor {
+            ExecutorKind::Pod => Workload::Pod(pod.clone()),
+            ExecutorKind::Local => Workload::Process(10_000 + id as i32),
+        };
+        self.workloads.insert(
+            id,
+            RunningWorkload {
+                attempt,
+                executor: row.executor,
+                pod,
+            },
+        );
         let action = self.controller_turn(id, Some(Observed::Running { workload }))?;
         prop_assert!(matches!(action, Action::Apply(_)), "{:?}", action);
         let row = self.get(id);
@@ -967,6 +1036,8 @@ impl Model {
                 "job {id}: an ended attempt must be written, not {action:?}"
             )));
         };
+        // It ended, whatever the write finds.
+        self.workloads.remove(&id);
         let t = self.mutate(t);
         self.cas(id, t)
     }
@@ -1104,7 +1175,104 @@ impl Model {
         };
         let applied = self.cas(id, t)?;
         prop_assert!(applied);
-        prop_assert_eq!(self.get(id).phase, JobPhase::FailedController);
+        let row = self.get(id);
+        prop_assert_eq!(row.phase, JobPhase::FailedController);
+        // What the engine does about its workload (`Engine::on_controller_exit`).
+        let stop = match self.mutation {
+            Some(Mutation::GiveUpStopsOnlyLocal) => StopAfterGiveUp::LocalProcesses,
+            _ => lifecycle::stop_after_give_up(&row),
+        };
+        match stop {
+            StopAfterGiveUp::LocalProcesses => {
+                if row.executor == ExecutorKind::Local {
+                    self.workloads.remove(&id);
+                }
+            }
+            StopAfterGiveUp::PodsByWorldCheck => self.world_check()?,
+        }
+        Ok(())
+    }
+
+    /// The operator's world check ([`world::check`]) over the store and the workloads that run,
+    /// as `Engine::observe_world` reads them; its fixes carried out. A fix never touches a live
+    /// attempt's workload.
+    fn world_check(&mut self) -> TestResult {
+        let mut jobs: Vec<world::Job> = self
+            .store
+            .live_jobs()
+            .expect("live_jobs")
+            .iter()
+            .map(world::Job::live)
+            .collect();
+        jobs.extend(
+            self.store
+                .pending_jobs_brief()
+                .expect("pending")
+                .into_iter()
+                .map(world::Job::queued),
+        );
+        jobs.extend(
+            self.store
+                .done_jobs_brief()
+                .expect("done")
+                .into_iter()
+                .map(world::Job::done),
+        );
+        let mut pods = Vec::new();
+        let mut processes = Vec::new();
+        for (&id, w) in &self.workloads {
+            let Some(row) = self.store.find(id).expect("find") else {
+                continue;
+            };
+            match w.executor {
+                ExecutorKind::Pod => pods.push(world::PodSeen {
+                    namespace: row.namespace.clone(),
+                    name: w.pod.clone(),
+                    uid: format!("pod-{id}-{}", w.attempt),
+                    job_id: id,
+                    attempt: w.attempt,
+                    owner_uid: row.uid.clone(),
+                    alive: true,
+                    terminating: false,
+                }),
+                ExecutorKind::Local => processes.push(world::ProcessSeen {
+                    pid: 10_000 + id as i32,
+                    start_time: 1,
+                    job_id: id,
+                    attempt: w.attempt,
+                }),
+            }
+        }
+        let observed = world::World {
+            pods: Some(pods),
+            processes,
+            ..Default::default()
+        };
+        for fix in world::check(&jobs, &observed) {
+            let id = match fix {
+                world::Fix::DeletePod { name, .. } => self
+                    .workloads
+                    .iter()
+                    .find(|(_, w)| w.pod == name)
+                    .map(|(id, _)| *id),
+                world::Fix::StopProcess { process, .. } => Some(process.job_id),
+                _ => None,
+            };
+            if let Some(id) = id {
+                let row = self.get(id);
+                prop_assert_eq!(
+                    row.schedule_state,
+                    ScheduleState::Done,
+                    "the world check stopped the workload of live job {}",
+                    id
+                );
+                if let Some(w) = self.workloads.remove(&id)
+                    && w.executor == ExecutorKind::Pod
+                {
+                    self.stats.pods_of_given_up_jobs += 1;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1483,6 +1651,18 @@ impl Model {
                 self.done.entry(r.id).or_insert(r.phase);
             }
         }
+        // 10. No workload runs for a Done job.
+        for (id, w) in &self.workloads {
+            let r = by_id.get(id);
+            prop_assert!(
+                r.is_some_and(|r| r.schedule_state != ScheduleState::Done),
+                "job {} is {:?} but its workload (attempt {}, {}) still runs",
+                id,
+                r.map(|r| r.phase),
+                w.attempt,
+                w.executor
+            );
+        }
         // 9. Pipelines: one row (one run slot) per job; its tasks run one at a time and in
         //    order; a task after a failed or cancelled one is Skipped.
         let uids: HashSet<&str> = rows.iter().map(|r| r.uid.as_str()).collect();
@@ -1743,7 +1923,8 @@ fn the_model_reaches_the_interesting_cases() {
             && total.conflicts >= 10
             && total.resumed_at_restart >= 1
             && total.task_moves >= 10
-            && total.tasks_skipped >= 3,
+            && total.tasks_skipped >= 3
+            && total.pods_of_given_up_jobs >= 1,
         "the generators no longer reach the interesting cases: {total:?}"
     );
 }
@@ -1760,6 +1941,7 @@ fn the_model_catches_each_reintroduced_bug() {
         Mutation::BackoffSkipsTheQueue,
         Mutation::FailedTaskMovesOn,
         Mutation::NextTaskSkipsTheQueue,
+        Mutation::GiveUpStopsOnlyLocal,
     ] {
         let mut runner = TestRunner::new(ProptestConfig {
             rng_seed: RngSeed::Fixed(SEED),
