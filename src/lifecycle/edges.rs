@@ -1,4 +1,4 @@
-//! The legal moves of both state machines (DESIGN.md section 4; `docs/design.md`), as tables:
+//! The legal moves of both state machines (docs/design.md#two-state-machines), as tables:
 //! [`SCHEDULE_EDGES`] and [`PHASE_EDGES`], the (phase, schedule state) pairs a job may be in
 //! ([`legal_state`]), and the guard of a compare-and-set ([`Expect`]). [`check`] holds a move
 //! against all of them; every change the store writes passes it
@@ -135,8 +135,10 @@ pub fn legal_phase_edge(from: JobPhase, to: JobPhase) -> bool {
 
 /// True when a job may be in `phase` and `schedule` together (`cancel_requested`: its cancel
 /// is persisted): Done exactly with a terminal phase; Inactive and Waiting only while Pending,
-/// and Pending only queued or being admitted (Inactive, Waiting, Launching); Cancelling only
-/// after a persisted cancel request.
+/// and Pending only queued or being admitted (Inactive, Waiting, Launching); Submitted (a
+/// controller runs, the first launch is not recorded) only holding or asking for its first
+/// launch slot (Launching, AliveWaiting after a lost store); Cancelling only after a persisted
+/// cancel request.
 pub fn legal_state(phase: JobPhase, schedule: ScheduleState, cancel_requested: bool) -> bool {
     (schedule == ScheduleState::Done) == phase.is_terminal()
         && (!matches!(schedule, ScheduleState::Inactive | ScheduleState::Waiting)
@@ -145,6 +147,11 @@ pub fn legal_state(phase: JobPhase, schedule: ScheduleState, cancel_requested: b
             || matches!(
                 schedule,
                 ScheduleState::Inactive | ScheduleState::Waiting | ScheduleState::Launching
+            ))
+        && (phase != JobPhase::Submitted
+            || matches!(
+                schedule,
+                ScheduleState::Launching | ScheduleState::AliveWaiting
             ))
         && (phase != JobPhase::Cancelling || cancel_requested)
 }
@@ -215,6 +222,7 @@ mod tests {
         assert!(!legal_state(Pending, ScheduleState::AliveWaiting, false));
         assert!(legal_state(Pending, ScheduleState::Launching, false));
         assert!(!legal_state(Cancelling, ScheduleState::Alive, false));
+        assert!(!legal_state(Submitted, ScheduleState::Alive, false));
         assert!(!legal_state(Running, ScheduleState::Waiting, false));
         assert!(!legal_state(Succeeded, ScheduleState::Alive, false));
     }

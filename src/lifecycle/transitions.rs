@@ -181,10 +181,16 @@ pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
 }
 
 /// The attempt's Pod waits for a node: waiting on the cluster must not hold a launch slot, so
-/// the job keeps its run slot only (Launching -> Alive, phase unchanged).
+/// the job keeps its run slot only (Launching -> Alive, phase unchanged, or Starting when the
+/// first launch was not recorded yet).
 pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Transition {
     let mut change = Change::because(Reason::Unschedulable).message(message);
     change.schedule = Some(ScheduleState::Alive);
+    // Its Pod exists, so its launch began, even if the store does not know it yet (a store
+    // rebuilt from a status that lagged behind the Pod): a Pending job is never Alive.
+    if matches!(row.phase, JobPhase::Pending | JobPhase::Submitted) {
+        change.phase = Some(JobPhase::Starting);
+    }
     change.workload = Some(Some(workload));
     change.launch_clock = Some(LaunchClock::Clear);
     if row.node_wait_since_ms.is_none() {
