@@ -1,0 +1,28 @@
+//! The `ManagedJob` custom resource (`managedjobs.dev/v1alpha1`, `docs/design.md#the-api`), by
+//! concern:
+//!
+//! - [`types`]: the resource itself (spec, status, a pipeline's tasks), its labels and the
+//!   finalizer;
+//! - [`states`]: the names of the two state machines ([`JobPhase`], [`ScheduleState`]), a task's
+//!   phase and the executor kinds;
+//! - [`schema`]: the CRD as installed: kube's derived schema plus what the derive cannot express
+//!   (ranges, patterns, CEL rules for "exactly one of run/template/tasks" and immutability, the
+//!   trimmed pod-template schema), so that bad input is refused by the API server;
+//! - [`validation`]: the limits, and the checks the operator makes itself when a CRD without our
+//!   rules was installed ([`validate_spec`]).
+
+pub mod schema;
+pub mod states;
+pub mod types;
+pub mod validation;
+
+pub use schema::{crd, crd_yaml};
+pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase};
+pub use types::{
+    EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK, ManagedJob,
+    ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus, TaskView, shard_selector,
+};
+pub use validation::{
+    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES,
+    MAX_TASK_ENV_VARS, MAX_TASKS, is_dns_label, validate_spec,
+};

@@ -1,0 +1,292 @@
+//! The names of the two state machines ([`JobPhase`], [`ScheduleState`];
+//! `docs/design.md#two-state-machines`), a pipeline task's phase ([`TaskPhase`]) and the
+//! executors ([`ExecutorKind`]), as the API shows them and the store keeps them.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The phase of one task of a pipeline: the job's phases (without Submitted, a job-level
+/// step) plus Skipped, for a task that never runs because an earlier one failed or the job was
+/// cancelled.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TaskPhase {
+    /// Not launched yet.
+    #[default]
+    Pending,
+    /// Launching its workload.
+    Starting,
+    /// Its workload runs.
+    Running,
+    /// Relaunching after preemption or restarting after an error.
+    Recovering,
+    /// Being stopped by a cancel.
+    Cancelling,
+    /// Its workload exited 0.
+    Succeeded,
+    /// Cancelled while it was the current task.
+    Cancelled,
+    /// Failed with its restarts spent.
+    Failed,
+    /// Its setup failed.
+    FailedSetup,
+    /// It could not be launched (refused, invalid).
+    FailedPrecheck,
+    /// Its launch was impossible within its limits.
+    FailedNoResource,
+    /// An internal error while it was current.
+    FailedController,
+    /// Never run: an earlier task failed, or the job was cancelled first.
+    Skipped,
+}
+
+impl TaskPhase {
+    /// The task phase that a job in `phase` gives its current task.
+    pub fn of_job(phase: JobPhase) -> TaskPhase {
+        match phase {
+            JobPhase::Pending | JobPhase::Submitted => TaskPhase::Pending,
+            JobPhase::Starting => TaskPhase::Starting,
+            JobPhase::Running => TaskPhase::Running,
+            JobPhase::Recovering => TaskPhase::Recovering,
+            JobPhase::Cancelling => TaskPhase::Cancelling,
+            JobPhase::Succeeded => TaskPhase::Succeeded,
+            JobPhase::Cancelled => TaskPhase::Cancelled,
+            JobPhase::Failed => TaskPhase::Failed,
+            JobPhase::FailedSetup => TaskPhase::FailedSetup,
+            JobPhase::FailedPrecheck => TaskPhase::FailedPrecheck,
+            JobPhase::FailedNoResource => TaskPhase::FailedNoResource,
+            JobPhase::FailedController => TaskPhase::FailedController,
+        }
+    }
+
+    /// True once the task can change no more: Succeeded, Cancelled, Skipped and Failed*.
+    pub fn is_terminal(self) -> bool {
+        !matches!(
+            self,
+            TaskPhase::Pending
+                | TaskPhase::Starting
+                | TaskPhase::Running
+                | TaskPhase::Recovering
+                | TaskPhase::Cancelling
+        )
+    }
+}
+
+/// The phase a user sees. Terminal: Succeeded, Cancelled and the five Failed*. Cancelling is
+/// not terminal.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum JobPhase {
+    /// Waiting for a slot.
+    Pending,
+    /// Job controller process started.
+    Submitted,
+    /// Launching the workload.
+    Starting,
+    /// Workload running.
+    Running,
+    /// Relaunching after preemption, node loss, or restarting after an error.
+    Recovering,
+    /// Workload finished with exit code 0.
+    Succeeded,
+    /// Cancel requested; the workload is being stopped.
+    Cancelling,
+    /// Cancelled and cleaned up.
+    Cancelled,
+    /// The workload failed and its restart budget is spent.
+    Failed,
+    /// The setup script (or an init container) failed.
+    FailedSetup,
+    /// The job could not be submitted (e.g. its executor is disabled, a quota refused its Pod).
+    FailedPrecheck,
+    /// The launch was impossible within its limits.
+    FailedNoResource,
+    /// An internal error that resumption could not repair.
+    FailedController,
+}
+
+impl JobPhase {
+    /// Every phase, in SkyPilot's order.
+    pub const ALL: [JobPhase; 13] = [
+        JobPhase::Pending,
+        JobPhase::Submitted,
+        JobPhase::Starting,
+        JobPhase::Running,
+        JobPhase::Recovering,
+        JobPhase::Succeeded,
+        JobPhase::Cancelling,
+        JobPhase::Cancelled,
+        JobPhase::Failed,
+        JobPhase::FailedSetup,
+        JobPhase::FailedPrecheck,
+        JobPhase::FailedNoResource,
+        JobPhase::FailedController,
+    ];
+
+    /// True for Succeeded, Cancelled and every Failed*. Cancelling is not terminal.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Cancelled) || self.is_failure()
+    }
+
+    /// True for the five Failed* phases.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            JobPhase::Failed
+                | JobPhase::FailedSetup
+                | JobPhase::FailedPrecheck
+                | JobPhase::FailedNoResource
+                | JobPhase::FailedController
+        )
+    }
+
+    /// The name as stored and shown (`Pending`, `FailedSetup`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobPhase::Pending => "Pending",
+            JobPhase::Submitted => "Submitted",
+            JobPhase::Starting => "Starting",
+            JobPhase::Running => "Running",
+            JobPhase::Recovering => "Recovering",
+            JobPhase::Succeeded => "Succeeded",
+            JobPhase::Cancelling => "Cancelling",
+            JobPhase::Cancelled => "Cancelled",
+            JobPhase::Failed => "Failed",
+            JobPhase::FailedSetup => "FailedSetup",
+            JobPhase::FailedPrecheck => "FailedPrecheck",
+            JobPhase::FailedNoResource => "FailedNoResource",
+            JobPhase::FailedController => "FailedController",
+        }
+    }
+
+    /// Parses [`JobPhase::as_str`]'s output; `None` for anything else.
+    pub fn parse(s: &str) -> Option<JobPhase> {
+        JobPhase::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for JobPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The scheduler's state of a job (SkyPilot's ManagedJobScheduleState).
+///
+/// `Inactive -> Waiting -> Launching -> Alive -> (AliveWaiting -> Launching -> Alive)* -> Done`;
+/// Inactive/Waiting may go straight to Done when cancelled. Nothing leaves Done.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ScheduleState {
+    /// Known to the store, not yet submitted to the scheduler.
+    Inactive,
+    /// Queued for its first launch.
+    Waiting,
+    /// Holds a launch slot (and a run slot).
+    Launching,
+    /// Its job controller process runs and is not launching (holds a run slot).
+    Alive,
+    /// Alive and asking for a launch slot to relaunch (recovery or restart).
+    AliveWaiting,
+    /// Finished; the phase is terminal.
+    Done,
+}
+
+impl ScheduleState {
+    /// Every schedule state, in lifecycle order.
+    pub const ALL: [ScheduleState; 6] = [
+        ScheduleState::Inactive,
+        ScheduleState::Waiting,
+        ScheduleState::Launching,
+        ScheduleState::Alive,
+        ScheduleState::AliveWaiting,
+        ScheduleState::Done,
+    ];
+
+    /// The states that hold a run slot and have a job controller process.
+    pub const LIVE: [ScheduleState; 3] = [
+        ScheduleState::Launching,
+        ScheduleState::Alive,
+        ScheduleState::AliveWaiting,
+    ];
+
+    /// True for the states that hold a run slot and have a job controller process.
+    pub fn holds_run_slot(self) -> bool {
+        ScheduleState::LIVE.contains(&self)
+    }
+
+    /// The name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleState::Inactive => "Inactive",
+            ScheduleState::Waiting => "Waiting",
+            ScheduleState::Launching => "Launching",
+            ScheduleState::Alive => "Alive",
+            ScheduleState::AliveWaiting => "AliveWaiting",
+            ScheduleState::Done => "Done",
+        }
+    }
+
+    /// Parses [`ScheduleState::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<ScheduleState> {
+        ScheduleState::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for ScheduleState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which executor runs a spec: `local` for `run`, `pod` for `template`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// A process group on the controller node.
+    Local,
+    /// A Pod in the job's namespace.
+    Pod,
+}
+
+impl ExecutorKind {
+    /// `local` or `pod`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorKind::Local => "local",
+            ExecutorKind::Pod => "pod",
+        }
+    }
+
+    /// Parses `local` or `pod`.
+    pub fn parse(s: &str) -> Option<ExecutorKind> {
+        match s {
+            "local" => Some(ExecutorKind::Local),
+            "pod" => Some(ExecutorKind::Pod),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ExecutorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_phases_match_the_design() {
+        let terminal: Vec<_> = JobPhase::ALL
+            .into_iter()
+            .filter(|p| p.is_terminal())
+            .collect();
+        assert_eq!(terminal.len(), 7);
+        assert!(!JobPhase::Cancelling.is_terminal());
+        for p in JobPhase::ALL {
+            assert_eq!(JobPhase::parse(p.as_str()), Some(p));
+        }
+    }
+}

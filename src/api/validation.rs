@@ -1,0 +1,255 @@
+//! The limits of a spec and the checks the operator makes itself ([`validate_spec`]): the API
+//! server enforces the same through the CRD's schema ([`super::schema`]), so these matter only
+//! when a CRD without our rules was installed.
+
+use super::types::{ManagedJobSpec, TaskView};
+
+/// Most tasks in one pipeline (`spec.tasks`).
+pub const MAX_TASKS: usize = 32;
+/// Largest accepted `run`/`setup` script, in bytes (keeps CEL cost estimates bounded).
+pub const MAX_SCRIPT_BYTES: usize = 65_536;
+
+/// Most bytes of one `spec.env` value (the kernel takes at most 128 KiB per environment string,
+/// MAX_ARG_STRLEN; a value of 32,768 characters may be 4 times as many bytes).
+pub const MAX_ENV_VALUE_BYTES: usize = 32_768;
+
+/// Most variables in `spec.env`.
+pub const MAX_ENV_VARS: usize = 256;
+
+/// Most variables in one task's `spec.tasks[].env` (merged over `spec.env`). Lower than
+/// [`MAX_ENV_VARS`]: the API server bounds the estimated cost of each CEL rule of a CRD (by the
+/// largest input the schema allows), and a task's rules count once per possible task (32).
+pub const MAX_TASK_ENV_VARS: usize = 32;
+
+/// Most bytes of one `spec.tasks[].env` value (see [`MAX_TASK_ENV_VARS`] for why it is lower
+/// than [`MAX_ENV_VALUE_BYTES`]); a large value shared by every task belongs in `spec.env`.
+pub const MAX_TASK_ENV_VALUE_BYTES: usize = 8_192;
+
+/// Most bytes of `spec.env` names and values in all. Each value may hold 32 KiB, but 256 of them
+/// would make an 8 MiB object: past etcd's 1.5 MiB limit on a stored object (so the job's status
+/// could never be written) and Linux's 2 MiB default `ARG_MAX` for a process' argv and
+/// environment together (so it could never start). 256 KiB leaves room for the scripts, the
+/// status and the finalizer. Enforced by a CEL rule at the API, and by [`validate_spec`].
+pub const MAX_ENV_BYTES: usize = 262_144;
+
+/// Validates what the API schema cannot: returns a sentence naming the field, or `Ok(())`.
+///
+/// Used when the CRD was installed without our rules (e.g. an older copy): the operator then fails
+/// the one job with FailedPrecheck instead of acting on bad input.
+pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
+    let set = [
+        spec.run.is_some(),
+        spec.template.is_some(),
+        spec.is_pipeline(),
+    ];
+    if set.iter().filter(|s| **s).count() != 1 {
+        return Err("exactly one of spec.run, spec.template and spec.tasks must be set".into());
+    }
+    if !(-1000..=1000).contains(&spec.priority) {
+        return Err(format!(
+            "spec.priority {} is outside -1000..1000",
+            spec.priority
+        ));
+    }
+    if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
+        return Err("spec.activeDeadlineSeconds must be >= 1".into());
+    }
+    if spec.launch_timeout_seconds.is_some_and(|s| s < 1) {
+        return Err("spec.launchTimeoutSeconds must be >= 1".into());
+    }
+    if spec.is_pipeline() {
+        if spec.setup.is_some() {
+            return Err(
+                "spec.setup cannot be set with spec.tasks: give each task its own setup".into(),
+            );
+        }
+        if spec.tasks.len() > MAX_TASKS {
+            return Err(format!(
+                "spec.tasks holds {} tasks, more than {MAX_TASKS}",
+                spec.tasks.len()
+            ));
+        }
+        let pods = spec.tasks.iter().filter(|t| t.template.is_some()).count();
+        if pods != 0 && pods != spec.tasks.len() {
+            return Err("spec.tasks must all use one executor: every task sets run (local) or every task sets template (pod)".into());
+        }
+        for (i, task) in spec.tasks.iter().enumerate() {
+            if !is_dns_label(&task.name) {
+                return Err(format!(
+                    "spec.tasks[{i}].name {:?} is not a DNS label (lowercase letters, digits and '-', at most 63 characters)",
+                    task.name
+                ));
+            }
+            if spec.tasks[..i].iter().any(|t| t.name == task.name) {
+                return Err(format!(
+                    "spec.tasks[{i}].name {:?} is used by an earlier task",
+                    task.name
+                ));
+            }
+            if task.run.is_some() == task.template.is_some() {
+                return Err(format!(
+                    "spec.tasks[{i}] must set exactly one of run and template"
+                ));
+            }
+            if task.setup.is_some() && task.run.is_none() {
+                return Err(format!(
+                    "spec.tasks[{i}].setup runs before run (the local executor); a task with a template has no setup"
+                ));
+            }
+            if task.env.len() > MAX_TASK_ENV_VARS {
+                return Err(format!(
+                    "spec.tasks[{i}].env holds {} variables, more than {MAX_TASK_ENV_VARS}",
+                    task.env.len()
+                ));
+            }
+            if let Some(var) = task
+                .env
+                .iter()
+                .find(|v| v.value.len() > MAX_TASK_ENV_VALUE_BYTES)
+            {
+                return Err(format!(
+                    "spec.tasks[{i}].env value of {} holds {} bytes, more than {MAX_TASK_ENV_VALUE_BYTES}",
+                    var.name,
+                    var.value.len()
+                ));
+            }
+            if task.active_deadline_seconds.is_some_and(|s| s < 1) {
+                return Err(format!(
+                    "spec.tasks[{i}].activeDeadlineSeconds must be >= 1"
+                ));
+            }
+            validate_task(&spec.task(i), &format!("spec.tasks[{i}]"))?;
+        }
+        return Ok(());
+    }
+    validate_task(&spec.task(0), "spec")
+}
+
+/// The checks of one task (or of a job of one task), naming fields under `at` (`spec` or
+/// `spec.tasks[i]`).
+fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
+    if task.run.is_some_and(str::is_empty) {
+        return Err(format!("{at}.run must not be empty"));
+    }
+    if task.recovery.max_restarts_on_errors < 0 {
+        return Err(format!("{at}.recovery.maxRestartsOnErrors must be >= 0"));
+    }
+    if task.recovery.max_recoveries.is_some_and(|n| n < 0) {
+        return Err(format!("{at}.recovery.maxRecoveries must be >= 0"));
+    }
+    for (field, script) in [("run", task.run), ("setup", task.setup)] {
+        if let Some(s) = script
+            && s.len() > MAX_SCRIPT_BYTES
+        {
+            return Err(format!(
+                "{at}.{field} holds {} bytes, more than {MAX_SCRIPT_BYTES}",
+                s.len()
+            ));
+        }
+        if script.is_some_and(|s| s.contains('\0')) {
+            return Err(format!(
+                "{at}.{field} contains a NUL byte, which no process can receive"
+            ));
+        }
+    }
+    // For a task, its environment merged over the job's: what its process receives.
+    let env_field = if at == "spec" {
+        "spec.env"
+    } else {
+        "spec.env with spec.tasks[].env"
+    };
+    let env_bytes: usize = task.env.iter().map(|v| v.name.len() + v.value.len()).sum();
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(format!(
+            "{env_field} holds {env_bytes} bytes of names and values, more than {MAX_ENV_BYTES} in all"
+        ));
+    }
+    for (i, var) in task.env.iter().enumerate() {
+        // The merged environment has no index of its own in the spec: name the variable.
+        let field = if at == "spec" {
+            format!("spec.env[{i}]")
+        } else {
+            format!("{env_field} (variable {})", var.name)
+        };
+        if !is_shell_identifier(&var.name) {
+            return Err(format!(
+                "{field}.name {:?} is not a valid variable name",
+                var.name
+            ));
+        }
+        if var.value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(format!(
+                "{field}.value (variable {}) holds {} bytes, more than {MAX_ENV_VALUE_BYTES}",
+                var.name,
+                var.value.len()
+            ));
+        }
+        if var.value.contains('\0') {
+            return Err(format!(
+                "{field}.value (variable {}) contains a NUL byte, which no process can receive",
+                var.name
+            ));
+        }
+    }
+    if let Some(template) = task.template {
+        let containers = template
+            .spec
+            .as_ref()
+            .map(|s| s.containers.len())
+            .unwrap_or(0);
+        if containers == 0 {
+            return Err(format!(
+                "{at}.template.spec.containers must hold at least one container"
+            ));
+        }
+        let policy = template
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.as_deref());
+        if policy.is_some_and(|p| p != "Never") {
+            return Err(format!("{at}.template.spec.restartPolicy must be Never"));
+        }
+    }
+    Ok(())
+}
+
+/// True for an RFC 1123 DNS label: 1..63 of `[a-z0-9-]`, alphanumeric at both ends.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+fn is_shell_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EnvVar;
+
+    #[test]
+    fn validate_spec_names_the_field() {
+        let mut spec = ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        assert!(validate_spec(&spec).is_ok());
+        spec.env.push(EnvVar {
+            name: "A=B".into(),
+            value: "x".into(),
+        });
+        assert!(
+            validate_spec(&spec)
+                .unwrap_err()
+                .contains("spec.env[0].name")
+        );
+    }
+}
