@@ -168,7 +168,7 @@ def main() -> int:
     inner = defaultdict(lambda: defaultdict(set))  # dir module -> sub -> subs
     problems = []
     texts = {f: strip(f.read_text()) for f in files}
-    dirs = {f.parent.name: f for f in files if f.name == "mod.rs" and f.parent != src}
+    dirs = {f.parent.name: f for f in files if f.name == "mod.rs" and f.parent.parent == src}
     exported = {name: reexports(texts[f]) for name, f in dirs.items()}
     submodules = defaultdict(set)
     for f in files:
@@ -239,9 +239,10 @@ def main() -> int:
         print(p)
     if not problems:
         edges = sum(len(v) for v in top.values())
+        modules = set(top) | {b for bs in top.values() for b in bs}
         inner_edges = sum(len(d) for g in inner.values() for d in g.values())
         print(
-            f"ok: {edges} edges between {len(top)} modules all point down {len(LAYERS)} layers; "
+            f"ok: {edges} edges between {len(modules)} modules all point down {len(LAYERS)} layers; "
             f"no cycle among the files of {', '.join(sorted(dirs))} ({inner_edges} edges)"
         )
     return 1 if problems else 0

@@ -13,8 +13,7 @@
 //! [`pod_watch`] (the one shared Pod watch), [`rebuild`] (a lost store), [`world`] (the world
 //! check's observations and fixes), [`budget`] (the API budget).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,23 +23,26 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource as _, ResourceExt};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState};
 use crate::engine::{Config, Engine};
 use crate::events::EventPublisher;
 use crate::lifecycle::{Object, now_ms};
 use crate::store::StoreError;
+use shared::EventWork;
 
 pub mod budget;
 pub mod lease;
 pub mod pod_watch;
 pub mod rebuild;
+pub mod shared;
 pub mod status_writer;
 pub mod world;
 
 pub use budget::RequestBudget;
 pub use lease::LeaderElection;
+pub use shared::{EVENT_QUEUE, EVENT_WORKERS, Operator};
 pub use status_writer::{FIRST_STATUS_DELAY, STATUS_COALESCE, STATUS_WRITERS, slot_rank, writable};
 
 /// First delay before retrying a failed reconcile of one object; doubles per consecutive
@@ -48,18 +50,6 @@ pub use status_writer::{FIRST_STATUS_DELAY, STATUS_COALESCE, STATUS_WRITERS, slo
 pub const FIRST_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Longest delay before retrying a failed reconcile.
 pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
-
-/// Tasks publishing Events, each with its own queue; a job always goes to the same one.
-pub const EVENT_WORKERS: usize = 8;
-
-/// Jobs waiting for their Events per worker; beyond this, Events are dropped and counted
-/// (`managedjobs_events_dropped_total`), as client-go's recorder drops beyond 1,000. Events are
-/// best effort; the status and the store's history keep every transition.
-pub const EVENT_QUEUE: usize = 1024;
-
-/// One job whose new history may need Events: its id, whether it is Done (its bookkeeping can
-/// go), and a reference to the object.
-type EventWork = (i64, bool, ObjectReference);
 
 /// API budget of the operator's own requests.
 #[derive(Clone, Copy, Debug)]
@@ -101,20 +91,6 @@ pub enum Error {
     /// The object lacks a field the API server always sets.
     #[error("object has no {0}")]
     MissingField(&'static str),
-}
-
-/// Shared state of the reconcile loop and the status writer.
-pub struct Operator {
-    client: Client,
-    engine: Arc<Engine>,
-    /// `--api-qps`/`--api-burst`, status writes first.
-    budget: RequestBudget,
-    events: Option<EventPublisher>,
-    /// Jobs whose status was written and whose new history may need Events, sharded by job id
-    /// over [`EVENT_WORKERS`] bounded queues (one job's Events stay in order).
-    events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
-    /// Consecutive failed reconciles per object uid (reset by a successful one).
-    failures: Mutex<HashMap<String, u32>>,
 }
 
 /// Runs the operator until SIGTERM/SIGINT. Job controller processes keep running after it

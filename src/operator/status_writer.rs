@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 
-use super::{EVENT_WORKERS, Operator};
+use super::shared::{EVENT_WORKERS, Operator};
 use crate::api::{ManagedJob, ScheduleState};
 use crate::engine::BACKSTOP;
 use crate::lifecycle::JobRow;

@@ -12,8 +12,8 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
-use super::Operator;
 use super::pod_watch::PodCache;
+use super::shared::Operator;
 use crate::api::ManagedJob;
 use crate::lifecycle::world::{self, Fix, World};
 use crate::state_dir::StateDir;
