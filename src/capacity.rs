@@ -1,4 +1,4 @@
-//! The two caps (DESIGN.md section 5): how many jobs may be launching and how many alive.
+//! The two caps (docs/design.md#capacity): how many jobs may be launching and how many alive.
 //!
 //! - launch cap = [`LAUNCHES_PER_CPU`] x usable CPUs (SkyPilot's `LAUNCHES_PER_CPU = 4`);
 //! - run cap = (usable memory - reserve) / per-job budget, at least 1 (SkyPilot's
@@ -35,7 +35,7 @@ pub const PIDS_PER_JOB: u64 = 4;
 /// commands it runs.
 pub const PIDS_RESERVE: u64 = 64;
 
-/// Slots in use and queue lengths, counted from the store (DESIGN.md section 4's invariants).
+/// Slots in use and queue lengths, counted from the store (docs/design.md#two-state-machines).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotUsage {
     /// Jobs in Launching (launch slots in use).

@@ -5,7 +5,7 @@
 //! Kubernetes Job's `SuccessfulCreate` and `Completed`. Admission is not an Event of its own: the
 //! `Launched` note says how long the job waited in the queue. Restarts, recoveries, failures and
 //! cancellation each get one. Every API write counts against the budget of 4 per straight-through
-//! job beyond its create (DESIGN.md section 11), so Events are kept to these.
+//! job beyond its create (docs/design.md#operations), so Events are kept to these.
 
 use std::borrow::Cow;
 

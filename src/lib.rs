@@ -3,7 +3,9 @@
 //! Users apply `ManagedJob` resources ([`api`]); the [`operator`] mirrors them into a SQLite
 //! [`store`], admits them within the [`capacity`] caps ([`scheduler`]), starts one
 //! [`job_controller`] process per admitted job, which runs the workload through an [`executor`],
-//! and writes progress back as [`status`]. See DESIGN.md for the semantics.
+//! and writes progress back as [`status`]. Every rule is a pure function of [`lifecycle`]; the
+//! processes carry its decisions out. See `docs/design.md` for the semantics and the layers
+//! (`hack/layers.py` checks that every import points down them).
 
 pub mod api;
 pub mod capacity;

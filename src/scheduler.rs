@@ -1,4 +1,4 @@
-//! Admission: which queued jobs get a launch slot now (DESIGN.md section 6).
+//! Admission: which queued jobs get a launch slot now (docs/design.md#scheduling).
 //!
 //! [`plan`] is a pure function over counts and queue heads; [`pass`] reads those from the store,
 //! plans, and applies each admission as a compare-and-set. Rules, after SkyPilot's

@@ -1,5 +1,5 @@
 //! From a store row to the API status: phase, counters, times and the conditions GitOps tools
-//! read (DESIGN.md section 3).
+//! read (docs/design.md#the-api).
 //!
 //! Conditions, on the batch/v1 Job precedent that a started job is healthy:
 //! - `Reconciling` True while the operator still acts (Pending, Submitted, Starting, Recovering,

@@ -416,7 +416,7 @@ async fn second_engine_on_one_state_dir_is_refused() {
     assert!(err.to_string().contains("another operator"), "{err}");
 }
 
-/// DESIGN.md section 7: an operator restart is a hand-over. Three times, the engine goes away
+/// docs/design.md#processes-crashes-and-resumption: an operator restart is a hand-over. Three times, the engine goes away
 /// together with the job's controller (as a container restart takes both); each start finds the
 /// controller dead and resumes the job without counting a crash, though the crash limit is 3.
 #[test]

@@ -1,4 +1,4 @@
-//! GitOps health (DESIGN.md section 3): one sample ManagedJob per phase, built by the crate's own
+//! GitOps health (docs/design.md#the-api): one sample ManagedJob per phase, built by the crate's own
 //! store and status code, is committed in `examples/gitops/samples/`; `hack/gitops` (Go) runs the
 //! Argo CD health check (`examples/gitops/argocd-health.lua`, through gopher-lua as Argo CD does)
 //! and Flux's kstatus over every sample.

@@ -1,4 +1,4 @@
-//! Pipelines (`spec.tasks`, DESIGN.md section 11b) on the real dev control plane: tasks run in
+//! Pipelines (`spec.tasks`, docs/design.md#pipelines) on the real dev control plane: tasks run in
 //! order, each launched, restarted and recovered on its own; a failed task fails the job and
 //! skips the rest; a cancel stops the running task and skips the rest; an operator SIGKILL or a
 //! lost store resumes at the right task. What must never happen (a later task starting, an

@@ -1,5 +1,6 @@
 //! Property tests of the scheduler ([`scheduler::plan`], [`scheduler::pass`]) and of the store's
-//! two state machines (DESIGN.md sections 4, 6 and 7).
+//! two state machines (docs/design.md#two-state-machines, #scheduling and
+//! #processes-crashes-and-resumption).
 //!
 //! # The model
 //!
@@ -1473,7 +1474,7 @@ impl Model {
             prop_assert_eq!(s.schedule_state, ScheduleState::Launching);
             prop_assert_eq!(s.phase, JobPhase::Pending);
             prop_assert_eq!(s.controller_pid, None);
-            // DESIGN.md section 8: a Pending job is cancelled without taking a slot or starting
+            // docs/design.md#cancellation: a Pending job is cancelled without taking a slot or starting
             // a process; its cancel request is persisted before anything else happens to it.
             prop_assert!(
                 !s.cancel_requested,
@@ -1875,7 +1876,7 @@ proptest! {
 proptest! {
     #![proptest_config(config(256))]
 
-    /// DESIGN.md section 8, "a Pending job is cancelled at once, without taking a slot or
+    /// docs/design.md#cancellation, "a Pending job is cancelled at once, without taking a slot or
     /// starting a process", when a scheduling pass runs between `Engine::cancel`'s two writes
     /// (the engine's scheduler loop is another task and the store lock is released between
     /// them). FAILS: `scheduler::pass` admits a Waiting job whose cancel is already persisted

@@ -1,4 +1,4 @@
-//! Shards (DESIGN.md section 11b) on the real dev control plane: three operator instances
+//! Shards (docs/design.md#shards) on the real dev control plane: three operator instances
 //! (the default one and `--shard a`, `--shard b`) share one namespace and one API server and
 //! nothing else. Every job is handled by exactly one of them (their stores are disjoint and
 //! match the labels), each instance's caps hold as seen through the API over the whole run,

@@ -1,4 +1,4 @@
-//! Jobs outlive their operator (DESIGN.md section 7), on the real dev control plane: restarts
+//! Jobs outlive their operator (docs/design.md#processes-crashes-and-resumption), on the real dev control plane: restarts
 //! are hand-overs (SIGTERM as in a rollout, SIGKILL of the operator with its job controllers as
 //! in a container restart), a lost store is rebuilt from the objects' status and the labelled
 //! Pods, and only a job's own Pods feed its status. Every Pod name a watch saw over the whole

@@ -5,7 +5,7 @@
 -- Argo CD runs this with only the base, table, package and a safe os library: no `string`
 -- library, so no string.format / s:sub here.
 --
--- Verdicts (the same as kstatus reads from the conditions; DESIGN.md section 3):
+-- Verdicts (the same as kstatus reads from the conditions; docs/design.md#the-api):
 --   Pending, Submitted, Starting, Recovering, Cancelling        -> Progressing
 --   Running, Succeeded                                          -> Healthy (batch/v1 Job precedent:
 --                                                                  a started job is healthy)

@@ -1,6 +1,6 @@
 //! Containment of a local attempt's processes: however they detach, every process an attempt
 //! started is stopped when the attempt ends, whether it succeeded, failed, was cancelled or ran
-//! past its deadline (DESIGN.md section 9), and across job-controller hand-overs.
+//! past its deadline (docs/design.md#executors-and-security), and across job-controller hand-overs.
 //!
 //! Three nets, the cheapest first:
 //! 1. **The attempt's process group.** The wrapper leads it; `cmd &` children stay in it.
@@ -96,7 +96,7 @@ pub fn with_scope(scope: &str) -> Vec<i32> {
 /// while it is being stopped (or ignores SIGTERM and keeps forking) is caught by the next look.
 const RESCAN_EVERY: Duration = Duration::from_millis(200);
 
-/// Whom a stop signals, and how, when a process is first found (DESIGN.md section 8: "a stop is
+/// Whom a stop signals, and how, when a process is first found (docs/design.md#cancellation: "a stop is
 /// SIGTERM once, then SIGKILL after the grace period").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstSignal {

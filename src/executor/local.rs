@@ -1,5 +1,5 @@
 //! The local executor: `setup` then `run` under `sh`, as a process group of its own on the
-//! controller node, with only the spec's environment (DESIGN.md section 9).
+//! controller node, with only the spec's environment (docs/design.md#executors-and-security).
 //!
 //! Each attempt runs a fixed wrapper script (`sh -c WRAPPER MARKER SETUP RUN EXIT_FILE`): the
 //! user's scripts are passed as arguments, never spliced into a command line. The wrapper writes

@@ -367,7 +367,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
 /// What a launch the API refused for good means for the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AfterRefusal {
-    /// Its namespace is being deleted, which cancels the job (DESIGN.md section 8): persist a
+    /// Its namespace is being deleted, which cancels the job (docs/design.md#cancellation): persist a
     /// cancel request, then decide again (the workload is stopped, the job ends Cancelled).
     Cancel,
     /// Write this: the job fails its precheck, with the refusal's reason and message.

@@ -12,7 +12,7 @@ pub enum Reason {
     /// Queued for a launch slot (Inactive -> Waiting).
     Submitted,
     /// The store had lost the job and its object already carried a final status: stored Done
-    /// with that phase, never run again (DESIGN.md section 7).
+    /// with that phase, never run again (docs/design.md#a-lost-store).
     KeptFinalStatus,
     /// The store was lost and the job was rebuilt from its object's status.
     Restored,

@@ -1,4 +1,4 @@
-//! Pipelines (`spec.tasks`, DESIGN.md section 11b): which task a job runs, how its attempts
+//! Pipelines (`spec.tasks`, docs/design.md#pipelines): which task a job runs, how its attempts
 //! are numbered within the task, and how each task's record (`status.tasks[]`) follows the job.
 //!
 //! A pipeline's row is the row of its current task: `restart_count` and `recovery_count` count

@@ -1,4 +1,4 @@
-//! The pod executor: one Pod per attempt in the ManagedJob's namespace (DESIGN.md section 9).
+//! The pod executor: one Pod per attempt in the ManagedJob's namespace (docs/design.md#executors-and-security).
 //!
 //! - The Pod's name is deterministic ([`pod_name`], decided in [`crate::lifecycle::pod`]), so a
 //!   retried create finds the existing Pod (AlreadyExists) and adopts it instead of
