@@ -21,7 +21,7 @@
 //! - [`decide`]: a job controller's next step ([`next_action`]), a refused launch;
 //! - [`supervise`]: the operator's choices around job controllers: a cancel's route, a
 //!   controller's exit, a failed spawn, the start-up sweep;
-//! - [`submit`]: a ManagedJob's first sight; [`restore`]: a record rebuilt from a status;
+//! - [`submit`]: a ManagedJob's first sight; [`restore`](mod@restore): a record rebuilt from a status;
 //! - [`world`]: the store checked against the world (objects, Pods, processes), store fencing;
 //! - [`faults`]: wrong changes, for tests only.
 //!

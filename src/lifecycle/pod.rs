@@ -82,7 +82,7 @@ pub fn pipeline_pod_name(
 /// The name an attempt's Pod had before names carried a [`uid_tag`] (operators before issue
 /// 21): `<job name>-<job id>-<attempt>`, or `<job name>-<job id>-<task>-<task attempt>`. A Pod
 /// so named, created before an upgrade, is still its attempt's (matched by
-/// [`is_attempt_pod`], deleted by a stop); no new Pod gets such a name.
+/// `executor::pod::is_attempt_pod`, deleted by a stop); no new Pod gets such a name.
 pub fn legacy_attempt_pod_name(row: &JobRow, attempt: i32) -> String {
     if !row.spec.is_pipeline() {
         return with_suffix(&row.name, &format!("-{}-{attempt}", row.id));

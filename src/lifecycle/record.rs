@@ -1,7 +1,7 @@
 //! The job record ([`JobRow`]): a job as the store holds it, one row of its `jobs` table, and
 //! each entry of its history ([`HistoryEntry`]).
 //!
-//! The record is declared once, by [`job_record!`]: each field is a column of the same name, with
+//! The record is declared once, by `job_record!`: each field is a column of the same name, with
 //! its kind ([`ColumnKind`]) and its value when a job is first seen. From that one declaration
 //! come the struct, [`JobRow::COLUMNS`] (what the store's INSERT, UPDATE and SELECT list),
 //! [`JobRow::to_values`] and [`JobRow::from_values`] (a record to and from its columns' values,

@@ -1,7 +1,7 @@
 //! Rebuilding a lost store (`docs/design.md`, "A lost store"): when the operator starts on a store with no
 //! job at all (a new volume, an emptyDir after a pod restart, a deleted state dir), every
 //! ManagedJob whose status names a job id is restored from that status
-//! ([`lifecycle::restore`]) before the first admission, so ids, attempts and counters carry on,
+//! ([`lifecycle::restore()`]) before the first admission, so ids, attempts and counters carry on,
 //! finished jobs keep their status byte for byte, and new jobs get ids above every old one. For
 //! a live pod job, the Pod of its current attempt is looked up by label and owner: found, it is
 //! adopted; missing, the attempt counts as lost (a recovery), never as a fresh attempt 1.

@@ -1,6 +1,6 @@
 //! Jobs: mirroring ManagedJobs in, the compare-and-set of every transition, and the queries of
-//! the scheduler, the status writer and the CLI. Every record is written through [`insert`] and
-//! [`update`] (built from the record's declaration, [`super::row`]); every change to one is
+//! the scheduler, the status writer and the CLI. Every record is written through `insert` and
+//! `write_change` (statements built from the record's declaration, [`super::row`]); every change to one is
 //! decided and applied by [`crate::lifecycle`].
 
 use rusqlite::{OptionalExtension, params};
@@ -294,7 +294,7 @@ impl Store {
             .query_row([], |r| r.get(0))?)
     }
 
-    /// Inserts `record`, rebuilt from its object's status ([`lifecycle::restore`]), under its
+    /// Inserts `record`, rebuilt from its object's status ([`lifecycle::restore()`]), under its
     /// id when that id is free (otherwise a new one, logged), with one history entry
     /// ([`lifecycle::Reason::Restored`]). Returns the row, or the existing one when the uid is
     /// stored.
