@@ -631,9 +631,10 @@ async fn flux_is_ready_only_after_every_job_succeeded() {
 
 /// A failing job fails the Kustomization at once (Flux's fail-fast on a Stalled object, not
 /// its timeout), naming the job; the job's own message (its exit code, the restarts spent) is
-/// on its Stalled and Ready conditions and in its Failed Event. Flux v1.9.6 itself prints only
-/// the object and its kstatus status: fluxcd/pkg/ssa's WaitForSet never prints the message
-/// kstatus computed.
+/// on its Stalled and Ready conditions, in its Failed Event, and in a Warning Event
+/// `ManagedJobFailed` the operator publishes regarding the Kustomization. Flux v1.9.6 itself
+/// prints only the object and its kstatus status in its condition: fluxcd/pkg/ssa's
+/// WaitForSet never prints the message kstatus computed.
 #[tokio::test]
 async fn a_failing_job_fails_the_kustomization() {
     let cp = control_plane_or_skip!();
@@ -688,6 +689,24 @@ async fn a_failing_job_fails_the_kustomization() {
             .contains("exited with code 3"),
         "the Failed Event carries the message"
     );
+    // And the operator tells the Kustomization (`kubectl describe kustomization`, `flux
+    // events`): a Warning Event regarding it, beside Flux's own HealthCheckFailed.
+    let told = support::wait_event(&sync.client, ns, KUSTOMIZATION, "ManagedJobFailed", T).await;
+    let note = told.message.unwrap_or_default();
+    assert_eq!(told.type_.as_deref(), Some("Warning"));
+    assert_eq!(told.involved_object.kind.as_deref(), Some("Kustomization"));
+    assert!(
+        note.starts_with(&format!("ManagedJob {ns}/failing failed: "))
+            && note.contains("exited with code 3")
+            && note.contains("restarts exhausted"),
+        "{note}"
+    );
+    let events = support::events_about(&sync.client, ns, KUSTOMIZATION).await;
+    let told: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ManagedJobFailed"))
+        .collect();
+    assert_eq!(told.len(), 1, "only the failed job is told: {told:#?}");
 }
 
 /// Re-sync and prune: a running job is left alone by further reconciles (the same revision
