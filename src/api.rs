@@ -112,6 +112,8 @@ pub struct ManagedJobSpec {
     #[serde(default)]
     pub recovery: RecoverySpec,
     /// Set to true to cancel the job without deleting the object; it keeps its final status.
+    /// Final while the job runs; once the job has finished it may go back to false (e.g. a
+    /// cancel reverted in git), which changes nothing.
     #[serde(default)]
     pub cancel: bool,
     /// Seconds the job may run, counted from its first start; past it the job is stopped and
@@ -270,7 +272,8 @@ pub struct ManagedJobStatus {
     /// The current attempt's workload: `pod/<name>` or `pid/<pid>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
-    /// `metadata.generation` this status reflects.
+    /// `metadata.generation` this status reflects. 0 until the operator has seen the object
+    /// (the schema's default status), so GitOps tools read a brand-new job as in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Reconciling, Ready, Stalled, Complete and Failed (metav1.Condition).
@@ -654,6 +657,18 @@ impl ManagedJobSpec {
     }
 }
 
+/// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
+/// default for `status`, which the API server applies whenever it reads an object without one
+/// (the create response, every get, list and watch; the status subresource cannot be set at
+/// create). `observedGeneration` 0 never equals `metadata.generation` (1 and up), so kstatus
+/// (Flux, kpt, cli-utils) reads the object as InProgress (`LatestGenerationNotObserved`) from
+/// the moment it exists, and the Argo CD check (`examples/gitops/argocd-health.lua`) as
+/// Progressing: a job is never healthy to a GitOps tool before an operator has seen it. With no
+/// `status` at all kstatus would read it as Current ("Resource is current").
+pub fn status_default() -> Value {
+    json!({ "observedGeneration": 0 })
+}
+
 /// The CRD as installed: kube's derived schema plus the validation rules of DESIGN.md section 3.
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = ManagedJob::crd();
@@ -667,9 +682,14 @@ pub fn crd() -> CustomResourceDefinition {
     root["properties"]["spec"]["description"] = json!(
         "What to run and how to treat failures. Immutable after creation except priority and cancel."
     );
-    root["properties"]["status"]["description"] =
-        json!("What the operator observed; written only by the operator.");
+    root["properties"]["status"]["description"] = json!(
+        "What the operator observed; written only by the operator. Until the operator has seen \
+         the job it reads {observedGeneration: 0} (the schema's default), which GitOps tools \
+         (kstatus, Argo CD) read as in progress."
+    );
+    root["properties"]["status"]["default"] = status_default();
     refine_spec_schema(&mut root["properties"]["spec"]);
+    root["x-kubernetes-validations"] = json!([cancel_rule()]);
     crd = serde_json::from_value(value).expect("the refined CRD deserializes");
     crd
 }
@@ -687,6 +707,34 @@ const NO_NUL: &str = "^[^\\x00]*$";
 
 fn rule(rule: &str, message: &str) -> Value {
     json!({ "rule": rule, "message": message })
+}
+
+/// The root rule on `spec.cancel`: a cancel of a live job is final (the workload is being
+/// stopped), but a job that has finished (a terminal `status.phase`) accepts `cancel: false`
+/// back, with no effect on it. A GitOps tool re-applies what git holds: a cancel reverted in
+/// git must not make the API refuse the object, which would block every other change of the
+/// sync (Flux dry-runs the whole set). The rule sits at the root because it reads the status.
+fn cancel_rule() -> Value {
+    let terminal: Vec<String> = JobPhase::ALL
+        .into_iter()
+        .filter(|p| p.is_terminal())
+        .map(|p| format!("'{p}'"))
+        .collect();
+    let finished = format!(
+        "has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase in [{}]",
+        terminal.join(", ")
+    );
+    json!({
+        "rule": format!(
+            "!has(oldSelf.spec.cancel) || !oldSelf.spec.cancel || (has(self.spec.cancel) && self.spec.cancel) || ({finished})"
+        ),
+        "message": "spec.cancel cannot be set back to false until the job has finished",
+        "messageExpression": "'spec.cancel cannot be set back to false while the job is ' + \
+            (has(oldSelf.status) && has(oldSelf.status.phase) ? oldSelf.status.phase : 'not yet seen by its operator') + \
+            ': a cancel is final until the job has finished (then it may return to false, with no effect)'",
+        "fieldPath": ".spec.cancel",
+        "reason": "FieldValueForbidden",
+    })
 }
 
 fn refine_spec_schema(spec: &mut Value) {
@@ -727,10 +775,6 @@ fn refine_spec_schema(spec: &mut Value) {
         &format!(
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
-    ));
-    rules.push(rule(
-        "!oldSelf.cancel || self.cancel",
-        "spec.cancel cannot be set back to false once a job is cancelled",
     ));
     spec["x-kubernetes-validations"] = Value::Array(rules);
     spec["required"] = json!([]);

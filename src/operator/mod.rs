@@ -7,7 +7,8 @@
 //!   `status_version` moved, one merge patch of the status subresource each, coalesced (a burst
 //!   of changes is one write), ordered so the API never shows more jobs holding slots than the
 //!   caps, and within the API budget (`--api-qps`/`--api-burst`, a token bucket);
-//! - Events ([`crate::events`]) from the store's history, after each status write, best effort.
+//! - Events ([`crate::events`]) from the store's history, after each status write, best effort
+//!   (a failure also regarding the Flux Kustomization that applied the job).
 //!
 //! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election). The
 //! Pod watch is the pod executor's ([`crate::executor::pod::watch`]).
@@ -113,6 +114,9 @@ pub struct Operator {
     events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
     /// Consecutive failed reconciles per object uid (reset by a successful one).
     failures: Mutex<HashMap<String, u32>>,
+    /// The watched ManagedJobs (the controller's cache): the labels of a job whose Events are
+    /// published, to tell its Flux Kustomization why it failed.
+    jobs: kube::runtime::reflector::Store<ManagedJob>,
 }
 
 /// Runs the operator until SIGTERM/SIGINT. Job controller processes keep running after it
@@ -172,6 +176,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             std::env::var("POD_NAME").ok(),
         )
     });
+    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
+    // fields, the client-side-apply annotation), which is most of a small object's size.
+    let (reader, writer) = kube::runtime::reflector::store();
     let (events_tx, events_rx): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
         .map(|_| tokio::sync::mpsc::channel::<EventWork>(EVENT_QUEUE))
         .unzip();
@@ -182,6 +189,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         events,
         events_tx,
         failures: Default::default(),
+        jobs: reader.clone(),
     });
     for mut rx in events_rx {
         let op = op.clone();
@@ -227,9 +235,6 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         "operator started; watching ManagedJobs"
     );
     op.engine.metrics.set_ready();
-    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
-    // fields, the client-side-apply annotation), which is most of a small object's size.
-    let (reader, writer) = kube::runtime::reflector::store();
     let objects_deleted = Arc::new(tokio::sync::Notify::new());
     // Set once the watch listed every object (the reader holds them all from then on).
     let objects_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -141,11 +141,20 @@ impl Store {
         let (id, inserted) = match existing {
             Some((id, old_generation, old_priority)) => {
                 if old_generation != generation || old_priority != spec.priority {
+                    // Of the stored spec only `cancel` follows the object (the API keeps the
+                    // rest immutable; priority has its own column): the status of a finished
+                    // job tells whether its spec still asks for the cancel.
                     tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
+                            spec = json_set(spec, '$.cancel', json(?4)),
                             status_version = status_version + 1 WHERE id = ?1",
                     )?
-                    .execute(params![id, generation, spec.priority])?;
+                    .execute(params![
+                        id,
+                        generation,
+                        spec.priority,
+                        if spec.cancel { "true" } else { "false" }
+                    ])?;
                 }
                 (id, false)
             }

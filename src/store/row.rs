@@ -20,7 +20,7 @@ pub struct JobRow {
     pub generation: i64,
     /// Executor the spec asks for.
     pub executor: ExecutorKind,
-    /// The spec as submitted.
+    /// The spec as submitted; its `cancel` follows the object's (`Store::upsert_created`).
     pub spec: ManagedJobSpec,
     /// Current priority (may change while queued).
     pub priority: i32,
