@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs every test of the project: unit, property, engine (real processes and SQLite) and the
 # integration tests against the real dev control plane (kube-apiserver, etcd, kube-scheduler,
-# kube-controller-manager, kwok), and, as root, the operator image installed by its chart on the
-# control plane's real kubelet node (containerd and runc from Debian packages, installed when
-# missing). The first run builds the control plane from the official Go modules (about 15
-# minutes on 2 cores; cached per user afterwards) and the release binary for the image.
+# kube-controller-manager, kwok) and real Flux controllers (hack/flux.sh), and, as root, the
+# operator image installed by its chart on the control plane's real kubelet node (containerd and
+# runc from Debian packages, installed when missing). The first run builds the control plane and
+# Flux from the official Go modules (about 15 + 11 minutes on 2 cores; cached per user
+# afterwards) and the release binary for the image.
 #
 # usage: hack/test.sh [extra cargo test args]
 set -euo pipefail
@@ -12,10 +13,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 start=$(date +%s)
 hack/controlplane.sh build kubernetes etcd kwok helm kubelet
+# Flux's source-controller and kustomize-controller for tests/flux.rs (about 11 min cold, cached).
+hack/flux.sh build
 was_running=0
 if hack/controlplane.sh status >/dev/null 2>&1; then was_running=1; fi
 if [[ $was_running == 0 ]]; then
-  trap 'hack/controlplane.sh down >/dev/null 2>&1 || true' EXIT
+  trap 'hack/flux.sh down >/dev/null 2>&1 || true; hack/controlplane.sh down >/dev/null 2>&1 || true' EXIT
 fi
 # The real kubelet node and the operator image for tests/real_node.rs (root only). When either
 # cannot be had, the other tests still run; the real-node tests then skip, or fail under CI=true.

@@ -581,11 +581,14 @@ impl Engine {
         })
     }
 
-    /// The job controller processes of this state dir (found by their command line).
+    /// The job controller processes of this state dir: found by their command line, and each
+    /// leading its own session (a controller's child between fork and exec has the same command
+    /// line: signalling it would kill the workload it is about to become).
     fn job_controller_processes(&self) -> Vec<ControllerSeen> {
         let dir = self.cfg.state_dir.to_string_lossy().into_owned();
         process::find_by_arguments(&["job-controller", "--state-dir", &dir])
             .into_iter()
+            .filter(|pid| process::is_session_leader(*pid))
             .filter_map(|pid| {
                 let args = process::cmdline(pid)?;
                 let at = args.iter().position(|a| *a == "--state-dir")?;
@@ -664,11 +667,15 @@ impl Engine {
                         pid = c.pid,
                         "waking a job controller that is not its job's recorded one"
                     );
-                    process::signal_if_alive(
-                        c.pid,
-                        c.start_time,
-                        nix::sys::signal::Signal::SIGUSR1,
-                    );
+                    // Checked again right before the signal: only a session leader is a
+                    // job controller (see `job_controller_processes`).
+                    if process::is_session_leader(c.pid) {
+                        process::signal_if_alive(
+                            c.pid,
+                            c.start_time,
+                            nix::sys::signal::Signal::SIGUSR1,
+                        );
+                    }
                 }
                 other => rest.push(other),
             }

@@ -184,6 +184,42 @@ pub fn truncate(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
+/// Label kustomize-controller puts on every object it applies: its Kustomization's name.
+pub const FLUX_KUSTOMIZATION_NAME: &str = "kustomize.toolkit.fluxcd.io/name";
+/// Label kustomize-controller puts on every object it applies: its Kustomization's namespace.
+pub const FLUX_KUSTOMIZATION_NAMESPACE: &str = "kustomize.toolkit.fluxcd.io/namespace";
+
+/// The Flux Kustomization that applied a job, from the labels kustomize-controller puts on what
+/// it applies; None for a job no Kustomization manages.
+pub fn flux_kustomization(
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<ObjectReference> {
+    Some(ObjectReference {
+        api_version: Some("kustomize.toolkit.fluxcd.io/v1".into()),
+        kind: Some("Kustomization".into()),
+        name: Some(labels.get(FLUX_KUSTOMIZATION_NAME)?.clone()),
+        namespace: Some(labels.get(FLUX_KUSTOMIZATION_NAMESPACE)?.clone()),
+        ..Default::default()
+    })
+}
+
+/// The Event that tells the Kustomization which applied job `namespace/name` why that job
+/// failed, or None for any other Event of the job: Flux's own health check names a failed
+/// object but never its message (fluxcd/pkg/ssa's wait prints only the kstatus status), so
+/// `kubectl describe kustomization` and `flux events` show this Warning `ManagedJobFailed` beside
+/// Flux's `HealthCheckFailed`.
+pub fn for_kustomization(namespace: &str, name: &str, event: &JobEvent) -> Option<JobEvent> {
+    (event.reason == "Failed").then(|| JobEvent {
+        type_: EventType::Warning,
+        reason: "ManagedJobFailed",
+        note: truncate(
+            &format!("ManagedJob {namespace}/{name} failed: {}", event.note),
+            MAX_NOTE_BYTES,
+        ),
+        at_ms: event.at_ms,
+    })
+}
+
 /// Creates Events with one POST each.
 ///
 /// kube's `Recorder` is not used: it keeps every Event it published for six minutes (to turn a
@@ -225,6 +261,21 @@ impl EventPublisher {
         regarding: &ObjectReference,
         event: &JobEvent,
     ) -> Result<(), kube::Error> {
+        self.publish_related(regarding, None, event).await
+    }
+
+    /// [`EventPublisher::publish`], with `related` as the Event's secondary object (e.g. the job
+    /// an Event regarding its Kustomization is about).
+    ///
+    /// # Errors
+    /// The API server's refusal (e.g. 403 without `create` on events in `regarding`'s
+    /// namespace).
+    pub async fn publish_related(
+        &self,
+        regarding: &ObjectReference,
+        related: Option<&ObjectReference>,
+        event: &JobEvent,
+    ) -> Result<(), kube::Error> {
         let now = jiff::Timestamp::now();
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let name = regarding.name.as_deref().unwrap_or(&self.controller);
@@ -242,6 +293,7 @@ impl EventPublisher {
             note: Some(event.note.clone()),
             type_: Some(event.type_.as_str().to_string()),
             regarding: Some(regarding.clone()),
+            related: related.cloned(),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
@@ -256,6 +308,51 @@ impl EventPublisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_is_told_to_the_kustomization_that_applied_the_job() {
+        let mut labels = std::collections::BTreeMap::new();
+        assert_eq!(flux_kustomization(&labels), None);
+        labels.insert(FLUX_KUSTOMIZATION_NAME.to_string(), "apps".to_string());
+        assert_eq!(flux_kustomization(&labels), None, "both labels are needed");
+        labels.insert(
+            FLUX_KUSTOMIZATION_NAMESPACE.to_string(),
+            "flux-system".to_string(),
+        );
+        let k = flux_kustomization(&labels).unwrap();
+        assert_eq!(
+            (k.kind.as_deref(), k.name.as_deref(), k.namespace.as_deref()),
+            (Some("Kustomization"), Some("apps"), Some("flux-system"))
+        );
+        let failed = JobEvent {
+            type_: EventType::Warning,
+            reason: "Failed",
+            note: "attempt 1 run exited with code 3 (ExitCode)".into(),
+            at_ms: 7,
+        };
+        let told = for_kustomization("ml", "train", &failed).unwrap();
+        assert_eq!(
+            (told.type_, told.reason, told.at_ms),
+            (EventType::Warning, "ManagedJobFailed", 7)
+        );
+        assert_eq!(
+            told.note,
+            "ManagedJob ml/train failed: attempt 1 run exited with code 3 (ExitCode)"
+        );
+        for reason in [
+            "Launched",
+            "Succeeded",
+            "Cancelled",
+            "Restarting",
+            "Recovering",
+        ] {
+            let other = JobEvent {
+                reason,
+                ..failed.clone()
+            };
+            assert_eq!(for_kustomization("ml", "train", &other), None, "{reason}");
+        }
+    }
 
     #[test]
     fn event_names_always_fit() {

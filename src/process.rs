@@ -22,6 +22,23 @@ pub fn start_time(pid: i32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
+/// The session id of `pid` (field 6 of `/proc/PID/stat`), or `None` if the process does not
+/// exist.
+pub fn session_id(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // `rest` starts at field 3 (state); field 6 is index 3.
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// True if `pid` leads its own session (its session id is its pid). Job controllers are
+/// started with `setsid`, so each leads a session; a child a job controller has forked but not
+/// yet exec'd (its workload's wrapper, for a moment) still shows the controller's command line
+/// but is in the controller's session, and must never be taken for one.
+pub fn is_session_leader(pid: i32) -> bool {
+    session_id(pid) == Some(pid)
+}
+
 /// True if the process `pid` exists and started at `started` (not a reused pid).
 pub fn is_alive(pid: i32, started: u64) -> bool {
     start_time(pid) == Some(started)

@@ -1,17 +1,24 @@
 //! From a store row to the API status: phase, counters, times and the conditions GitOps tools
-//! read (docs/design.md#the-api).
+//! read (docs/design.md#the-api: a job is in progress until it finishes).
 //!
-//! Conditions, on the batch/v1 Job precedent that a started job is healthy:
-//! - `Reconciling` True while the operator still acts (Pending, Submitted, Starting, Recovering,
-//!   Cancelling);
-//! - `Ready` True while Running and once Succeeded;
-//! - a pipeline (`spec.tasks`) is Reconciling, never Ready, until it ends: a running task is one
-//!   step of it;
-//! - `Stalled` True on a terminal failure or cancellation;
-//! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`).
+//! Conditions:
+//! - `Reconciling` True until the job finishes (Pending, Submitted, Starting, Running,
+//!   Recovering, Cancelling): a GitOps tool that waits for a job (Flux's `wait: true`, an Argo CD
+//!   sync wave) waits for its outcome, as Argo CD does for a batch/v1 Job;
+//! - `Ready` True once Succeeded, and once Cancelled while `spec.cancel` still asks for the
+//!   cancel (the object is in the state its spec asks for);
+//! - `Stalled` True on a terminal failure, and on a Cancelled job whose `spec.cancel` was set
+//!   back to false after it finished (the spec asks for a run that will never happen);
+//! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`);
+//!   a Cancelled job did not complete: `Failed`, reason Cancelled.
 //!
-//! kstatus reads Reconciling/Stalled first: Pending..Recovering are InProgress, Running and
-//! Succeeded Current, Failed*/Cancelled Failed. No terminal phase reads as in progress.
+//! Every condition carries the job's message (for a failure: the exit code or reason and the
+//! budgets spent), which kstatus returns as its message and the Argo CD check shows.
+//!
+//! kstatus reads Reconciling/Stalled first: every live phase is InProgress, Succeeded (and a
+//! Cancelled job that asks for it) Current, Failed* (and a reverted cancel) Failed. No terminal
+//! phase reads as in progress. Before the operator's first write the object reads with the
+//! schema's default status (`observedGeneration: 0`, [`crate::api::status_default`]): InProgress.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
@@ -46,21 +53,24 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
     let p = row.phase;
     let at = row.phase_changed_at_ms;
     let g = row.generation;
-    let msg = row.message.as_str();
     let reason = row.phase.as_str();
-    // A pipeline is in progress until its last task ends: a running task is a step of it.
-    let pipeline_runs = row.spec.is_pipeline() && !p.is_terminal();
-    let reconciling = pipeline_runs
-        || matches!(
-            p,
-            JobPhase::Pending
-                | JobPhase::Submitted
-                | JobPhase::Starting
-                | JobPhase::Recovering
-                | JobPhase::Cancelling
-        );
-    let ready = (p == JobPhase::Running && !pipeline_runs) || p == JobPhase::Succeeded;
-    let stalled = p.is_failure() || p == JobPhase::Cancelled;
+    // A Cancelled object stays only if its spec asked for the cancel (a deleted one goes):
+    // `spec.cancel` back to false means git (or a user) asks again for a run that cannot be.
+    let cancelled = p == JobPhase::Cancelled;
+    let cancel_reverted = cancelled && !row.spec.cancel && !row.deleting;
+    let reconciling = !p.is_terminal();
+    let ready = p == JobPhase::Succeeded || (cancelled && !cancel_reverted);
+    let stalled = p.is_failure() || cancel_reverted;
+    let message = if cancel_reverted {
+        format!(
+            "{}; spec.cancel was set back to false after the job had finished, which does not run it again: \
+             create the job under a new name to run it",
+            row.message
+        )
+    } else {
+        row.message.clone()
+    };
+    let msg = message.as_str();
     let mut out = vec![
         condition("Reconciling", reconciling, reason, msg, at, g),
         condition("Ready", ready, reason, msg, at, g),
@@ -70,7 +80,7 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
     if p == JobPhase::Succeeded {
         out.push(condition("Complete", true, "Succeeded", msg, at, g));
     }
-    if stalled {
+    if p.is_failure() || cancelled {
         let why = row.failure_reason.as_ref().map_or(reason, |f| f.as_str());
         out.push(condition("Failed", true, why, msg, at, g));
     }

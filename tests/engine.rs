@@ -870,3 +870,74 @@ fn a_full_disk_holds_a_finished_jobs_outcome_and_never_runs_it_again() {
     assert_eq!(std::fs::read_to_string(&starts).unwrap(), "started\n");
     assert_eq!(std::fs::read_to_string(&finished).unwrap(), "done\n");
 }
+
+/// A job controller's child between fork and exec (its workload's wrapper, for a moment) shows
+/// the controller's command line. The world check must never take it for a stray job
+/// controller: the wake-up signal (SIGUSR1) would kill the workload it becomes (seen as a
+/// recovery during operator restarts, and a job run twice). Job controllers lead their own
+/// session; two look-alike processes with the command line of job 1's controller, one leading
+/// a session and one not, show which the world check's observation takes.
+#[tokio::test]
+async fn only_session_leaders_are_taken_for_job_controllers() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let state = dir.path().to_string_lossy().into_owned();
+    // python3 keeps its extra arguments in its command line, as a job controller has them.
+    let look_alike = |leader: bool| {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args([
+            "-c",
+            "import time; time.sleep(30)",
+            "job-controller",
+            "--state-dir",
+            &state,
+            "--job-id",
+            "1",
+        ]);
+        if leader {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setsid is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::unistd::setsid().map_err(std::io::Error::from)?;
+                    Ok(())
+                });
+            }
+        }
+        cmd.spawn().unwrap()
+    };
+    let mut child = look_alike(false);
+    let mut leader = look_alike(true);
+    // Both have exec'd once their command line shows the arguments.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while [child.id(), leader.id()].iter().any(|pid| {
+        !managed_jobs::process::cmdline(*pid as i32)
+            .unwrap_or_default()
+            .contains(&"job-controller".to_string())
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "look-alikes never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen: Vec<i32> = engine
+        .observe_world()
+        .unwrap()
+        .controllers
+        .iter()
+        .map(|c| c.pid)
+        .collect();
+    let _ = child.kill();
+    let _ = leader.kill();
+    let _ = child.wait();
+    let _ = leader.wait();
+    assert!(
+        !seen.contains(&(child.id() as i32)),
+        "a process in another's session was taken for a job controller: {seen:?}"
+    );
+    assert!(
+        seen.contains(&(leader.id() as i32)),
+        "a session leader with a job controller's command line was not seen: {seen:?}"
+    );
+}

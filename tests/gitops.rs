@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use managed_jobs::api::{JobPhase, ManagedJob, ManagedJobSpec, ManagedJobStatus, ScheduleState};
 use managed_jobs::lifecycle::faults::Builder;
@@ -103,10 +103,21 @@ fn sample_object(
     generation: i64,
     status: Option<ManagedJobStatus>,
 ) -> String {
+    sample_object_with(name, uid, generation, false, status)
+}
+
+fn sample_object_with(
+    name: &str,
+    uid: &str,
+    generation: i64,
+    cancel: bool,
+    status: Option<ManagedJobStatus>,
+) -> String {
     let mut mj = ManagedJob::new(
         name,
         ManagedJobSpec {
             run: Some("echo hello; sleep 60".into()),
+            cancel,
             ..Default::default()
         },
     );
@@ -125,8 +136,11 @@ fn samples() -> BTreeMap<String, String> {
     let mut store = Store::in_memory().expect("in-memory store");
     let mut out = BTreeMap::new();
     for (i, phase) in JobPhase::ALL.into_iter().enumerate() {
+        // A cancelled job that stays was cancelled by its spec (a deleted one goes).
+        let cancel = matches!(phase, JobPhase::Cancelling | JobPhase::Cancelled);
         let spec = ManagedJobSpec {
             run: Some("echo hello; sleep 60".into()),
+            cancel,
             ..Default::default()
         };
         let name = format!("sample-{}", phase.as_str().to_lowercase());
@@ -183,8 +197,35 @@ fn samples() -> BTreeMap<String, String> {
         let status = managed_jobs::status::status(&row);
         out.insert(
             format!("{}.yaml", phase.as_str()),
-            sample_object(&name, &uid, row.generation, Some(status.clone())),
+            sample_object_with(&name, &uid, row.generation, cancel, Some(status.clone())),
         );
+        if phase == JobPhase::Cancelled {
+            // git reverted the cancel after the job had finished: the API accepts it (generation
+            // 2), the operator observes it, and the job stays Cancelled.
+            let spec = ManagedJobSpec {
+                cancel: false,
+                ..spec.clone()
+            };
+            let up = store
+                .upsert(&uid, "default", &name, 2, &spec)
+                .expect("upsert generation 2");
+            let mut row = up.row;
+            row.submitted_at_ms = SUBMITTED_MS;
+            row.phase_changed_at_ms = PHASE_CHANGED_MS;
+            row.started_at_ms = row.started_at_ms.map(|_| STARTED_MS);
+            row.finished_at_ms = row.finished_at_ms.map(|_| FINISHED_MS);
+            assert_eq!((row.phase, row.generation), (JobPhase::Cancelled, 2));
+            out.insert(
+                "Cancelled-cancel-reverted.yaml".into(),
+                sample_object_with(
+                    "sample-cancelled-reverted",
+                    &uid,
+                    2,
+                    false,
+                    Some(managed_jobs::status::status(&row)),
+                ),
+            );
+        }
         if phase == JobPhase::Running {
             // The user changed spec (e.g. set cancel: true); the operator has not caught up.
             out.insert(
@@ -199,11 +240,25 @@ fn samples() -> BTreeMap<String, String> {
         }
     }
     pipeline_samples(&mut store, &mut out);
+    // A job no operator has written a status for, as the API serves it: with the CRD schema's
+    // default status (and the defaults of the fields inside it).
+    let defaulted: ManagedJobStatus =
+        serde_json::from_value(managed_jobs::api::status_default()).expect("the default parses");
     out.insert(
         "New.yaml".into(),
         sample_object(
             "sample-new",
             "00000000-0000-4000-8000-000000000101",
+            1,
+            Some(defaulted),
+        ),
+    );
+    // The same without any status: what a CRD older than the status default served.
+    out.insert(
+        "New-without-status-default.yaml".into(),
+        sample_object(
+            "sample-new-old-crd",
+            "00000000-0000-4000-8000-000000000102",
             1,
             None,
         ),
@@ -348,8 +403,8 @@ fn sync_samples() -> Result<(), String> {
     DONE.get_or_init(|| {
         let dir = samples_dir();
         let want = samples();
-        // One per phase, the stale and the new one, four of a pipeline.
-        assert_eq!(want.len(), JobPhase::ALL.len() + 6);
+        // One per phase, the stale one, the reverted cancel, two new ones, four of a pipeline.
+        assert_eq!(want.len(), JobPhase::ALL.len() + 8);
         if std::env::var("MJ_UPDATE_SAMPLES").as_deref() == Ok("1") {
             std::fs::create_dir_all(&dir).expect("create examples/gitops/samples");
             for name in committed(&dir).keys() {
@@ -446,4 +501,408 @@ fn argocd_and_kstatus_verdicts_for_every_sample() {
         out.status.success(),
         "go test ./... in hack/gitops failed:\n{stdout}\n{stderr}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against the real API server: what a GitOps tool reads of a brand-new job, version by version.
+// ---------------------------------------------------------------------------------------------
+
+mod support;
+
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use std::time::{Duration, Instant};
+
+/// kstatus's reading (`hack/gitops/cmd/kstatus`, the cli-utils library Flux's health checks use)
+/// of each object: (status, message) per object, in order.
+fn kstatus(objects: &[serde_json::Value]) -> Vec<(String, String)> {
+    let mut input = String::new();
+    for o in objects {
+        input.push_str(&serde_json::to_string(o).unwrap());
+        input.push('\n');
+    }
+    let mut child = Command::new("go")
+        .args(["run", "./cmd/kstatus"])
+        .current_dir(root().join("hack/gitops"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("go run ./cmd/kstatus (Go is needed)");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "hack/gitops/cmd/kstatus failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (s, m) = l.split_once('\t').unwrap_or((l, ""));
+            (s.to_string(), m.to_string())
+        })
+        .collect()
+}
+
+/// A brand-new ManagedJob is never healthy to kstatus (Flux, kpt, cli-utils) before it has
+/// finished: every version of every job that the API returned, from the create response through
+/// every watch event, is read by the real kstatus library, and none reads Current before the job
+/// Succeeded. Three jobs an operator runs (a quick one, a failing one, a three-task pipeline)
+/// and one that no operator owns (a shard label with no instance) are created; prints, per
+/// job, the time from the create to its first non-Current reading (0 ms: the create response
+/// itself, thanks to the CRD's default status) and how many versions were read.
+#[tokio::test]
+async fn new_jobs_read_in_progress_from_create_until_they_finish() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "kstatus").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let ar = ApiResource::erase::<ManagedJob>(&());
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns.name, &ar);
+
+    // Every version the watch delivers, with when it arrived.
+    type Seen = Arc<Mutex<Vec<(Instant, serde_json::Value)>>>;
+    let seen: Seen = Arc::default();
+    let watch = {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let seen = seen.clone();
+        let api = dynamic.clone();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        seen.lock()
+                            .unwrap()
+                            .push((Instant::now(), serde_json::to_value(&o).unwrap()));
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = ready.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        ready_rx.await.expect("the watch starts");
+        task
+    };
+
+    let jobs = [
+        ("quick", None, "spec: {run: 'echo done'}"),
+        (
+            "failing",
+            None,
+            "spec: {run: 'echo about to fail; sleep 1; exit 3'}",
+        ),
+        (
+            "pipeline",
+            None,
+            "spec: {tasks: [{name: prepare, run: 'sleep 1'}, {name: train, run: 'sleep 1'}, {name: evaluate, run: 'true'}]}",
+        ),
+        ("unowned", Some("nobody"), "spec: {run: 'true'}"),
+    ];
+    let mut created: BTreeMap<&str, (Instant, serde_json::Value)> = BTreeMap::new();
+    for (name, shard, spec) in jobs {
+        let labels = shard
+            .map(|s| format!("labels: {{managedjobs.dev/shard: {s}}}"))
+            .unwrap_or_default();
+        let yaml = format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata: {{name: {name}, {labels}}}\n{spec}\n"
+        );
+        let obj: DynamicObject = serde_norway::from_str(&yaml).unwrap();
+        let start = Instant::now();
+        let back = dynamic
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("create");
+        created.insert(name, (start, serde_json::to_value(&back).unwrap()));
+    }
+    for name in ["quick", "failing", "pipeline"] {
+        support::wait_status(
+            &client,
+            &ns.name,
+            name,
+            Duration::from_secs(120),
+            "a terminal phase",
+            |s| s.phase.is_some_and(|p| p.is_terminal()),
+        )
+        .await;
+    }
+    // The unowned job: long enough for an operator to have written a status, had it owned it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+
+    // Per job, every version in the order the API returned them: the create response first.
+    let mut versions: BTreeMap<String, Vec<(Duration, serde_json::Value)>> = BTreeMap::new();
+    for (name, (start, obj)) in &created {
+        versions
+            .entry(name.to_string())
+            .or_default()
+            .push((Duration::ZERO, obj.clone()));
+        let _ = start;
+    }
+    for (at, obj) in seen.lock().unwrap().iter() {
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        let start = created[name.as_str()].0;
+        versions
+            .get_mut(&name)
+            .unwrap()
+            .push((at.saturating_duration_since(start), obj.clone()));
+    }
+    let all: Vec<serde_json::Value> = versions
+        .values()
+        .flat_map(|v| v.iter().map(|(_, o)| o.clone()))
+        .collect();
+    let readings = kstatus(&all);
+    assert_eq!(readings.len(), all.len());
+    let mut readings = readings.into_iter();
+    // What must never happen, over every version of every job: Current before Succeeded.
+    let mut early_current = Vec::new();
+    for (name, vs) in &versions {
+        let mut first_not_current = None;
+        let mut line = Vec::new();
+        for (at, obj) in vs {
+            let (status, message) = readings.next().unwrap();
+            let phase = obj["status"]["phase"].as_str().unwrap_or("-").to_string();
+            if status != "Current" && first_not_current.is_none() {
+                first_not_current = Some(*at);
+            }
+            if status == "Current" && phase != "Succeeded" {
+                early_current.push(format!(
+                    "{name} at {} ms: phase {phase}: {message}",
+                    at.as_millis()
+                ));
+            }
+            line.push(format!("{}ms {phase}={status}", at.as_millis()));
+        }
+        println!(
+            "{name}: create -> first non-Current reading {:?} ms; {} versions: {}",
+            first_not_current.map(|d| d.as_millis()),
+            vs.len(),
+            line.join(", ")
+        );
+        assert_eq!(
+            first_not_current,
+            Some(Duration::ZERO),
+            "{name}: the create response already reads InProgress"
+        );
+    }
+    assert!(
+        early_current.is_empty(),
+        "versions read as Current before the job Succeeded: {early_current:#?}"
+    );
+    // And the ends: Succeeded Current, a failure Failed with the job's own message, the
+    // unowned job still InProgress.
+    let last = |name: &str| versions[name].last().unwrap().1.clone();
+    let ends = kstatus(&[
+        last("quick"),
+        last("failing"),
+        last("pipeline"),
+        last("unowned"),
+    ]);
+    assert_eq!(ends[0].0, "Current", "{ends:?}");
+    assert_eq!(ends[1].0, "Failed", "{ends:?}");
+    assert!(
+        ends[1].1.contains("exited with code 3"),
+        "the job's own message reaches kstatus: {ends:?}"
+    );
+    assert_eq!(ends[2].0, "Current", "{ends:?}");
+    assert_eq!(ends[3].0, "InProgress", "{ends:?}");
+}
+
+fn condition<'a>(
+    mj: &'a ManagedJob,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    mj.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+async fn set_cancel(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    cancel: bool,
+) -> Result<ManagedJob, kube::Error> {
+    Api::<ManagedJob>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"cancel": cancel}})),
+        )
+        .await
+}
+
+/// A cancel reverted in git: while the job runs (Cancelling included) `cancel: false` is refused
+/// with a message naming the field and the phase; once it is Cancelled the API takes it back
+/// (generation 3), the operator observes it, and nothing runs again (same attempt and workload,
+/// one job controller start); the job now reads Stalled (kstatus Failed), saying why. A
+/// finished job takes `cancel: true` and back with no effect at all.
+#[tokio::test]
+async fn a_finished_job_takes_a_reverted_cancel_and_a_live_one_does_not() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "revert").await;
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let t = Duration::from_secs(60);
+    // Ignores SIGTERM for a while: the job stays Cancelling long enough to try a revert then.
+    let long = "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata: {name: long}\n\
+                spec: {run: \"trap 'echo stopping' TERM; sleep 300 & wait; sleep 2\"}\n";
+    support::create_yaml(&client, &ns.name, long).await;
+    let quick = "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata: {name: quick}\n\
+                 spec: {run: 'echo done'}\n";
+    support::create_yaml(&client, &ns.name, quick).await;
+    let running = support::wait_status(&client, &ns.name, "long", t, "Running", |s| {
+        s.phase == Some(JobPhase::Running)
+    })
+    .await;
+    let uid = running.metadata.uid.clone();
+    let workload = running.status.as_ref().unwrap().workload.clone();
+
+    // Live: refused, before and while the workload is being stopped.
+    set_cancel(&client, &ns.name, "long", true)
+        .await
+        .expect("cancel");
+    let err = set_cancel(&client, &ns.name, "long", false)
+        .await
+        .expect_err("a running job cannot be un-cancelled");
+    let text = err.to_string();
+    assert!(
+        text.contains("spec.cancel cannot be set back to false while the job is"),
+        "{text}"
+    );
+    support::wait_status(&client, &ns.name, "long", t, "Cancelling", |s| {
+        s.phase == Some(JobPhase::Cancelling)
+    })
+    .await;
+    let err = set_cancel(&client, &ns.name, "long", false)
+        .await
+        .expect_err("a cancelling job cannot be un-cancelled");
+    assert!(
+        err.to_string().contains("while the job is Cancelling"),
+        "{err}"
+    );
+
+    // Cancelled as asked: Ready (kstatus Current), not Stalled.
+    let cancelled = support::wait_status(&client, &ns.name, "long", t, "Cancelled", |s| {
+        s.phase == Some(JobPhase::Cancelled)
+    })
+    .await;
+    assert_eq!(condition(&cancelled, "Ready").unwrap().status, "True");
+    assert_eq!(condition(&cancelled, "Stalled").unwrap().status, "False");
+
+    // Finished: the revert goes through and changes nothing but the verdict.
+    let reverted = set_cancel(&client, &ns.name, "long", false)
+        .await
+        .expect("a finished job takes cancel: false back");
+    let generation = reverted.metadata.generation;
+    let observed = support::wait_status(&client, &ns.name, "long", t, "the new generation", |s| {
+        s.observed_generation == generation
+    })
+    .await;
+    let s = observed.status.as_ref().unwrap();
+    assert_eq!(observed.metadata.uid, uid);
+    assert_eq!((s.phase, s.attempt), (Some(JobPhase::Cancelled), 1));
+    assert_eq!(s.workload, workload);
+    let stalled = condition(&observed, "Stalled").unwrap();
+    assert_eq!(stalled.status, "True");
+    assert!(
+        stalled
+            .message
+            .contains("spec.cancel was set back to false"),
+        "{stalled:?}"
+    );
+    let reading = kstatus(&[serde_json::to_value(&observed).unwrap()]);
+    assert_eq!(reading[0].0, "Failed", "{reading:?}");
+
+    // A Succeeded job: cancel true and back, both accepted, nothing changes.
+    support::wait_status(&client, &ns.name, "quick", t, "Succeeded", |s| {
+        s.phase == Some(JobPhase::Succeeded)
+    })
+    .await;
+    set_cancel(&client, &ns.name, "quick", true)
+        .await
+        .expect("cancel a finished job");
+    let back = set_cancel(&client, &ns.name, "quick", false)
+        .await
+        .expect("and back");
+    let quick = support::wait_status(&client, &ns.name, "quick", t, "generation 3", |s| {
+        s.observed_generation == back.metadata.generation
+    })
+    .await;
+    let s = quick.status.as_ref().unwrap();
+    assert_eq!((s.phase, s.attempt), (Some(JobPhase::Succeeded), 1));
+    assert_eq!(condition(&quick, "Ready").unwrap().status, "True");
+
+    // Over the whole test: one job controller start per job, never a second run.
+    let log = op.log();
+    for id in [1, 2] {
+        let starts = log
+            .matches(&format!("job controller process started job_id={id} "))
+            .count();
+        assert_eq!(starts, 1, "job {id} started {starts} times:\n{log}");
+    }
+}
+
+/// `spec.ttlSecondsAfterFinished` on a job a GitOps tool manages is refused at the API
+/// (crds/managedjobs.dev_gitops-policy.yaml), naming the field and the tool; the same job
+/// without the GitOps marks, or without the TTL, is accepted.
+#[tokio::test]
+async fn ttl_is_refused_on_jobs_a_gitops_tool_manages() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "ttl").await;
+    let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    let job = |name: &str, meta: &str, ttl: bool| -> ManagedJob {
+        let ttl = if ttl {
+            ", ttlSecondsAfterFinished: 60"
+        } else {
+            ""
+        };
+        serde_norway::from_str(&format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata: {{name: {name}{meta}}}\nspec: {{run: 'true'{ttl}}}\n"
+        ))
+        .unwrap()
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let flux = ", labels: {kustomize.toolkit.fluxcd.io/name: apps, kustomize.toolkit.fluxcd.io/namespace: flux-system}";
+    let argo =
+        ", annotations: {argocd.argoproj.io/tracking-id: 'apps:managedjobs.dev/ManagedJob:ns/a'}";
+    for (meta, tool) in [(flux, "Flux (Kustomization apps)"), (argo, "Argo CD")] {
+        // The policy may take a moment to reach the API server's admission after install.
+        let start = Instant::now();
+        let err = loop {
+            match api.create(&dry, &job("a", meta, true)).await {
+                Err(e) => break e.to_string(),
+                Ok(_) if start.elapsed() < Duration::from_secs(30) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                Ok(_) => panic!("{tool}: a TTL on a managed job was accepted"),
+            }
+        };
+        assert!(
+            err.contains("spec.ttlSecondsAfterFinished cannot be set on a ManagedJob that")
+                && err.contains(tool),
+            "{err}"
+        );
+        api.create(&dry, &job("a", meta, false))
+            .await
+            .expect("the managed job without a TTL");
+    }
+    api.create(&dry, &job("a", "", true))
+        .await
+        .expect("a TTL on a job no GitOps tool manages");
 }

@@ -320,13 +320,22 @@ fn clean_up(cp: &support::ControlPlane) {
 /// `kubectl apply -f crds/` for the other tests; `helm install` adopts them only when they carry
 /// its ownership metadata, as a user who installed them by hand first must also add.
 fn adopt_cluster_objects(cp: &support::ControlPlane) {
-    for object in [
-        "customresourcedefinition/managedjobs.managedjobs.dev",
-        "mutatingadmissionpolicy/managedjobs.dev-finalizer",
-        "mutatingadmissionpolicybinding/managedjobs.dev-finalizer",
-        "validatingadmissionpolicy/managedjobs.dev-shard",
-        "validatingadmissionpolicybinding/managedjobs.dev-shard",
-    ] {
+    // Every object of crds/ (the CRD and each policy with its binding), by kind and name.
+    let mut objects = Vec::new();
+    for file in std::fs::read_dir(support::root().join("crds")).unwrap() {
+        let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+        for doc in text.split("\n---") {
+            let Ok(v) = serde_norway::from_str::<Value>(doc) else {
+                continue;
+            };
+            if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str()) {
+                objects.push(format!("{}/{name}", kind.to_lowercase()));
+            }
+        }
+    }
+    assert!(objects.len() >= 3, "crds/ holds {objects:?}");
+    for object in &objects {
+        let object = object.as_str();
         if !kubectl(cp, &["get", object]).0 {
             continue;
         }

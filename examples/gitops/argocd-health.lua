@@ -5,37 +5,18 @@
 -- Argo CD runs this with only the base, table, package and a safe os library: no `string`
 -- library, so no string.format / s:sub here.
 --
--- Verdicts (the same as kstatus reads from the conditions; docs/design.md#the-api):
---   Pending, Submitted, Starting, Recovering, Cancelling        -> Progressing
---   Running, Succeeded                                          -> Healthy (batch/v1 Job precedent:
---                                                                  a started job is healthy)
---   Failed, FailedSetup, FailedPrecheck, FailedNoResource,
---   FailedController                                            -> Degraded
---   Cancelled                                                   -> Degraded: a stopped job did not do
---                                                                  its work, so it is not healthy
---   a pipeline (status.tasks) not finished, even Running        -> Progressing: a running task is
---                                                                  one step of the job
---   no status yet, or status of an older metadata.generation    -> Progressing
---   a phase this script does not know                           -> from the conditions
---                                                                  (Stalled / Ready / Reconciling)
-
-local verdicts = {
-  Pending = "Progressing",
-  Submitted = "Progressing",
-  Starting = "Progressing",
-  Recovering = "Progressing",
-  Cancelling = "Progressing",
-  Running = "Healthy",
-  Succeeded = "Healthy",
-  Failed = "Degraded",
-  FailedSetup = "Degraded",
-  FailedPrecheck = "Degraded",
-  FailedNoResource = "Degraded",
-  FailedController = "Degraded",
-  -- Cancelled is terminal and the work was not done: Degraded, not Healthy (nor Suspended,
-  -- which Argo CD reserves for something that can resume).
-  Cancelled = "Degraded",
-}
+-- The verdict is kstatus's reading of the operator's conditions (src/status.rs), so that Argo CD
+-- and Flux always agree; a job is in progress until it finishes, as Argo CD treats a batch/v1 Job:
+--   no status yet, or a status of an older metadata.generation  -> Progressing
+--   Reconciling True (Pending, Submitted, Starting, Running,
+--     Recovering, Cancelling: any live job, a pipeline's too)   -> Progressing
+--   Stalled True (Failed, FailedSetup, FailedPrecheck,
+--     FailedNoResource, FailedController; a Cancelled job whose
+--     spec.cancel was set back to false)                        -> Degraded
+--   Ready True (Succeeded; Cancelled as spec.cancel asks)       -> Healthy
+--   none of them True                                           -> Progressing
+-- The message is the phase, the failure reason for a Degraded job, then the condition's message
+-- (the job's own: exit code, budgets spent).
 
 hs = {}
 
@@ -56,39 +37,44 @@ if generation ~= nil and (status.observedGeneration == nil or status.observedGen
   return hs
 end
 
-local phase = status.phase
-local message = phase
-if status.failureReason ~= nil and status.failureReason ~= "" and verdicts[phase] == "Degraded" then
-  message = message .. " (" .. status.failureReason .. ")"
-end
-if status.message ~= nil and status.message ~= "" then
-  message = message .. ": " .. status.message
-end
-
-local verdict = verdicts[phase]
-if verdict == "Healthy" and phase ~= "Succeeded" and status.tasks ~= nil and #status.tasks > 0 then
-  -- A pipeline is in progress until its last task ends.
-  verdict = "Progressing"
-end
-if verdict == nil then
-  -- A phase newer than this script: trust the conditions, in kstatus's order.
-  local on = {}
-  if status.conditions ~= nil then
-    for _, c in ipairs(status.conditions) do
-      if c.status == "True" then
-        on[c.type] = true
+-- kstatus's order: the first True of Reconciling and Stalled in list order, then Ready.
+local verdict = nil
+local text = nil
+local ready = nil
+if status.conditions ~= nil then
+  for _, c in ipairs(status.conditions) do
+    if verdict == nil and c.status == "True" then
+      if c.type == "Reconciling" then
+        verdict = "Progressing"
+        text = c.message
+      elseif c.type == "Stalled" then
+        verdict = "Degraded"
+        text = c.message
       end
     end
+    if c.type == "Ready" then
+      ready = c
+    end
   end
-  if on.Stalled then
-    verdict = "Degraded"
-  elseif on.Reconciling then
-    verdict = "Progressing"
-  elseif on.Ready then
+end
+if verdict == nil then
+  if ready ~= nil and ready.status == "True" then
     verdict = "Healthy"
+    text = ready.message
   else
-    verdict = "Unknown"
+    verdict = "Progressing"
   end
+end
+if text == nil or text == "" then
+  text = status.message
+end
+
+local message = status.phase
+if verdict == "Degraded" and status.failureReason ~= nil and status.failureReason ~= "" then
+  message = message .. " (" .. status.failureReason .. ")"
+end
+if text ~= nil and text ~= "" then
+  message = message .. ": " .. text
 end
 
 hs.status = verdict

@@ -26,16 +26,21 @@ type verdict struct {
 // want holds every sample file, by name: a new sample (e.g. a new phase) fails the tests until
 // its verdicts are added here.
 var want = map[string]verdict{
+	// A job is in progress until it finishes (issue 24): a GitOps tool that waits for it waits
+	// for its outcome, as Argo CD does for a batch/v1 Job.
 	"Pending.yaml":    {"Progressing", status.InProgressStatus},
 	"Submitted.yaml":  {"Progressing", status.InProgressStatus},
 	"Starting.yaml":   {"Progressing", status.InProgressStatus},
+	"Running.yaml":    {"Progressing", status.InProgressStatus},
 	"Recovering.yaml": {"Progressing", status.InProgressStatus},
 	"Cancelling.yaml": {"Progressing", status.InProgressStatus},
 
-	"Running.yaml":   {"Healthy", status.CurrentStatus},
 	"Succeeded.yaml": {"Healthy", status.CurrentStatus},
+	// Cancelled as its spec asks (spec.cancel: true): the object is what git says it should be.
+	"Cancelled.yaml": {"Healthy", status.CurrentStatus},
+	// spec.cancel set back to false after it finished: git asks for a run that will not happen.
+	"Cancelled-cancel-reverted.yaml": {"Degraded", status.FailedStatus},
 
-	// A pipeline is in progress until its last task ends, even while a task runs.
 	"Running-pipeline-task-2-of-3.yaml": {"Progressing", status.InProgressStatus},
 	"Starting-pipeline-next-task.yaml":  {"Progressing", status.InProgressStatus},
 	"Succeeded-pipeline.yaml":           {"Healthy", status.CurrentStatus},
@@ -46,14 +51,16 @@ var want = map[string]verdict{
 	"FailedPrecheck.yaml":   {"Degraded", status.FailedStatus},
 	"FailedNoResource.yaml": {"Degraded", status.FailedStatus},
 	"FailedController.yaml": {"Degraded", status.FailedStatus},
-	"Cancelled.yaml":        {"Degraded", status.FailedStatus},
 
 	// The user changed spec (generation 2); the status still describes generation 1.
 	"Running-generation-not-observed.yaml": {"Progressing", status.InProgressStatus},
-	// No status yet. kstatus reads an object without observedGeneration and conditions as
-	// Current ("Resource is current": it cannot tell a resource with no status convention from
-	// one whose controller has not acted yet); the Lua check says Progressing. See README.md.
-	"New.yaml": {"Progressing", status.CurrentStatus},
+	// No operator has written a status: the API serves the CRD's default status
+	// {observedGeneration: 0}, which kstatus reads as InProgress (LatestGenerationNotObserved).
+	"New.yaml": {"Progressing", status.InProgressStatus},
+	// The same object without that default (a CRD older than it): kstatus reads an object
+	// without observedGeneration and conditions as Current ("Resource is current"): the gap
+	// the default closes. The Lua check says Progressing either way.
+	"New-without-status-default.yaml": {"Progressing", status.CurrentStatus},
 }
 
 type sample struct {
@@ -143,26 +150,47 @@ func TestArgoCDHealth(t *testing.T) {
 					t.Errorf("message %q", h.Message)
 				}
 			default:
-				msg, _, _ := unstructured.NestedString(s.obj.Object, "status", "message")
+				// The phase, then the message of the condition that decided (the job's own).
+				msg := deciding(t, s.obj)
 				if !strings.HasPrefix(h.Message, phase) || !strings.HasSuffix(h.Message, msg) {
-					t.Errorf("message %q should name the phase %s and end with status.message %q", h.Message, phase, msg)
+					t.Errorf("message %q should name the phase %s and end with the condition's message %q", h.Message, phase, msg)
 				}
 			}
 		})
 	}
 }
 
-// A phase the script does not know (a newer operator) falls back to the conditions.
+// deciding is the message of the condition kstatus decides by: the first True Reconciling or
+// Stalled, else Ready.
+func deciding(t *testing.T, obj *unstructured.Unstructured) string {
+	t.Helper()
+	conditions, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	ready := ""
+	for _, c := range conditions {
+		m := c.(map[string]interface{})
+		if m["status"] == "True" && (m["type"] == "Reconciling" || m["type"] == "Stalled") {
+			return m["message"].(string)
+		}
+		if m["type"] == "Ready" {
+			ready, _ = m["message"].(string)
+		}
+	}
+	return ready
+}
+
+// A phase the script does not know (a newer operator) changes nothing: the verdict comes from
+// the conditions.
 func TestArgoCDHealthOfAnUnknownPhaseFollowsTheConditions(t *testing.T) {
 	script := readScript(t)
 	cases := map[string]string{
 		"Pending.yaml":   "Progressing",
-		"Running.yaml":   "Healthy",
+		"Running.yaml":   "Progressing",
 		"Succeeded.yaml": "Healthy",
 
 		"Running-pipeline-task-2-of-3.yaml": "Progressing",
-		"Failed.yaml":    "Degraded",
-		"Cancelled.yaml": "Degraded",
+		"Failed.yaml":                       "Degraded",
+		"Cancelled.yaml":                    "Healthy",
+		"Cancelled-cancel-reverted.yaml":    "Degraded",
 	}
 	for _, s := range load(t) {
 		wantStatus, ok := cases[s.name]
@@ -179,6 +207,33 @@ func TestArgoCDHealthOfAnUnknownPhaseFollowsTheConditions(t *testing.T) {
 		}
 		if h.Status != wantStatus {
 			t.Errorf("%s with an unknown phase: %s, want %s", s.name, h.Status, wantStatus)
+		}
+	}
+}
+
+// Argo CD and kstatus agree on every sample that has a status: Progressing is InProgress,
+// Healthy Current, Degraded Failed.
+func TestArgoCDAndKstatusAgree(t *testing.T) {
+	script := readScript(t)
+	same := map[string]status.Status{
+		"Progressing": status.InProgressStatus,
+		"Healthy":     status.CurrentStatus,
+		"Degraded":    status.FailedStatus,
+	}
+	for _, s := range load(t) {
+		if _, found, _ := unstructured.NestedMap(s.obj.Object, "status"); !found {
+			continue // the gap the status default closes: see New-without-status-default.yaml
+		}
+		h, err := ArgoHealth(s.obj.Object, script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := status.Compute(s.obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if same[h.Status] != res.Status {
+			t.Errorf("%s: Argo CD %s, kstatus %s", s.name, h.Status, res.Status)
 		}
 	}
 }

@@ -16,7 +16,7 @@ pub mod states;
 pub mod types;
 pub mod validation;
 
-pub use schema::{crd, crd_yaml};
+pub use schema::{crd, crd_yaml, status_default};
 pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase};
 pub use types::{
     EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK, ManagedJob,

@@ -7,11 +7,24 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
     MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES,
     MAX_TASK_ENV_VARS, MAX_TASKS,
 };
+
+/// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
+/// default for `status`, which the API server applies whenever it reads an object without one
+/// (the create response, every get, list and watch; the status subresource cannot be set at
+/// create). `observedGeneration` 0 never equals `metadata.generation` (1 and up), so kstatus
+/// (Flux, kpt, cli-utils) reads the object as InProgress (`LatestGenerationNotObserved`) from
+/// the moment it exists, and the Argo CD check (`examples/gitops/argocd-health.lua`) as
+/// Progressing: a job is never healthy to a GitOps tool before an operator has seen it. With no
+/// `status` at all kstatus would read it as Current ("Resource is current").
+pub fn status_default() -> Value {
+    json!({ "observedGeneration": 0 })
+}
 
 /// The CRD as installed: kube's derived schema plus the validation rules of
 /// `docs/design.md#the-api`.
@@ -27,9 +40,14 @@ pub fn crd() -> CustomResourceDefinition {
     root["properties"]["spec"]["description"] = json!(
         "What to run and how to treat failures. Immutable after creation except priority and cancel."
     );
-    root["properties"]["status"]["description"] =
-        json!("What the operator observed; written only by the operator.");
+    root["properties"]["status"]["description"] = json!(
+        "What the operator observed; written only by the operator. Until the operator has seen \
+         the job it reads {observedGeneration: 0} (the schema's default), which GitOps tools \
+         (kstatus, Argo CD) read as in progress."
+    );
+    root["properties"]["status"]["default"] = status_default();
     refine_spec_schema(&mut root["properties"]["spec"]);
+    root["x-kubernetes-validations"] = json!([cancel_rule()]);
     crd = serde_json::from_value(value).expect("the refined CRD deserializes");
     crd
 }
@@ -47,6 +65,34 @@ const NO_NUL: &str = "^[^\\x00]*$";
 
 fn rule(rule: &str, message: &str) -> Value {
     json!({ "rule": rule, "message": message })
+}
+
+/// The root rule on `spec.cancel`: a cancel of a live job is final (the workload is being
+/// stopped), but a job that has finished (a terminal `status.phase`) accepts `cancel: false`
+/// back, with no effect on it. A GitOps tool re-applies what git holds: a cancel reverted in
+/// git must not make the API refuse the object, which would block every other change of the
+/// sync (Flux dry-runs the whole set). The rule sits at the root because it reads the status.
+fn cancel_rule() -> Value {
+    let terminal: Vec<String> = JobPhase::ALL
+        .into_iter()
+        .filter(|p| p.is_terminal())
+        .map(|p| format!("'{p}'"))
+        .collect();
+    let finished = format!(
+        "has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase in [{}]",
+        terminal.join(", ")
+    );
+    json!({
+        "rule": format!(
+            "!has(oldSelf.spec.cancel) || !oldSelf.spec.cancel || (has(self.spec.cancel) && self.spec.cancel) || ({finished})"
+        ),
+        "message": "spec.cancel cannot be set back to false until the job has finished",
+        "messageExpression": "'spec.cancel cannot be set back to false while the job is ' + \
+            (has(oldSelf.status) && has(oldSelf.status.phase) ? oldSelf.status.phase : 'not yet seen by its operator') + \
+            ': a cancel is final until the job has finished (then it may return to false, with no effect)'",
+        "fieldPath": ".spec.cancel",
+        "reason": "FieldValueForbidden",
+    })
 }
 
 fn refine_spec_schema(spec: &mut Value) {
@@ -87,10 +133,6 @@ fn refine_spec_schema(spec: &mut Value) {
         &format!(
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
-    ));
-    rules.push(rule(
-        "!oldSelf.cancel || self.cancel",
-        "spec.cancel cannot be set back to false once a job is cancelled",
     ));
     spec["x-kubernetes-validations"] = Value::Array(rules);
     spec["required"] = json!([]);

@@ -78,6 +78,8 @@ pub struct ManagedJobSpec {
     #[serde(default)]
     pub recovery: RecoverySpec,
     /// Set to true to cancel the job without deleting the object; it keeps its final status.
+    /// Final while the job runs; once the job has finished it may go back to false (e.g. a
+    /// cancel reverted in git), which changes nothing.
     #[serde(default)]
     pub cancel: bool,
     /// Seconds the job may run, counted from its first start; past it the job is stopped and
@@ -236,7 +238,8 @@ pub struct ManagedJobStatus {
     /// The current attempt's workload: `pod/<name>` or `pid/<pid>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
-    /// `metadata.generation` this status reflects.
+    /// `metadata.generation` this status reflects. 0 until the operator has seen the object
+    /// (the schema's default status), so GitOps tools read a brand-new job as in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Reconciling, Ready, Stalled, Complete and Failed (metav1.Condition).

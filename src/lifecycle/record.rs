@@ -158,7 +158,8 @@ json_field!(ManagedJobSpec, Vec<TaskStatus>);
 pub enum ColumnKind {
     /// The job's id: assigned by the store at insert (when 0), never updated.
     Key,
-    /// Set when the job is inserted and never changed (the object's identity and spec).
+    /// Set when the job is inserted, never written by a transition (the object's identity and
+    /// spec: only the object's mirror updates the spec's `cancel`).
     Fixed,
     /// Changed by transitions: written by every update of the record.
     State,
@@ -257,7 +258,8 @@ job_record! {
         State generation: i64 = 0,
         /// Executor the spec asks for.
         Fixed executor: ExecutorKind = ExecutorKind::Local,
-        /// The spec as submitted.
+        /// The spec as submitted; its `cancel` follows the object's (`Store::submit`), no
+        /// transition writes it.
         Fixed spec: ManagedJobSpec = ManagedJobSpec::default(),
         /// Current priority (may change while queued).
         State priority: i32 = 0,

@@ -7,7 +7,8 @@
 //!   `status_version` moved, one merge patch of the status subresource each, coalesced (a burst
 //!   of changes is one write), ordered so the API never shows more jobs holding slots than the
 //!   caps, and within the API budget (`--api-qps`/`--api-burst`, a token bucket);
-//! - Events ([`crate::events`]) from the store's history, after each status write, best effort.
+//! - Events ([`crate::events`]) from the store's history, after each status write, best effort
+//!   (a failure also regarding the Flux Kustomization that applied the job).
 //!
 //! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election),
 //! [`pod_watch`] (the one shared Pod watch), [`rebuild`] (a lost store), [`world`] (the world
@@ -150,6 +151,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             std::env::var("POD_NAME").ok(),
         )
     });
+    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
+    // fields, the client-side-apply annotation), which is most of a small object's size.
+    let (reader, writer) = kube::runtime::reflector::store();
     let (events_tx, events_rx): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
         .map(|_| tokio::sync::mpsc::channel::<EventWork>(EVENT_QUEUE))
         .unzip();
@@ -160,6 +164,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         events,
         events_tx,
         failures: Default::default(),
+        jobs: reader.clone(),
     });
     for mut rx in events_rx {
         let op = op.clone();
@@ -201,9 +206,6 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         "operator started; watching ManagedJobs"
     );
     op.engine.metrics.set_ready();
-    // The controller's cache holds every ManagedJob: drop what reconciles never read (managed
-    // fields, the client-side-apply annotation), which is most of a small object's size.
-    let (reader, writer) = kube::runtime::reflector::store();
     let objects_deleted = Arc::new(tokio::sync::Notify::new());
     // Set once the watch listed every object (the reader holds them all from then on).
     let objects_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));

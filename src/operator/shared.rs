@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 
 use super::budget::RequestBudget;
+use crate::api::ManagedJob;
 use crate::engine::Engine;
 use crate::events::EventPublisher;
 
@@ -36,4 +37,7 @@ pub struct Operator {
     pub(super) events_tx: Vec<tokio::sync::mpsc::Sender<EventWork>>,
     /// Consecutive failed reconciles per object uid (reset by a successful one).
     pub(super) failures: Mutex<HashMap<String, u32>>,
+    /// The watched ManagedJobs (the controller's cache): the labels of a job whose Events are
+    /// published, to tell its Flux Kustomization why it failed.
+    pub(super) jobs: kube::runtime::reflector::Store<ManagedJob>,
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 
 use super::shared::{EVENT_WORKERS, Operator};
 use crate::api::{ManagedJob, ScheduleState};
@@ -277,6 +277,31 @@ impl Operator {
             if let Err(e) = publisher.publish(reference, &event).await {
                 self.engine.metrics.events_refused_total.inc();
                 tracing::warn!(job_id, reason = event.reason, error = %e, "the API refused an Event");
+            }
+            // A failure is told to the Flux Kustomization that applied the job too: Flux's
+            // health check names the job but never its message.
+            let (Some(ns), Some(name)) = (&reference.namespace, &reference.name) else {
+                continue;
+            };
+            let Some(told) = crate::events::for_kustomization(ns, name, &event) else {
+                continue;
+            };
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(ns);
+            let Some(kustomization) = self
+                .jobs
+                .get(&key)
+                .and_then(|mj| crate::events::flux_kustomization(mj.labels()))
+            else {
+                continue;
+            };
+            self.budget.for_event().await;
+            self.engine.metrics.api_request("create_event");
+            if let Err(e) = publisher
+                .publish_related(&kustomization, Some(reference), &told)
+                .await
+            {
+                self.engine.metrics.events_refused_total.inc();
+                tracing::warn!(job_id, reason = told.reason, error = %e, "the API refused an Event about the job's Kustomization");
             }
         }
     }

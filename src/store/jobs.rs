@@ -125,11 +125,20 @@ impl Store {
             Some((id, old_generation, old_priority)) => {
                 let priority = object.spec.priority;
                 if old_generation != object.generation || old_priority != priority {
+                    // Of the stored spec only `cancel` follows the object (the API keeps the
+                    // rest immutable; priority has its own column): the status of a finished
+                    // job tells whether its spec still asks for the cancel.
                     tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
+                            spec = json_set(spec, '$.cancel', json(?4)),
                             status_version = status_version + 1 WHERE id = ?1",
                     )?
-                    .execute(params![id, object.generation, priority])?;
+                    .execute(params![
+                        id,
+                        object.generation,
+                        priority,
+                        if object.spec.cancel { "true" } else { "false" }
+                    ])?;
                 }
                 (id, false)
             }

@@ -86,6 +86,7 @@ check_rendered() { # template file
 }
 check_rendered templates/crd.yaml managedjobs.dev_managedjobs.yaml
 check_rendered templates/shard-policy.yaml managedjobs.dev_shard-policy.yaml
+check_rendered templates/gitops-policy.yaml managedjobs.dev_gitops-policy.yaml
 if ((${#api_versions[@]} > 0)); then
   check_rendered templates/finalizer-policy.yaml managedjobs.dev_finalizer-policy.yaml
 else

@@ -1,0 +1,3 @@
+module managedjobs.dev/hack/flux/git-http
+
+go 1.26.0
