@@ -882,12 +882,14 @@ async fn only_session_leaders_are_taken_for_job_controllers() {
     let dir = tempfile::tempdir().unwrap();
     let engine = start(dir.path(), CAPS);
     let state = dir.path().to_string_lossy().into_owned();
-    // python3 keeps its extra arguments in its command line, as a job controller has them.
+    // `sh -c SCRIPT ARGS...` keeps its arguments in its command line, as a job controller has
+    // them (`; true`: the shell stays, it does not exec `sleep`). Not python3: on a machine
+    // where it is a shim script, it execs through other processes first.
     let look_alike = |leader: bool| {
-        let mut cmd = std::process::Command::new("python3");
+        let mut cmd = std::process::Command::new("/bin/sh");
         cmd.args([
             "-c",
-            "import time; time.sleep(30)",
+            "sleep 30; true",
             "job-controller",
             "--state-dir",
             &state,
