@@ -40,8 +40,13 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator: watch ManagedJobs, schedule them, write status.
     Run(RunArgs),
-    /// Print the ManagedJob CustomResourceDefinition (YAML).
-    Crd,
+    /// Print a CustomResourceDefinition (YAML): the ManagedJob's, or with `queue` the
+    /// ManagedJobQueue's.
+    Crd {
+        /// `job` (ManagedJob, the default) or `queue` (ManagedJobQueue).
+        #[arg(default_value = "job", value_parser = ["job", "queue"])]
+        kind: String,
+    },
     /// Show the jobs in the store, like `sky jobs queue`.
     Queue(QueueArgs),
     /// Print a job's workload log (or its job controller's log).

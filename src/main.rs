@@ -5,8 +5,12 @@ use managed_jobs::{api, capacity, engine, job_controller, operator, smoke_test, 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => {
-            print!("{}", api::crd_yaml());
+        Command::Crd { kind } => {
+            if kind == "queue" {
+                print!("{}", api::queue_crd_yaml());
+            } else {
+                print!("{}", api::crd_yaml());
+            }
             Ok(())
         }
         Command::Queue(args) => cli::queue(&args),
@@ -43,6 +47,7 @@ fn main() -> anyhow::Result<()> {
                 max_launch_timeouts: args.max_launch_timeouts.max(1),
                 self_exe: std::env::current_exe()?,
                 shard: args.shard()?,
+                queues_from_api: true,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

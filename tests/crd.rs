@@ -14,6 +14,29 @@ fn committed_crd_is_up_to_date() {
     );
 }
 
+/// The same for the ManagedJobQueue CRD: `cargo run -- crd queue`.
+#[test]
+fn committed_queue_crd_is_up_to_date() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/managedjobs.dev_managedjobqueues.yaml"
+    );
+    let committed =
+        std::fs::read_to_string(path).expect("crds/managedjobs.dev_managedjobqueues.yaml");
+    assert!(
+        committed == managed_jobs::api::queue_crd_yaml(),
+        "crds/ is stale: run `cargo run -- crd queue > crds/managedjobs.dev_managedjobqueues.yaml`"
+    );
+    let crd = serde_json::to_value(managed_jobs::api::queue_crd()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    for (name, field) in spec["properties"].as_object().unwrap() {
+        assert!(
+            field["description"].is_string(),
+            "ManagedJobQueue spec.{name} has no description"
+        );
+    }
+}
+
 #[test]
 fn every_spec_field_has_a_description() {
     let crd = serde_json::to_value(managed_jobs::api::crd()).unwrap();

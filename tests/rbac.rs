@@ -112,6 +112,14 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         ("create", "leases.coordination.k8s.io", "yes"),
         ("update", "leases.coordination.k8s.io", "no"),
         ("delete", "leases.coordination.k8s.io", "no"),
+        // Queues: watched, their status applied; never created, changed or deleted.
+        ("watch", "managedjobqueues.managedjobs.dev", "yes"),
+        ("create", "managedjobqueues.managedjobs.dev", "no"),
+        ("patch", "managedjobqueues.managedjobs.dev", "no"),
+        ("delete", "managedjobqueues.managedjobs.dev", "no"),
+        // Which namespaces a queue admits: read only.
+        ("list", "namespaces", "yes"),
+        ("patch", "namespaces", "no"),
     ] {
         let (_, answer) = support::kubectl(
             cp,
@@ -121,6 +129,25 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         );
         let answer = answer.lines().next().unwrap_or("").trim();
         assert_eq!(answer, expected, "can {sa} {verb} {resource}?");
+    }
+    for (verb, resource, expected) in [
+        ("patch", "managedjobqueues.managedjobs.dev", "yes"),
+        ("update", "managedjobqueues.managedjobs.dev", "no"),
+    ] {
+        let (_, answer) = support::kubectl(
+            cp,
+            &[
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "--subresource=status",
+                "--as",
+                &who,
+            ],
+        );
+        let answer = answer.lines().next().unwrap_or("").trim();
+        assert_eq!(answer, expected, "can {sa} {verb} {resource}/status?");
     }
 
     // A kubeconfig with a token of that ServiceAccount.
@@ -175,23 +202,12 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
     })
     .await;
     // Cluster-scoped objects the chart created for this namespace's release.
-    let cluster_scoped = format!("{}-t-managed-jobs", ns.name);
-    support::kubectl(
-        cp,
-        &[
-            "delete",
-            "clusterrole",
-            &cluster_scoped,
-            "--ignore-not-found",
-        ],
-    );
-    support::kubectl(
-        cp,
-        &[
-            "delete",
-            "clusterrolebinding",
-            &cluster_scoped,
-            "--ignore-not-found",
-        ],
-    );
+    for name in [
+        format!("{}-t-managed-jobs", ns.name),
+        format!("{}-t-managed-jobs-queues", ns.name),
+    ] {
+        for kind in ["clusterrole", "clusterrolebinding"] {
+            support::kubectl(cp, &["delete", kind, &name, "--ignore-not-found"]);
+        }
+    }
 }

@@ -9,15 +9,22 @@
 //!   (ranges, patterns, CEL rules for "exactly one of run/template/tasks" and immutability, the
 //!   trimmed pod-template schema), so that bad input is refused by the API server;
 //! - [`validation`]: the limits, and the checks the operator makes itself when a CRD without our
-//!   rules was installed ([`validate_spec`]).
+//!   rules was installed ([`validate_spec`]);
+//! - [`queue`]: the `ManagedJobQueue` resource (cluster-scoped: a team's share of the caps) and
+//!   its CRD.
 
+pub mod queue;
 pub mod schema;
 pub mod states;
 pub mod types;
 pub mod validation;
 
+pub use queue::{
+    DEFAULT_QUEUE, ManagedJobQueue, ManagedJobQueueSpec, ManagedJobQueueStatus, QueueShardStatus,
+    is_queue_name, queue_crd, queue_crd_yaml,
+};
 pub use schema::{crd, crd_yaml, status_default};
-pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase};
+pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
 pub use types::{
     EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK, ManagedJob,
     ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus, TaskView, shard_selector,

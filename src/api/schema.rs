@@ -96,7 +96,8 @@ fn cancel_rule() -> Value {
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 8] = [
+    const IMMUTABLE: [&str; 9] = [
+        "queue",
         "run",
         "setup",
         "env",
@@ -159,6 +160,8 @@ fn refine_spec_schema(spec: &mut Value) {
                 &format!("spec.{field} holds more than {MAX_SCRIPT_BYTES} bytes"),
             ));
     }
+    props["queue"]["maxLength"] = json!(253);
+    props["queue"]["pattern"] = json!(super::queue::QUEUE_NAME_PATTERN);
     props["priority"]["minimum"] = json!(-1000);
     props["priority"]["maximum"] = json!(1000);
     props["priority"]["default"] = json!(0);

@@ -290,3 +290,67 @@ mod tests {
         }
     }
 }
+
+/// Why a queued job is not admitted yet (the reason of its `Admitted` condition,
+/// `docs/design.md#queues`): its queue, its namespace, its queue's limits, its queue's share or
+/// the operator's caps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitReason {
+    /// Its queue (`spec.queue`) has no ManagedJobQueue object: it waits until one is applied.
+    QueueMissing,
+    /// Its queue's `namespaceSelector` does not match the job's namespace: it never runs there.
+    NamespaceNotAdmitted,
+    /// Its queue holds `maxRunning` run slots.
+    QueueMaxRunning,
+    /// Its queue holds `maxLaunching` launch slots.
+    QueueMaxLaunching,
+    /// The run cap is full and its queue holds at least its weighted share: another queue gets
+    /// the next free run slot.
+    ShareUsed,
+    /// Every run slot of the operator is held, and its queue is next.
+    RunCapReached,
+    /// Every launch slot of the operator is held.
+    LaunchCapReached,
+    /// Admitted at the next scheduling pass (or in a back-off after its Pod waited too long for
+    /// a node).
+    Queued,
+}
+
+impl WaitReason {
+    /// Every reason.
+    pub const ALL: [WaitReason; 8] = [
+        WaitReason::QueueMissing,
+        WaitReason::NamespaceNotAdmitted,
+        WaitReason::QueueMaxRunning,
+        WaitReason::QueueMaxLaunching,
+        WaitReason::ShareUsed,
+        WaitReason::RunCapReached,
+        WaitReason::LaunchCapReached,
+        WaitReason::Queued,
+    ];
+
+    /// The CamelCase name, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::QueueMissing => "QueueMissing",
+            WaitReason::NamespaceNotAdmitted => "NamespaceNotAdmitted",
+            WaitReason::QueueMaxRunning => "QueueMaxRunning",
+            WaitReason::QueueMaxLaunching => "QueueMaxLaunching",
+            WaitReason::ShareUsed => "ShareUsed",
+            WaitReason::RunCapReached => "RunCapReached",
+            WaitReason::LaunchCapReached => "LaunchCapReached",
+            WaitReason::Queued => "Queued",
+        }
+    }
+
+    /// Parses [`WaitReason::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<WaitReason> {
+        WaitReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

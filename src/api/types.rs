@@ -50,6 +50,7 @@ pub fn shard_selector(shard: Option<&str>) -> String {
     printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".status.scheduleState","description":"Scheduler state"}"#,
     printcolumn = r#"{"name":"Task","type":"string","jsonPath":".status.taskProgress","description":"A pipeline's current task: <number>/<count> <name>"}"#,
     printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.recoveryCount","description":"Relaunches after preemption or node loss"}"#,
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue","priority":1,"description":"The ManagedJobQueue the job waits in"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Latest status message"}"#
 )]
@@ -71,9 +72,16 @@ pub struct ManagedJobSpec {
     /// one of `run`, `template` and `tasks` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
-    /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority.
+    /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority
+    /// (within the job's queue: priorities never arbitrate between queues).
     #[serde(default)]
     pub priority: i32,
+    /// The ManagedJobQueue the job waits in: its team's weighted share of the operator's caps.
+    /// Unset: the queue `default`. Immutable. A queue that does not exist yet is waited for (the
+    /// job starts once it is applied); a queue that does not admit the job's namespace never
+    /// runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// Restart and recovery budgets.
     #[serde(default)]
     pub recovery: RecoverySpec,
@@ -206,8 +214,11 @@ pub struct ManagedJobStatus {
     /// Human-readable sentence about the latest step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Position in the admission queue when the job was submitted (1 = next); not updated as
-    /// the queue moves (that would cost an API write per queued job per admission): see
+    /// The ManagedJobQueue the job waits in (`spec.queue`, or `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Position within its queue when the job was submitted (1 = next); not updated as the
+    /// queue moves (that would cost an API write per queued job per admission): see
     /// `managed-jobs queue` for live order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i64>,
@@ -294,6 +305,11 @@ pub struct TaskStatus {
 }
 
 impl ManagedJobSpec {
+    /// The queue the job waits in: `spec.queue`, or [`super::queue::DEFAULT_QUEUE`].
+    pub fn queue_name(&self) -> &str {
+        self.queue.as_deref().unwrap_or(super::queue::DEFAULT_QUEUE)
+    }
+
     /// The executor this spec asks for. The API server guarantees exactly one of
     /// run/template/tasks, and one executor for every task.
     pub fn executor(&self) -> ExecutorKind {

@@ -51,6 +51,13 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
             spec.priority
         ));
     }
+    if let Some(queue) = &spec.queue
+        && !super::queue::is_queue_name(queue)
+    {
+        return Err(format!(
+            "spec.queue {queue:?} is not a queue name (lowercase letters, digits, '-' and '.', at most 253 characters)"
+        ));
+    }
     if spec.active_deadline_seconds.is_some_and(|s| s < 1) {
         return Err("spec.activeDeadlineSeconds must be >= 1".into());
     }

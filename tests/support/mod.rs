@@ -110,13 +110,16 @@ fn install_crds(kubeconfig: &Path) {
             "wait",
             "--for=condition=Established",
             "crd/managedjobs.managedjobs.dev",
+            "crd/managedjobqueues.managedjobs.dev",
             "--timeout=60s",
         ],
     );
     assert!(ok, "CRD not established: {out}");
     // Discovery serves the new type a moment after Established.
     let start = Instant::now();
-    while !kubectl(&cp, &["get", "managedjobs", "-A"]).0 {
+    while !kubectl(&cp, &["get", "managedjobs", "-A"]).0
+        || !kubectl(&cp, &["get", "managedjobqueues"]).0
+    {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "CRD never served"

@@ -85,6 +85,7 @@ check_rendered() { # template file
   fi
 }
 check_rendered templates/crd.yaml managedjobs.dev_managedjobs.yaml
+check_rendered templates/queue-crd.yaml managedjobs.dev_managedjobqueues.yaml
 check_rendered templates/shard-policy.yaml managedjobs.dev_shard-policy.yaml
 check_rendered templates/gitops-policy.yaml managedjobs.dev_gitops-policy.yaml
 if ((${#api_versions[@]} > 0)); then

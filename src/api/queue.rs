@@ -1,0 +1,195 @@
+//! The `ManagedJobQueue` resource (`managedjobs.dev/v1alpha1`, cluster-scoped,
+//! `docs/design.md#queues`): a team's share of the operator's caps. A ManagedJob names its
+//! queue in `spec.queue` (omitted: [`DEFAULT_QUEUE`]).
+//!
+//! The rules over these objects (which namespaces a queue admits, which queue gets the next free
+//! slot, why a job waits) are `crate::queues`; this file holds only the types and the CRD.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// The queue of a ManagedJob that names none. It needs no object: without a ManagedJobQueue of
+/// this name it has weight 1, no limits of its own, and admits every namespace (so that with no
+/// queue objects at all the operator schedules exactly as one pool). An object of this name sets
+/// its weight, limits and namespaces like any other queue's.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// Highest `spec.weight`.
+pub const MAX_WEIGHT: u32 = 10_000;
+
+/// A queue: a share of the operator's launch and run caps for the namespaces it admits.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "managedjobs.dev",
+    version = "v1alpha1",
+    kind = "ManagedJobQueue",
+    status = "ManagedJobQueueStatus",
+    shortname = "mjq",
+    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight","description":"Share of the caps while several queues have waiting jobs"}"#,
+    printcolumn = r#"{"name":"Max-Running","type":"integer","jsonPath":".spec.maxRunning","description":"Hard limit on the queue's jobs holding a run slot"}"#,
+    printcolumn = r#"{"name":"Waiting","type":"integer","jsonPath":".status.waiting","description":"Jobs waiting in the queue"}"#,
+    printcolumn = r#"{"name":"Launching","type":"integer","jsonPath":".status.launching","description":"Jobs holding a launch slot"}"#,
+    printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.running","description":"Jobs holding a run slot (launching, running or recovering)"}"#,
+    printcolumn = r#"{"name":"Share","type":"string","jsonPath":".status.share","description":"Run slots the queue holds, of the operator's run cap"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedJobQueueSpec {
+    /// Share of the caps while several queues have waiting jobs (1..10000): the next free run
+    /// slot goes to the queue with the lowest (run slots held / weight). A queue alone takes
+    /// every free slot (an idle queue's share is lent; running jobs are never preempted).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Most of the queue's jobs holding a run slot at once (launching, running or recovering),
+    /// within the operator's run cap; unset: no limit of its own. A hard limit: it holds even
+    /// when the rest of the caps is idle. Applied by each operator instance (shard) to its own
+    /// jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+    /// Most of the queue's jobs holding a launch slot at once, within the operator's launch
+    /// cap; unset: no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_launching: Option<u32>,
+    /// The namespaces whose ManagedJobs may use the queue, by their labels (e.g.
+    /// `matchLabels: {kubernetes.io/metadata.name: team-a}`); `{}` admits every namespace. A
+    /// job whose namespace the queue does not admit never runs, whatever its spec says: it
+    /// waits, saying why.
+    pub namespace_selector: LabelSelector,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// What the operator shows of a queue: its counts as this operator instance sees them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedJobQueueStatus {
+    /// Jobs waiting in the queue (admissible or not).
+    #[serde(default)]
+    pub waiting: i64,
+    /// Jobs holding a launch slot.
+    #[serde(default)]
+    pub launching: i64,
+    /// Jobs holding a run slot: launching, running or recovering.
+    #[serde(default)]
+    pub running: i64,
+    /// Run slots the queue holds, of the operator's run cap, as a percentage (e.g. `75%`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<String>,
+    /// `metadata.generation` of the spec these counts were computed under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The same counts for each operator instance (shard) that holds jobs of this queue: each
+    /// applies the queue to its own caps. The top-level counts are the default instance's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<QueueShardStatus>,
+}
+
+/// One operator instance's counts of a queue (`status.shards[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueShardStatus {
+    /// The instance: `default`, or the name given to `--shard`.
+    pub shard: String,
+    /// Jobs waiting in the queue.
+    #[serde(default)]
+    pub waiting: i64,
+    /// Jobs holding a launch slot.
+    #[serde(default)]
+    pub launching: i64,
+    /// Jobs holding a run slot.
+    #[serde(default)]
+    pub running: i64,
+    /// Run slots held, of this instance's run cap, as a percentage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<String>,
+}
+
+/// A queue name: a DNS subdomain of at most 253 characters (a cluster-scoped object's name).
+pub const QUEUE_NAME_PATTERN: &str =
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// True when `name` can name a ManagedJobQueue ([`QUEUE_NAME_PATTERN`], at most 253 characters).
+pub fn is_queue_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// The ManagedJobQueue CRD as installed: kube's derived schema plus ranges and descriptions.
+pub fn queue_crd() -> CustomResourceDefinition {
+    let crd = ManagedJobQueue::crd();
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    let version = &mut value["spec"]["versions"][0];
+    let root = &mut version["schema"]["openAPIV3Schema"];
+    root["description"] = json!(
+        "A queue of ManagedJobs: a team's weighted share of the operator's launch and run caps, \
+         with optional limits of its own and the namespaces that may use it. A ManagedJob names \
+         its queue in spec.queue (omitted: the queue `default`)."
+    );
+    root["required"] = json!(["spec"]);
+    let spec = &mut root["properties"]["spec"];
+    spec["description"] = json!("The queue's weight, limits and the namespaces it admits.");
+    let props = &mut spec["properties"];
+    props["weight"]["minimum"] = json!(1);
+    props["weight"]["maximum"] = json!(MAX_WEIGHT);
+    props["weight"]["default"] = json!(1);
+    props["weight"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("format");
+    for field in ["maxRunning", "maxLaunching"] {
+        props[field]
+            .as_object_mut()
+            .expect("an object")
+            .remove("format");
+        props[field]["maximum"] = json!(100_000);
+    }
+    props["maxRunning"]["minimum"] = json!(0);
+    // A relaunch needs a launch slot of its queue: 0 would strand a recovering job.
+    props["maxLaunching"]["minimum"] = json!(1);
+    let status = &mut root["properties"]["status"];
+    status["description"] = json!(
+        "Counts of the queue's jobs, written by the operator at a bounded rate (server-side \
+         apply: each operator instance owns its entry of shards[])."
+    );
+    status["properties"]["shards"]["x-kubernetes-list-type"] = json!("map");
+    status["properties"]["shards"]["x-kubernetes-list-map-keys"] = json!(["shard"]);
+    serde_json::from_value(value).expect("the refined CRD deserializes")
+}
+
+/// The ManagedJobQueue CRD as YAML, exactly as committed in
+/// `crds/managedjobs.dev_managedjobqueues.yaml`.
+pub fn queue_crd_yaml() -> String {
+    let mut out = String::from("# Generated by `managed-jobs crd queue`; do not edit.\n");
+    out.push_str(&serde_norway::to_string(&queue_crd()).expect("a CRD serializes to YAML"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_are_dns_subdomains() {
+        for ok in ["default", "team-a", "a.b-c", "x1"] {
+            assert!(is_queue_name(ok), "{ok}");
+        }
+        for bad in ["", "Team", "-a", "a-", "a..b", "a_b", &"a".repeat(254)] {
+            assert!(!is_queue_name(bad), "{bad}");
+        }
+    }
+}
