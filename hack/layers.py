@@ -35,7 +35,7 @@ LAYERS = [
     ["defaults"],
     # Pure rules (the job record and every decision over it; the caps' formula) and the state
     # dir's paths.
-    ["lifecycle", "capacity", "state_dir"],
+    ["lifecycle", "capacity", "queues", "state_dir"],
     # Persistence only (SQL); wake-ups between processes.
     ["store", "wake"],
     # What runs workloads; what is derived from the store for the outside world.

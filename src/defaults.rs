@@ -75,3 +75,10 @@ pub fn executors(in_cluster: bool) -> Vec<ExecutorKind> {
 pub fn seconds(secs: f64) -> Duration {
     Duration::from_secs_f64(secs)
 }
+
+/// How often the operator writes a queue's status (`ManagedJobQueue.status`: its waiting,
+/// launching and running counts and its share), at most, and only when it changed: at most 6
+/// API writes per queue per minute, however busy the queue (a job's own status carries its
+/// progress; the queue's counts are a summary). Written with what the API budget leaves after
+/// the jobs' status writes, as Events are.
+pub const QUEUE_STATUS_PERIOD: Duration = Duration::from_secs(10);

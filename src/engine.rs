@@ -26,6 +26,7 @@ use crate::lifecycle::{
 };
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
+use crate::queues::Queues;
 use crate::scheduler;
 use crate::state_dir::StateDir;
 use crate::store::{Cas, Settings, Store, StoreError};
@@ -61,6 +62,9 @@ pub struct Config {
     pub self_exe: PathBuf,
     /// The shard this operator owns (`--shard`): None for the default instance.
     pub shard: Option<String>,
+    /// The queues come from the API (the operator): nothing is admitted until they are known
+    /// ([`Engine::set_queues`]). False: one pool, no queue objects (the engine alone).
+    pub queues_from_api: bool,
 }
 
 /// Shared state of the engine's tasks.
@@ -86,6 +90,11 @@ pub struct Engine {
     /// Jobs whose job controller could not be started for lack of resources, with the failures
     /// in a row (each retried after a back-off).
     spawn_retries: Mutex<std::collections::HashMap<i64, i32>>,
+    /// The queues in force; None until the operator listed them (nothing is admitted before:
+    /// a queue's limits and namespaces hold from the first pass).
+    queues: Mutex<Option<Arc<Queues>>>,
+    /// What the scheduling passes remember between them.
+    pass_memory: Mutex<scheduler::PassMemory>,
     _lock: Flock<std::fs::File>,
 }
 
@@ -255,8 +264,13 @@ impl Engine {
             state_dir_changed: Notify::new(),
             metrics: Arc::new(metrics),
             spawn_retries: Mutex::new(Default::default()),
+            queues: Mutex::new(None),
+            pass_memory: Mutex::new(Default::default()),
             _lock: lock,
         });
+        if !engine.cfg.queues_from_api {
+            engine.set_queues(Queues::single_pool());
+        }
         engine.metrics.launch_cap.set(caps_gauge.0);
         engine.metrics.run_cap.set(caps_gauge.1);
         tokio::spawn(listen(engine.clone(), socket));
@@ -332,6 +346,31 @@ impl Engine {
     /// The store (one connection shared by the engine's tasks).
     pub fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the queues in force (`docs/design.md#queues`); a change wakes a pass. The first call
+    /// lets the engine admit jobs when the queues come from the API.
+    pub fn set_queues(&self, queues: Queues) {
+        let mut held = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_deref() == Some(&queues) {
+            return;
+        }
+        tracing::info!(
+            queues = queues.names().len(),
+            single_pool = queues.is_single_pool(),
+            "queues in force changed"
+        );
+        *held = Some(Arc::new(queues));
+        drop(held);
+        self.wake_all();
+    }
+
+    /// The queues in force, once known.
+    pub fn queues(&self) -> Option<Arc<Queues>> {
+        self.queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Asks for a scheduling pass and a status sweep.
@@ -784,10 +823,13 @@ async fn scheduler_loop(op: Arc<Engine>) {
             _ = op.schedule.notified() => {}
             _ = tokio::time::sleep(BACKSTOP) => {}
         }
+        // Nothing is admitted before the queues are known.
+        let Some(queues) = op.queues() else { continue };
         let started = std::time::Instant::now();
         let result = {
+            let mut memory = op.pass_memory.lock().unwrap_or_else(|e| e.into_inner());
             let mut store = op.store();
-            scheduler::pass(&mut store, op.cfg.capacity.caps)
+            scheduler::pass_queues(&mut store, op.cfg.capacity.caps, &queues, &mut memory)
         };
         op.metrics
             .scheduling_pass_seconds

@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod operator;
 pub mod process;
+pub mod queues;
 pub mod scheduler;
 pub mod smoke_test;
 pub mod state_dir;

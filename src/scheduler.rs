@@ -1,26 +1,69 @@
-//! Admission: which queued jobs get a launch slot now (docs/design.md#scheduling).
+//! Admission: which queued jobs get a launch slot now (docs/design.md#scheduling and #queues).
 //!
-//! [`plan`] is a pure function over counts and queue heads; [`pass`] reads those from the store,
-//! plans, and applies each admission as a compare-and-set. Rules, after SkyPilot's
-//! `maybe_schedule_next_jobs` with its known faults fixed:
+//! [`plan_queues`] is a pure function over counts and queue heads; [`pass`] reads those from the
+//! store, plans, and applies each admission as a compare-and-set. Rules, after SkyPilot's
+//! `maybe_schedule_next_jobs` with its known faults fixed, and queues for teams:
 //! - AliveWaiting jobs (recoveries and restarts) are admitted before new jobs and need only a
-//!   launch slot: a recovery is never blocked behind a new job that lacks a run slot.
-//! - New (Waiting) jobs need a launch slot and a run slot.
-//! - Within each group: higher priority first, then earlier creation (`metadata.creationTimestamp`,
+//!   launch slot: a recovery is never blocked behind a new job that lacks a run slot. Across
+//!   queues the next launch slot goes to the relaunch of the queue with the fewest launching
+//!   jobs per weight; each stays within its queue's `maxLaunching`. A relaunch already holds
+//!   its run slot: it is inside its queue's share.
+//! - New (Waiting) jobs need a launch slot and a run slot. Across queues the next one goes to
+//!   the queue with the lowest run slots held / weight ([`crate::queues::share_order`]) among
+//!   those that can admit a job now (the queue exists, admits the job's namespace, is below its
+//!   `maxRunning` and `maxLaunching`): work-conserving, no slot stays idle while an admissible
+//!   job waits, and a running job is never preempted.
+//! - Within a queue: higher priority first, then earlier creation (`metadata.creationTimestamp`,
 //!   one-second resolution), then lower job id: FIFO within a priority.
+//! - A job whose queue refuses its namespace is never admitted, whatever its spec says.
+//!
+//! With no queue objects every job of the default queue is in one pool: exactly the rules
+//! before queues existed ([`plan`]).
 
-use crate::api::ScheduleState;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
 use crate::capacity::{Caps, SlotUsage};
-use crate::lifecycle::{self, JobRow};
-use crate::store::{Cas, Store, StoreError};
+use crate::lifecycle;
+use crate::lifecycle::JobRow;
+use crate::queues::{self, Admits, QueueLoad, QueuePolicy, Queues};
+use crate::store::{Cas, Queued, Store, StoreError};
 
 /// A queued job as the planner sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {
     /// Store id.
     pub id: i64,
     /// Priority (-1000..1000).
     pub priority: i32,
+    /// Its namespace: its queue must admit it.
+    pub namespace: String,
+}
+
+impl Candidate {
+    /// A candidate of namespace `default`.
+    pub fn new(id: i64, priority: i32) -> Candidate {
+        Candidate {
+            id,
+            priority,
+            namespace: "default".into(),
+        }
+    }
+}
+
+/// One queue as the planner sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueView {
+    /// Its name.
+    pub name: String,
+    /// Its policy; None: no such queue (its jobs wait for it).
+    pub policy: Option<QueuePolicy>,
+    /// Slots its jobs hold before the pass.
+    pub load: QueueLoad,
+    /// Its AliveWaiting jobs, in admission order.
+    pub relaunches: Vec<Candidate>,
+    /// Its Waiting jobs (a prefix of them), in admission order.
+    pub new_jobs: Vec<Candidate>,
 }
 
 /// One admission decided by [`plan`].
@@ -32,39 +75,118 @@ pub struct Admission {
     pub from: ScheduleState,
 }
 
-/// Decides admissions. `relaunches` and `new_jobs` must each be in admission order (priority
-/// descending, id ascending), as [`Store::queue_head`] returns them.
+/// Decides admissions in one pool (no queue objects: every job in the default queue).
+/// `relaunches` and `new_jobs` must each be in admission order (priority descending, id
+/// ascending), as [`Store::queue_head`] returns them.
 pub fn plan(
     usage: SlotUsage,
     caps: Caps,
     relaunches: &[Candidate],
     new_jobs: &[Candidate],
 ) -> Vec<Admission> {
+    let pool = QueueView {
+        name: DEFAULT_QUEUE.into(),
+        policy: Some(QueuePolicy::implicit_default()),
+        load: QueueLoad {
+            launching: usage.launching,
+            alive: usage.alive,
+        },
+        relaunches: relaunches.to_vec(),
+        new_jobs: new_jobs.to_vec(),
+    };
+    plan_queues(usage, caps, std::slice::from_ref(&pool))
+}
+
+/// Decides admissions across `queues` (each with its candidates in admission order) within the
+/// caps (`usage`: the slots held now):
+///
+/// 1. relaunches, while a launch slot is free: the next goes to the queue with the lowest
+///    launching / weight that has an admissible relaunch and is below its `maxLaunching`;
+/// 2. new jobs, while a launch slot and a run slot are free: the next goes to the queue with
+///    the lowest run slots held / weight that has an admissible job and is below its
+///    `maxRunning` and `maxLaunching`.
+///
+/// A candidate is admissible when its queue exists and admits its namespace; the others are
+/// skipped, never admitted. Ties go to the higher weight, then the lower name
+/// ([`queues::share_order`]). Cost: O(queues) per admission.
+pub fn plan_queues(usage: SlotUsage, caps: Caps, queues: &[QueueView]) -> Vec<Admission> {
     let mut launching = usage.launching;
     let mut alive = usage.alive;
+    let mut load: Vec<QueueLoad> = queues.iter().map(|q| q.load).collect();
+    let mut next_relaunch = vec![0usize; queues.len()];
+    let mut next_new = vec![0usize; queues.len()];
     let mut out = Vec::new();
-    for c in relaunches {
-        if launching >= caps.launch {
-            return out;
+    // The next admissible candidate of `list` from `*next` on (refused ones are skipped).
+    fn next_admissible(policy: &QueuePolicy, list: &[Candidate], next: &mut usize) -> bool {
+        while let Some(c) = list.get(*next) {
+            if policy.admits.admits(&c.namespace) {
+                return true;
+            }
+            *next += 1;
         }
-        launching += 1;
+        false
+    }
+    let below = |max: Option<usize>, held: usize| max.is_none_or(|m| held < m);
+    while launching < caps.launch {
+        let mut best: Option<usize> = None;
+        for (i, q) in queues.iter().enumerate() {
+            let Some(p) = &q.policy else { continue };
+            if !below(p.max_launching, load[i].launching)
+                || !next_admissible(p, &q.relaunches, &mut next_relaunch[i])
+            {
+                continue;
+            }
+            let key = |j: usize| {
+                (
+                    load[j].launching,
+                    weight(&queues[j]),
+                    queues[j].name.as_str(),
+                )
+            };
+            if best.is_none_or(|b| queues::share_order(key(i), key(b)).is_lt()) {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else { break };
         out.push(Admission {
-            id: c.id,
+            id: queues[i].relaunches[next_relaunch[i]].id,
             from: ScheduleState::AliveWaiting,
         });
-    }
-    for c in new_jobs {
-        if launching >= caps.launch || alive >= caps.run {
-            break;
-        }
+        next_relaunch[i] += 1;
         launching += 1;
-        alive += 1;
+        load[i].launching += 1;
+    }
+    while launching < caps.launch && alive < caps.run {
+        let mut best: Option<usize> = None;
+        for (i, q) in queues.iter().enumerate() {
+            let Some(p) = &q.policy else { continue };
+            if !below(p.max_running, load[i].alive)
+                || !below(p.max_launching, load[i].launching)
+                || !next_admissible(p, &q.new_jobs, &mut next_new[i])
+            {
+                continue;
+            }
+            let key = |j: usize| (load[j].alive, weight(&queues[j]), queues[j].name.as_str());
+            if best.is_none_or(|b| queues::share_order(key(i), key(b)).is_lt()) {
+                best = Some(i);
+            }
+        }
+        let Some(i) = best else { break };
         out.push(Admission {
-            id: c.id,
+            id: queues[i].new_jobs[next_new[i]].id,
             from: ScheduleState::Waiting,
         });
+        next_new[i] += 1;
+        launching += 1;
+        alive += 1;
+        load[i].launching += 1;
+        load[i].alive += 1;
     }
     out
+}
+
+fn weight(q: &QueueView) -> u32 {
+    q.policy.as_ref().map_or(1, |p| p.weight)
 }
 
 /// What one pass did.
@@ -80,92 +202,338 @@ pub struct PassResult {
     pub messages: usize,
 }
 
-/// Queued jobs at the head of the queue whose message a pass keeps saying what they wait for
-/// ([`lifecycle::queued_message`]); the others keep the one they were queued with.
+/// Queued jobs at the head of each queue whose message a pass keeps saying what they wait for
+/// ([`why_waiting`]); the others keep the one they were queued with.
 pub const QUEUE_MESSAGES: usize = 8;
 
-/// One scheduling pass over the store: plans and applies admissions as compare-and-sets, then
-/// tells the head of the queue which slot it really waits for. Cost: three indexed queries
-/// bounded by the free slots and [`QUEUE_MESSAGES`], independent of finished jobs.
-pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
-    let now = lifecycle::now_ms();
-    let mut result = admit(store, caps, now)?;
-    if result.usage.waiting > 0 {
-        let usage = result.usage;
-        let node_waits = if usage.alive >= caps.run {
-            store.node_waits()?
+/// Queues whose head messages a pass refreshes in turn, besides the queues it admitted from and
+/// those whose reason changed: every queue's head is refreshed within (queues / this) passes.
+pub const MESSAGE_ROTATION: usize = 8;
+
+/// What a pass remembers for the next one (the engine keeps one): what each queue's jobs were
+/// last told, and where the rotation of head messages stands. A fresh one refreshes every
+/// queue's head.
+#[derive(Clone, Debug, Default)]
+pub struct PassMemory {
+    said: HashMap<String, (WaitReason, String)>,
+    cursor: String,
+    queues: Option<Queues>,
+}
+
+/// What a pass knows when it says why a queue's jobs wait ([`why_waiting`]).
+#[derive(Clone, Debug)]
+pub struct WaitContext<'a> {
+    /// The queues in force.
+    pub queues: &'a Queues,
+    /// Each queue's slots held, after the pass.
+    pub loads: &'a BTreeMap<String, QueueLoad>,
+    /// The slots held in all, after the pass.
+    pub usage: SlotUsage,
+    /// The caps.
+    pub caps: Caps,
+    /// Run slots held by Pods waiting for a node.
+    pub node_waits: usize,
+    /// Queues with jobs waiting that could admit one (they exist and are below their limits).
+    pub backlogged: usize,
+    /// The sum of their weights.
+    pub backlogged_weight: u64,
+}
+
+/// Why a job of `namespace` (None: any namespace its queue admits) in `queue` waits, and the
+/// sentence its status shows: its queue's own reasons first ([`queues::blocked`]), then, with
+/// the run cap full, its queue's share ([`queues::share_used`]) or the run cap, then the launch
+/// cap. With no queue objects the sentences are exactly those of one pool
+/// ([`lifecycle::queued_message`]).
+pub fn why_waiting(
+    w: &WaitContext<'_>,
+    queue: &str,
+    namespace: Option<&str>,
+) -> (WaitReason, String) {
+    let load = w.loads.get(queue).copied().unwrap_or_default();
+    if let Some(b) = queues::blocked(w.queues, queue, namespace, load) {
+        return b;
+    }
+    let weight = w.queues.get(queue).map_or(1, |p| p.weight);
+    let (u, c) = (w.usage, w.caps);
+    let pool = lifecycle::queued_message(u.launching, c.launch, u.alive, c.run, w.node_waits);
+    let said = |m: String| {
+        if w.queues.is_single_pool() {
+            m
         } else {
-            0
-        };
-        let message = lifecycle::queued_message(
-            usage.launching,
-            caps.launch,
-            usage.alive,
-            caps.run,
-            node_waits,
-        );
-        for row in store.queue_head(ScheduleState::Waiting, QUEUE_MESSAGES, now)? {
-            if row.message != message {
-                store.transition(row.id, &lifecycle::queued(&row, message.clone()))?;
-                result.messages += 1;
-            }
+            format!("queue {queue}: {m}")
         }
+    };
+    if u.alive >= c.run {
+        if queues::share_used(load.alive, weight, c.run, w.backlogged, w.backlogged_weight) {
+            return (
+                WaitReason::ShareUsed,
+                queues::share_used_message(queue, weight),
+            );
+        }
+        (WaitReason::RunCapReached, said(pool))
+    } else if u.launching >= c.launch {
+        (WaitReason::LaunchCapReached, said(pool))
+    } else {
+        (WaitReason::Queued, said(pool))
+    }
+}
+
+/// One scheduling pass in one pool (no queue objects); see [`pass_queues`].
+pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
+    pass_queues(
+        store,
+        caps,
+        &Queues::single_pool(),
+        &mut PassMemory::default(),
+    )
+}
+
+/// One scheduling pass over the store under `queues`: plans ([`plan_queues`]) and applies
+/// admissions as compare-and-sets, then tells the head of the queues what they wait for
+/// ([`why_waiting`]).
+///
+/// Reads: the slots held in all and per queue (over the live jobs' index), the relaunches, the
+/// queues that have waiting jobs (one index seek each), and the heads of only those queues that
+/// could get a slot this pass: with `f` new jobs admissible (free launch and run slots), the
+/// planner admits only from the `f` queues of lowest share that have an admissible job, so the
+/// pass reads heads in share order until it has found `f` of them. Then the head messages of the
+/// queues it admitted from, of those whose reason changed and of [`MESSAGE_ROTATION`] more in
+/// turn ([`PassMemory`]). Nothing it reads grows with finished jobs.
+pub fn pass_queues(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    memory: &mut PassMemory,
+) -> Result<PassResult, StoreError> {
+    let now = lifecycle::now_ms();
+    if memory.queues.as_ref() != Some(queues) {
+        *memory = PassMemory {
+            queues: Some(queues.clone()),
+            ..Default::default()
+        };
+    }
+    let mut loads = store.queue_usage()?;
+    let usage = store.slot_usage()?;
+    let waiting_queues = if usage.waiting > 0 {
+        store.waiting_queues()?
+    } else {
+        Vec::new()
+    };
+    let (mut result, touched) =
+        admit(store, caps, queues, usage, &mut loads, &waiting_queues, now)?;
+    if result.usage.waiting > 0 {
+        result.messages = tell_heads(
+            store,
+            caps,
+            queues,
+            memory,
+            &loads,
+            &waiting_queues,
+            &touched,
+            result.usage,
+            now,
+        )?;
     }
     Ok(result)
 }
 
-fn admit(store: &mut Store, caps: Caps, now: i64) -> Result<PassResult, StoreError> {
-    let usage = store.slot_usage()?;
+fn policy_room(policy: &QueuePolicy, load: QueueLoad) -> usize {
+    let run = policy
+        .max_running
+        .map_or(usize::MAX, |m| m.saturating_sub(load.alive));
+    let launch = policy
+        .max_launching
+        .map_or(usize::MAX, |m| m.saturating_sub(load.launching));
+    run.min(launch)
+}
+
+fn candidate(q: &Queued) -> Candidate {
+    Candidate {
+        id: q.id,
+        priority: q.priority,
+        namespace: q.namespace.clone(),
+    }
+}
+
+fn admit(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    usage: SlotUsage,
+    loads: &mut BTreeMap<String, QueueLoad>,
+    waiting_queues: &[String],
+    now: i64,
+) -> Result<(PassResult, BTreeSet<String>), StoreError> {
+    let mut touched = BTreeSet::new();
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
-        return Ok(PassResult {
-            usage,
-            ..Default::default()
-        });
+        return Ok((
+            PassResult {
+                usage,
+                ..Default::default()
+            },
+            touched,
+        ));
     }
-    let relaunches = store.queue_head(ScheduleState::AliveWaiting, free_launch, now)?;
-    let free_new = free_launch
-        .saturating_sub(relaunches.len())
-        .min(caps.run.saturating_sub(usage.alive));
-    let new_jobs = if free_new > 0 {
-        store.queue_head(ScheduleState::Waiting, free_new, now)?
-    } else {
-        Vec::new()
+    let mut views: BTreeMap<String, QueueView> = BTreeMap::new();
+    let view = |name: &str, loads: &BTreeMap<String, QueueLoad>| -> QueueView {
+        QueueView {
+            name: name.to_string(),
+            policy: queues.get(name).cloned(),
+            load: loads.get(name).copied().unwrap_or_default(),
+            relaunches: Vec::new(),
+            new_jobs: Vec::new(),
+        }
     };
-    let as_candidates = |rows: &[JobRow]| -> Vec<Candidate> {
-        rows.iter()
-            .map(|r| Candidate {
-                id: r.id,
-                priority: r.priority,
+    if usage.alive_waiting > 0 {
+        for r in store.relaunch_candidates(now)? {
+            views
+                .entry(r.queue.clone())
+                .or_insert_with(|| view(&r.queue, loads))
+                .relaunches
+                .push(candidate(&r));
+        }
+    }
+    // New jobs: only the queues that could get one of the `free` slots, in share order.
+    let free = free_launch.min(caps.run.saturating_sub(usage.alive));
+    if free > 0 {
+        let mut open: Vec<(&str, &QueuePolicy, QueueLoad)> = waiting_queues
+            .iter()
+            .filter_map(|name| {
+                let policy = queues.get(name)?;
+                let load = loads.get(name).copied().unwrap_or_default();
+                (policy_room(policy, load) > 0).then_some((name.as_str(), policy, load))
             })
-            .collect()
-    };
-    let mut rows: std::collections::HashMap<i64, JobRow> = relaunches
+            .collect();
+        open.sort_by(|a, b| {
+            queues::share_order((a.2.alive, a.1.weight, a.0), (b.2.alive, b.1.weight, b.0))
+        });
+        let mut found = 0;
+        for (name, policy, load) in open {
+            if found >= free {
+                break;
+            }
+            let only = match &policy.admits {
+                Admits::All => None,
+                Admits::Only(set) => Some(set),
+            };
+            let limit = free.min(policy_room(policy, load));
+            let heads = store.queue_candidates(name, only, limit, now)?;
+            if heads.is_empty() {
+                continue;
+            }
+            found += 1;
+            views
+                .entry(name.to_string())
+                .or_insert_with(|| view(name, loads))
+                .new_jobs
+                .extend(heads.iter().map(candidate));
+        }
+    }
+    let views: Vec<QueueView> = views.into_values().collect();
+    let queue_of: HashMap<i64, &str> = views
         .iter()
-        .chain(&new_jobs)
-        .map(|r| (r.id, r.clone()))
+        .flat_map(|v| {
+            v.relaunches
+                .iter()
+                .chain(&v.new_jobs)
+                .map(move |c| (c.id, v.name.as_str()))
+        })
         .collect();
-    let admissions = plan(
-        usage,
-        caps,
-        &as_candidates(&relaunches),
-        &as_candidates(&new_jobs),
-    );
     let mut result = PassResult::default();
-    for a in admissions {
+    for a in plan_queues(usage, caps, &views) {
         // A failed CAS means someone else moved the job (e.g. a cancel): skip it.
-        let Some(row) = rows.remove(&a.id) else {
+        let Some(row) = store.find(a.id)? else {
             continue;
         };
+        if row.schedule_state != a.from {
+            continue;
+        }
         if let Cas::Applied(row) = store.transition(a.id, &lifecycle::admit(&row))? {
+            let queue = queue_of.get(&a.id).copied().unwrap_or(DEFAULT_QUEUE);
+            let load = loads.entry(queue.to_string()).or_default();
+            load.launching += 1;
             match a.from {
-                ScheduleState::Waiting => result.started.push(*row),
+                ScheduleState::Waiting => {
+                    load.alive += 1;
+                    result.started.push(*row)
+                }
                 _ => result.relaunched.push(*row),
             }
+            touched.insert(queue.to_string());
         }
     }
     result.usage = store.slot_usage()?;
-    Ok(result)
+    Ok((result, touched))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tell_heads(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    memory: &mut PassMemory,
+    loads: &BTreeMap<String, QueueLoad>,
+    waiting_queues: &[String],
+    touched: &BTreeSet<String>,
+    usage: SlotUsage,
+    now: i64,
+) -> Result<usize, StoreError> {
+    let node_waits = if usage.alive >= caps.run {
+        store.node_waits()?
+    } else {
+        0
+    };
+    let (mut backlogged, mut backlogged_weight) = (0, 0u64);
+    for name in waiting_queues {
+        let load = loads.get(name).copied().unwrap_or_default();
+        if let Some(p) = queues.get(name)
+            && queues::blocked(queues, name, None, load).is_none()
+        {
+            backlogged += 1;
+            backlogged_weight += u64::from(p.weight);
+        }
+    }
+    let w = WaitContext {
+        queues,
+        loads,
+        usage,
+        caps,
+        node_waits,
+        backlogged,
+        backlogged_weight,
+    };
+    // The queues whose heads are told: those admitted from, those whose reason changed, and
+    // the next few in turn.
+    let mut tell: BTreeSet<&str> = BTreeSet::new();
+    for name in waiting_queues {
+        let said = why_waiting(&w, name, None);
+        if touched.contains(name) || memory.said.get(name) != Some(&said) {
+            tell.insert(name);
+        }
+        memory.said.insert(name.clone(), said);
+    }
+    let start = waiting_queues.partition_point(|q| q.as_str() <= memory.cursor.as_str());
+    for name in waiting_queues
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(MESSAGE_ROTATION.min(waiting_queues.len()))
+    {
+        tell.insert(name);
+        memory.cursor = name.clone();
+    }
+    let mut messages = 0;
+    for name in tell {
+        for row in store.queue_head_briefly(name, QUEUE_MESSAGES, now)? {
+            let (reason, message) = why_waiting(&w, name, Some(&row.namespace));
+            if row.message != message || row.wait_reason != Some(reason) {
+                store.transition(row.id, &lifecycle::queued(reason, message))?;
+                messages += 1;
+            }
+        }
+    }
+    Ok(messages)
 }
 
 #[cfg(test)]
@@ -173,7 +541,7 @@ mod tests {
     use super::*;
 
     fn c(id: i64, priority: i32) -> Candidate {
-        Candidate { id, priority }
+        Candidate::new(id, priority)
     }
 
     #[test]

@@ -10,7 +10,12 @@
 //! - `Stalled` True on a terminal failure, and on a Cancelled job whose `spec.cancel` was set
 //!   back to false after it finished (the spec asks for a run that will never happen);
 //! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`);
-//!   a Cancelled job did not complete: `Failed`, reason Cancelled.
+//!   a Cancelled job did not complete: `Failed`, reason Cancelled;
+//! - `Admitted` (Kueue's word, `docs/design.md#queues`): False while the job waits for a slot,
+//!   its reason saying why (`QueueMissing`, `NamespaceNotAdmitted`, `QueueMaxRunning`,
+//!   `QueueMaxLaunching`, `ShareUsed`, `RunCapReached`, `LaunchCapReached`, `Queued`); True
+//!   once the scheduler admitted it; False with the phase as reason for a job that ended
+//!   without ever being admitted (cancelled while queued, refused at submission).
 //!
 //! Every condition carries the job's message (for a failure: the exit code or reason and the
 //! budgets spent), which kstatus returns as its message and the Argo CD check shows.
@@ -23,7 +28,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
-use crate::api::{JobPhase, ManagedJobStatus};
+use crate::api::{JobPhase, ManagedJobStatus, ScheduleState};
 use crate::lifecycle::{JobRow, tasks};
 
 fn time(ms: i64) -> Time {
@@ -84,6 +89,14 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
         let why = row.failure_reason.as_ref().map_or(reason, |f| f.as_str());
         out.push(condition("Failed", true, why, msg, at, g));
     }
+    let (admitted, why) = match row.schedule_state {
+        ScheduleState::Inactive | ScheduleState::Waiting => {
+            (false, row.wait_reason.map_or("Queued", |r| r.as_str()))
+        }
+        ScheduleState::Done if row.controller_starts == 0 && row.attempt == 0 => (false, reason),
+        _ => (true, "Admitted"),
+    };
+    out.push(condition("Admitted", admitted, why, msg, at, g));
     out
 }
 
@@ -95,6 +108,7 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         phase: Some(row.phase),
         schedule_state: Some(row.schedule_state),
         message: Some(row.message.clone()),
+        queue: Some(row.queue.clone()),
         queue_position: row.queue_position,
         submitted_at: Some(time(row.submitted_at_ms)),
         started_at: row.started_at_ms.map(time),

@@ -460,11 +460,24 @@ fn samples_carry_the_conditions_of_their_phase() {
             .iter()
             .filter(|c| c["status"] == "True")
             .map(|c| c["type"].as_str().unwrap())
+            // The queue's word, not a GitOps health condition (docs/design.md#queues).
+            .filter(|t| *t != "Admitted")
             .collect();
         assert!(
             on.len() == 1
                 || (on.len() == 2 && (on.contains(&"Complete") || on.contains(&"Failed"))),
             "{phase}: {on:?}"
+        );
+        let admitted = obj["status"]["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "Admitted")
+            .expect("an Admitted condition");
+        assert_eq!(
+            admitted["status"] == "True",
+            !matches!(phase, JobPhase::Pending),
+            "{phase}: {admitted}"
         );
     }
 }

@@ -1856,9 +1856,9 @@ proptest! {
             ..Default::default()
         };
         let relaunches: Vec<Candidate> =
-            (0..relaunch_n).map(|i| Candidate { id: 100 + i as i64, priority: 0 }).collect();
+            (0..relaunch_n).map(|i| Candidate::new(100 + i as i64, 0)).collect();
         let new_jobs: Vec<Candidate> =
-            (0..new_n).map(|i| Candidate { id: i as i64, priority: 0 }).collect();
+            (0..new_n).map(|i| Candidate::new(i as i64, 0)).collect();
         let out = plan(usage, caps, &relaunches, &new_jobs);
         let r = relaunch_n.min(caps.launch.saturating_sub(launching));
         let n = new_n
@@ -1960,7 +1960,7 @@ fn the_model_catches_each_reintroduced_bug() {
 // ---- plain tests of edge cases -----------------------------------------------------------
 
 fn cand(id: i64) -> Candidate {
-    Candidate { id, priority: 0 }
+    Candidate::new(id, 0)
 }
 
 fn relaunch(id: i64) -> Admission {

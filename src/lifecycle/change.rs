@@ -4,7 +4,7 @@
 //! guard ([`Transition`]), to the store, which applies it with [`apply`] inside its
 //! compare-and-set.
 
-use crate::api::{JobPhase, ScheduleState};
+use crate::api::{JobPhase, ScheduleState, WaitReason};
 
 use super::edges::{self, Expect, IllegalTransition};
 use super::outcome::Workload;
@@ -62,6 +62,8 @@ pub struct Change {
     pub(in crate::lifecycle) node_wait: Option<LaunchClock>,
     /// The job goes to the back of its queue: its place (`queued_at_ms`) becomes now.
     pub(in crate::lifecycle) requeue: bool,
+    /// Why the queued job waits (kept only while it is Waiting).
+    pub(in crate::lifecycle) wait_reason: Option<WaitReason>,
 }
 
 /// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
@@ -101,6 +103,7 @@ impl Change {
             task_index: None,
             node_wait: None,
             requeue: false,
+            wait_reason: None,
         }
     }
 
@@ -160,6 +163,11 @@ impl Change {
     /// The job controller process it records (`Some(None)`: it clears the recorded one).
     pub fn controller(&self) -> Option<Option<(i32, u64)>> {
         self.controller
+    }
+
+    /// Why the queued job waits, if it says.
+    pub fn wait_reason(&self) -> Option<WaitReason> {
+        self.wait_reason
     }
 
     /// True when it sends the job to the back of its queue.
@@ -313,8 +321,12 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     if change.controller_crashed {
         after.controller_crashes += 1;
     }
+    if let Some(r) = change.wait_reason {
+        after.wait_reason = Some(r);
+    }
     if after.schedule_state != ScheduleState::Waiting {
         after.queue_position = None;
+        after.wait_reason = None;
     }
     tasks::follow(
         before,

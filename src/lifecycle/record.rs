@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use crate::api::{ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus};
+use crate::api::{ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus, WaitReason};
 
 use super::outcome::Workload;
 use super::reason::{Failure, Reason};
@@ -116,7 +116,7 @@ macro_rules! named_field {
     )*};
 }
 
-named_field!(JobPhase, ScheduleState, ExecutorKind);
+named_field!(JobPhase, ScheduleState, ExecutorKind, WaitReason);
 
 impl Field for Workload {
     fn to_value(&self) -> Value {
@@ -344,6 +344,11 @@ job_record! {
         /// it does not wait for one. Past its launch timeout, while other jobs wait for a run
         /// slot, it gives its run slot back ([`super::transitions::node_wait_timed_out`]).
         State node_wait_since_ms: Option<i64> = None,
+        /// The queue the job waits in (`spec.queue`, or `default`); immutable like the spec.
+        Fixed queue: String = crate::api::DEFAULT_QUEUE.to_string(),
+        /// Why the queued job is not admitted yet (its `Admitted` condition's reason); None
+        /// before a scheduling pass said it, and once the job left the queue.
+        State wait_reason: Option<WaitReason> = None,
     }
 }
 
@@ -383,6 +388,7 @@ impl JobRow {
             phase_changed_at_ms: now_ms,
             queued_at_ms: object.created_at_ms,
             tasks: initial_records(object.spec),
+            queue: object.spec.queue_name().to_string(),
             ..JobRow::first_seen()
         }
     }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::api::{JobPhase, ScheduleState};
+use crate::api::{JobPhase, ScheduleState, WaitReason};
 
 use super::change::{Change, LaunchClock, Transition};
 use super::clock::backoff;
@@ -385,12 +385,15 @@ pub fn queued_message(
     }
 }
 
-/// A queued job's message says what it really waits for (`message`, from
-/// [`queued_message`]); nothing else changes.
-pub fn queued(row: &JobRow, message: String) -> Transition {
+/// A Waiting job's message says what it really waits for (`message`, from [`queued_message`]
+/// or `crate::queues::blocked`) and why (`reason`, its `Admitted` condition's); nothing else
+/// changes.
+pub fn queued(reason: WaitReason, message: String) -> Transition {
+    let mut change = Change::because(Reason::Queued).message(message);
+    change.wait_reason = Some(reason);
     Transition::new(
-        Expect::exactly(JobPhase::Pending, row.schedule_state),
-        Change::because(Reason::Queued).message(message),
+        Expect::exactly(JobPhase::Pending, ScheduleState::Waiting),
+        change,
     )
 }
 

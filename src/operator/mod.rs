@@ -12,7 +12,8 @@
 //!
 //! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election),
 //! [`pod_watch`] (the one shared Pod watch), [`rebuild`] (a lost store), [`world`] (the world
-//! check's observations and fixes), [`budget`] (the API budget).
+//! check's observations and fixes), [`budget`] (the API budget), [`queues`] (the queues and
+//! namespaces watched, the queues' status).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,7 @@ use kube::{Client, Resource as _, ResourceExt};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState};
+use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState, WaitReason};
 use crate::engine::{Config, Engine};
 use crate::events::EventPublisher;
 use crate::lifecycle::{Object, now_ms};
@@ -36,6 +37,7 @@ use shared::EventWork;
 pub mod budget;
 pub mod lease;
 pub mod pod_watch;
+pub mod queues;
 pub mod rebuild;
 pub mod shared;
 pub mod status_writer;
@@ -175,6 +177,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         });
     }
     tokio::spawn(status_writer::status_loop(op.clone()));
+    // The queues in force: the engine admits nothing until they were listed.
+    let queue_watch = queues::start(op.clone(), namespace.clone());
+    tokio::spawn(queues::status_loop(op.clone(), queue_watch));
     let reporter = op.clone();
     tokio::spawn(async move {
         loop {
@@ -413,6 +418,28 @@ impl Operator {
         }
         if mj.spec.cancel && (up.inserted || !row.cancel_requested) {
             row = self.engine.cancel(row, false)?;
+        }
+        // A new job its queue cannot take (no such queue, its namespace refused) says so in its
+        // first status; the scheduling passes keep the head of each queue told.
+        if up.inserted
+            && row.schedule_state == ScheduleState::Waiting
+            && let Some(queues) = self.engine.queues()
+            && let Some((
+                reason @ (WaitReason::QueueMissing | WaitReason::NamespaceNotAdmitted),
+                message,
+            )) = crate::queues::blocked(
+                &queues,
+                &row.queue,
+                Some(&row.namespace),
+                Default::default(),
+            )
+            && let Some(r) = self
+                .engine
+                .store()
+                .transition(row.id, &crate::lifecycle::queued(reason, message))?
+                .applied()
+        {
+            row = r;
         }
         self.engine.wake_all();
         if row.schedule_state == ScheduleState::Done

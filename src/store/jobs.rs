@@ -107,7 +107,7 @@ impl Store {
     /// Mirrors a ManagedJob. At first sight it is stored as [`lifecycle::submission`] decides
     /// (queued at once; kept Done with the final status `known` shows, when its object already
     /// carries one: the store lost the job; failed at once when its spec fails the checks the
-    /// API schema cannot express), with its queue position; otherwise its generation and
+    /// API schema cannot express), with its position within its queue; otherwise its generation and
     /// priority are updated.
     pub fn submit(
         &mut self,
@@ -150,13 +150,17 @@ impl Store {
                     let position: i64 = tx
                         .prepare_cached(
                             "SELECT count(*) FROM jobs
-                            WHERE schedule_state IN ('Waiting', 'AliveWaiting')
-                            AND schedule_state = 'Waiting'
+                            WHERE schedule_state = 'Waiting' AND queue = ?4
                             AND (priority > ?1 OR (priority = ?1 AND (queued_at_ms < ?3
                                 OR (queued_at_ms = ?3 AND id <= ?2))))",
                         )?
                         .query_row(
-                            params![object.spec.priority, id, object.created_at_ms],
+                            params![
+                                object.spec.priority,
+                                id,
+                                object.created_at_ms,
+                                submission.record.queue
+                            ],
                             |r| r.get(0),
                         )?;
                     tx.prepare_cached("UPDATE jobs SET queue_position = ?2 WHERE id = ?1")?

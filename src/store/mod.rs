@@ -12,6 +12,7 @@
 //! - [`jobs`]: mirroring, the compare-and-set, the scheduler's and status writer's queries;
 //! - [`history`]: each job's transitions;
 //! - [`pods`]: what the Pod watch saw of each attempt's Pod;
+//! - [`queues`]: the queues' queries (each queue's slots, head and counts);
 //! - [`settings`]: the configuration the operator shares with its job controllers.
 
 use std::path::Path;
@@ -22,11 +23,13 @@ use rusqlite::Connection;
 pub mod history;
 pub mod jobs;
 pub mod pods;
+pub mod queues;
 pub mod row;
 pub mod schema;
 pub mod settings;
 
 pub use jobs::{Cas, Upserted};
+pub use queues::{QueueCounts, Queued};
 pub use settings::Settings;
 
 /// How long a writer waits for another process's write lock before failing.

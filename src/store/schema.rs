@@ -129,5 +129,18 @@ pub(super) fn migrations() -> Migrations<'static> {
         ALTER TABLE jobs ADD COLUMN node_wait_since_ms INTEGER;
         "#,
         ),
+        // Queues for teams (crate::queues): each job's queue and why it waits; each queue's
+        // waiting jobs in admission order, and its jobs holding slots, indexed (a scheduling
+        // pass reads a few queues' heads and every queue's usage).
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
+        ALTER TABLE jobs ADD COLUMN wait_reason TEXT;
+        CREATE INDEX jobs_waiting_by_queue ON jobs (queue, priority DESC, queued_at_ms, id)
+            WHERE schedule_state = 'Waiting';
+        CREATE INDEX jobs_live_by_queue ON jobs (queue, schedule_state)
+            WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
+        "#,
+        ),
     ])
 }

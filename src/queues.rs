@@ -1,0 +1,376 @@
+//! Queues for teams (`docs/design.md#queues`): the rules over `ManagedJobQueue` objects, pure.
+//!
+//! - [`Queues`]: every queue in force, as the scheduler applies it ([`QueuePolicy`]: weight,
+//!   limits, the namespaces it admits), resolved from the objects and the namespaces' labels
+//!   ([`Queues::resolve`]). The queue `default` needs no object: without one it has weight 1, no
+//!   limits and admits every namespace, so with no queue objects at all the operator schedules
+//!   exactly as one pool.
+//! - [`selector_matches`]: a `metav1.LabelSelector` against a namespace's labels.
+//! - [`share_order`]: which queue gets the next free slot: the lowest slots held / weight
+//!   (Kueue's fair sharing, on slots instead of its dominant resource share over borrowed
+//!   quota: <https://kueue.sigs.k8s.io/docs/concepts/fair_sharing/>), compared exactly by
+//!   cross-multiplication; ties go to the higher weight, then the lower name.
+//! - [`blocked`]: the reasons a queue's job waits that are the queue's own (missing, namespace
+//!   not admitted, at `maxRunning` or `maxLaunching`), with the sentence its status shows.
+//!
+//! Usage counts only the slots held now, not recent history (Kueue's admission fair sharing
+//! decays past usage): shares that follow the weights need no history while queues stay
+//! backlogged, the rule keeps no state a restart or a lost store could lose, and a team that
+//! used idle slots owes nothing when the others return (work conservation without debt).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::api::{DEFAULT_QUEUE, ManagedJobQueue, WaitReason};
+
+/// The namespaces a queue admits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admits {
+    /// Every namespace (`namespaceSelector: {}`, or the implicit default queue).
+    All,
+    /// Only these (the namespaces whose labels match the selector, among those known).
+    Only(BTreeSet<String>),
+}
+
+impl Admits {
+    /// True when the queue admits jobs of `namespace`.
+    pub fn admits(&self, namespace: &str) -> bool {
+        match self {
+            Admits::All => true,
+            Admits::Only(set) => set.contains(namespace),
+        }
+    }
+}
+
+/// A queue as the scheduler applies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuePolicy {
+    /// Share of the caps while several queues have waiting jobs (at least 1).
+    pub weight: u32,
+    /// Most of its jobs holding a run slot at once; None: only the run cap.
+    pub max_running: Option<usize>,
+    /// Most of its jobs holding a launch slot at once; None: only the launch cap.
+    pub max_launching: Option<usize>,
+    /// The namespaces whose jobs it admits.
+    pub admits: Admits,
+}
+
+impl QueuePolicy {
+    /// The queue `default` when no object of that name exists: weight 1, no limits, every
+    /// namespace.
+    pub fn implicit_default() -> QueuePolicy {
+        QueuePolicy {
+            weight: 1,
+            max_running: None,
+            max_launching: None,
+            admits: Admits::All,
+        }
+    }
+}
+
+static IMPLICIT_DEFAULT: std::sync::LazyLock<QueuePolicy> =
+    std::sync::LazyLock::new(QueuePolicy::implicit_default);
+
+/// Every queue in force: the ManagedJobQueue objects, resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Queues {
+    objects: BTreeMap<String, QueuePolicy>,
+}
+
+impl Queues {
+    /// No queue objects: one pool, the implicit default queue.
+    pub fn single_pool() -> Queues {
+        Queues::default()
+    }
+
+    /// The queues `objects` (name -> policy) define.
+    pub fn new(objects: BTreeMap<String, QueuePolicy>) -> Queues {
+        Queues { objects }
+    }
+
+    /// The queues `objects` define, each selector resolved against `namespaces` (name ->
+    /// labels): a selector matches the namespaces whose labels it selects; `{}` matches every
+    /// namespace, known or not. Weights below 1 count as 1 (the API refuses them).
+    pub fn resolve(
+        objects: &[ManagedJobQueue],
+        namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Queues {
+        let mut out = BTreeMap::new();
+        for q in objects {
+            let Some(name) = q.metadata.name.clone() else {
+                continue;
+            };
+            let selector = &q.spec.namespace_selector;
+            let admits = if selector_is_empty(selector) {
+                Admits::All
+            } else {
+                Admits::Only(
+                    namespaces
+                        .iter()
+                        .filter(|(_, labels)| selector_matches(selector, labels))
+                        .map(|(ns, _)| ns.clone())
+                        .collect(),
+                )
+            };
+            out.insert(
+                name,
+                QueuePolicy {
+                    weight: q.spec.weight.max(1),
+                    max_running: q.spec.max_running.map(|n| n as usize),
+                    max_launching: q.spec.max_launching.map(|n| n as usize),
+                    admits,
+                },
+            );
+        }
+        Queues { objects: out }
+    }
+
+    /// True when no queue object exists: every job of the default queue shares one pool, as
+    /// before queues existed.
+    pub fn is_single_pool(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// The policy of queue `name`: its object's, the implicit default's for `default`, or None
+    /// (no such queue: its jobs wait for it).
+    pub fn get(&self, name: &str) -> Option<&QueuePolicy> {
+        self.objects
+            .get(name)
+            .or_else(|| (name == DEFAULT_QUEUE).then(|| &*IMPLICIT_DEFAULT))
+    }
+
+    /// Every queue in force, by name: the objects and `default`.
+    pub fn names(&self) -> BTreeSet<&str> {
+        let mut names: BTreeSet<&str> = self.objects.keys().map(String::as_str).collect();
+        names.insert(DEFAULT_QUEUE);
+        names
+    }
+}
+
+fn selector_is_empty(s: &LabelSelector) -> bool {
+    s.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && s.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+}
+
+/// True when `selector` selects an object with `labels` (metav1.LabelSelector semantics:
+/// every `matchLabels` pair and every `matchExpressions` requirement hold; operators `In`,
+/// `NotIn`, `Exists`, `DoesNotExist`). An unknown operator selects nothing: a queue never
+/// admits a namespace by mistake.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let pairs = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    pairs && expressions
+}
+
+/// The order in which queues get the next free slot: `a` before `b` (Less) when `a`'s
+/// `held / weight` is lower, compared exactly (`a.held * b.weight` against
+/// `b.held * a.weight`); ties go to the higher weight, then the lower name. Each argument is
+/// (slots held, weight, name).
+pub fn share_order(a: (usize, u32, &str), b: (usize, u32, &str)) -> Ordering {
+    let (ha, wa, na) = a;
+    let (hb, wb, nb) = b;
+    let left = ha as u128 * u128::from(wb.max(1));
+    let right = hb as u128 * u128::from(wa.max(1));
+    left.cmp(&right).then(wb.cmp(&wa)).then(na.cmp(nb))
+}
+
+/// A queue's slots held now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueLoad {
+    /// Its jobs holding a launch slot (Launching).
+    pub launching: usize,
+    /// Its jobs holding a run slot (Launching, Alive, AliveWaiting).
+    pub alive: usize,
+}
+
+/// Why a job of `namespace` in queue `queue` waits, when the reason is the queue's own: no such
+/// queue, its namespace not admitted (not checked when `namespace` is None), the queue at its
+/// `maxRunning` or its `maxLaunching` (`load`: what the queue holds). None: the queue could
+/// admit it now (what remains is its share and the caps). Each reason comes with the sentence
+/// its status shows; the sentences hold no count that moves with every admission, so a job's
+/// message changes only when its reason does (each change is an API write).
+pub fn blocked(
+    queues: &Queues,
+    queue: &str,
+    namespace: Option<&str>,
+    load: QueueLoad,
+) -> Option<(WaitReason, String)> {
+    let Some(policy) = queues.get(queue) else {
+        return Some((
+            WaitReason::QueueMissing,
+            format!(
+                "waiting for queue {queue}: no ManagedJobQueue of that name exists; the job starts once it is applied"
+            ),
+        ));
+    };
+    if let Some(namespace) = namespace
+        && !policy.admits.admits(namespace)
+    {
+        return Some((
+            WaitReason::NamespaceNotAdmitted,
+            format!(
+                "queue {queue} does not admit namespace {namespace} (its namespaceSelector): the job does not run unless the queue admits the namespace"
+            ),
+        ));
+    }
+    if let Some(max) = policy.max_running
+        && load.alive >= max
+    {
+        return Some((
+            WaitReason::QueueMaxRunning,
+            format!("queue {queue} is at its maxRunning ({max} jobs holding a run slot)"),
+        ));
+    }
+    if let Some(max) = policy.max_launching
+        && load.launching >= max
+    {
+        return Some((
+            WaitReason::QueueMaxLaunching,
+            format!("queue {queue} is at its maxLaunching ({max} jobs launching)"),
+        ));
+    }
+    None
+}
+
+/// True when queue `queue`'s jobs wait for their share while the run cap is full: other queues
+/// have jobs waiting too (`backlogged` queues, `backlogged_weight` their weights' sum, this
+/// one's included) and this one holds at least its weighted share of the `run_cap` run slots
+/// (`held / weight >= run_cap / backlogged_weight`).
+pub fn share_used(
+    held: usize,
+    weight: u32,
+    run_cap: usize,
+    backlogged: usize,
+    backlogged_weight: u64,
+) -> bool {
+    backlogged >= 2
+        && held as u128 * u128::from(backlogged_weight)
+            >= run_cap as u128 * u128::from(weight.max(1))
+}
+
+/// The sentence of a job whose queue holds its share ([`share_used`]).
+pub fn share_used_message(queue: &str, weight: u32) -> String {
+    format!(
+        "queue {queue} holds at least its share of the run slots (weight {weight}) while other queues have jobs waiting: the queue with the lowest share gets the next free run slot"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selectors_follow_label_selector_semantics() {
+        let team_a = labels(&[("team", "a"), ("kubernetes.io/metadata.name", "ns-a")]);
+        let by_label = LabelSelector {
+            match_labels: Some(labels(&[("team", "a")])),
+            ..Default::default()
+        };
+        assert!(selector_matches(&by_label, &team_a));
+        assert!(!selector_matches(&by_label, &labels(&[("team", "b")])));
+        let expr = |op: &str, values: &[&str]| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "team".into(),
+                operator: op.into(),
+                values: Some(values.iter().map(|v| v.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert!(selector_matches(&expr("In", &["a", "c"]), &team_a));
+        assert!(!selector_matches(&expr("NotIn", &["a"]), &team_a));
+        assert!(selector_matches(&expr("NotIn", &["a"]), &labels(&[])));
+        assert!(selector_matches(&expr("Exists", &[]), &team_a));
+        assert!(!selector_matches(&expr("DoesNotExist", &[]), &team_a));
+        assert!(
+            !selector_matches(&expr("Gt", &["1"]), &team_a),
+            "unknown: nothing"
+        );
+        assert!(selector_matches(&LabelSelector::default(), &team_a));
+    }
+
+    #[test]
+    fn the_default_queue_exists_without_an_object_and_others_do_not() {
+        let q = Queues::single_pool();
+        assert!(q.is_single_pool());
+        assert_eq!(q.get(DEFAULT_QUEUE), Some(&QueuePolicy::implicit_default()));
+        assert_eq!(q.get("gold"), None);
+        let load = QueueLoad::default();
+        assert_eq!(blocked(&q, DEFAULT_QUEUE, Some("any"), load), None);
+        assert_eq!(
+            blocked(&q, "gold", Some("any"), load).unwrap().0,
+            WaitReason::QueueMissing
+        );
+    }
+
+    #[test]
+    fn a_queue_refuses_namespaces_it_does_not_admit_before_anything_else() {
+        let mut objects = BTreeMap::new();
+        objects.insert(
+            "gold".to_string(),
+            QueuePolicy {
+                weight: 3,
+                max_running: Some(0),
+                max_launching: None,
+                admits: Admits::Only(["a".to_string()].into()),
+            },
+        );
+        let q = Queues::new(objects);
+        let load = QueueLoad::default();
+        assert_eq!(
+            blocked(&q, "gold", Some("b"), load).unwrap().0,
+            WaitReason::NamespaceNotAdmitted
+        );
+        assert_eq!(
+            blocked(&q, "gold", Some("a"), load).unwrap().0,
+            WaitReason::QueueMaxRunning
+        );
+    }
+
+    #[test]
+    fn the_lowest_share_goes_first_then_the_heavier_queue_then_the_name() {
+        use Ordering::*;
+        // 2/1 against 6/3: equal shares; the heavier queue first.
+        assert_eq!(share_order((2, 1, "a"), (6, 3, "b")), Greater);
+        assert_eq!(share_order((1, 1, "a"), (6, 3, "b")), Less);
+        assert_eq!(share_order((0, 1, "b"), (0, 1, "a")), Greater);
+        assert_eq!(
+            share_order((usize::MAX, u32::MAX, "a"), (1, 1, "b")),
+            Greater
+        );
+    }
+
+    #[test]
+    fn a_share_is_used_only_while_other_queues_wait() {
+        // Run cap 8, weights 1 and 3 both waiting: shares 2 and 6.
+        assert!(share_used(2, 1, 8, 2, 4));
+        assert!(!share_used(1, 1, 8, 2, 4));
+        assert!(share_used(6, 3, 8, 2, 4));
+        assert!(!share_used(5, 3, 8, 2, 4));
+        // Alone, a queue's share is every slot: it waits for the cap, not its share.
+        assert!(!share_used(8, 1, 8, 1, 1));
+    }
+}
