@@ -242,8 +242,9 @@ pub struct WaitContext<'a> {
 /// Why a job of `namespace` (None: any namespace its queue admits) in `queue` waits, and the
 /// sentence its status shows: its queue's own reasons first ([`queues::blocked`]), then, with
 /// the run cap full, its queue's share ([`queues::share_used`]) or the run cap, then the launch
-/// cap. With no queue objects the sentences are exactly those of one pool
-/// ([`lifecycle::queued_message`]).
+/// cap. The caps' sentences are those of one pool ([`lifecycle::queued_message`]; the job's
+/// `status.queue` names its queue), so with no queue objects every message is as before queues
+/// existed.
 pub fn why_waiting(
     w: &WaitContext<'_>,
     queue: &str,
@@ -256,13 +257,6 @@ pub fn why_waiting(
     let weight = w.queues.get(queue).map_or(1, |p| p.weight);
     let (u, c) = (w.usage, w.caps);
     let pool = lifecycle::queued_message(u.launching, c.launch, u.alive, c.run, w.node_waits);
-    let said = |m: String| {
-        if w.queues.is_single_pool() {
-            m
-        } else {
-            format!("queue {queue}: {m}")
-        }
-    };
     if u.alive >= c.run {
         if queues::share_used(load.alive, weight, c.run, w.backlogged, w.backlogged_weight) {
             return (
@@ -270,11 +264,11 @@ pub fn why_waiting(
                 queues::share_used_message(queue, weight),
             );
         }
-        (WaitReason::RunCapReached, said(pool))
+        (WaitReason::RunCapReached, pool)
     } else if u.launching >= c.launch {
-        (WaitReason::LaunchCapReached, said(pool))
+        (WaitReason::LaunchCapReached, pool)
     } else {
-        (WaitReason::Queued, said(pool))
+        (WaitReason::Queued, pool)
     }
 }
 

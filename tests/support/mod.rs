@@ -208,7 +208,8 @@ impl Drop for TestNamespace {
     }
 }
 
-/// A `managed-jobs run` process scoped to one namespace, with its own state dir.
+/// A `managed-jobs run` process scoped to one namespace (or, started with the namespace `""`,
+/// to every namespace: give it a `--shard` of its own), with its own state dir.
 pub struct OperatorProcess {
     child: Option<std::process::Child>,
     /// Its state dir.
@@ -340,12 +341,12 @@ impl OperatorProcess {
                 });
             }
         }
+        cmd.arg("run").arg("--state-dir").arg(self.state_path());
+        // An empty namespace: every namespace (the test gives it a shard of its own).
+        if !self.namespace.is_empty() {
+            cmd.arg("--namespace").arg(&self.namespace);
+        }
         let child = cmd
-            .arg("run")
-            .arg("--state-dir")
-            .arg(self.state_path())
-            .arg("--namespace")
-            .arg(&self.namespace)
             .args(["--executors", "local,pod", "--cancel-grace-seconds", "2"])
             .args(["--restart-backoff-seconds", "0.2"])
             .args(if self.extra.iter().any(|a| a == "--metrics-addr") {

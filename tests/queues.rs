@@ -1,0 +1,631 @@
+//! Queues for teams (docs/design.md#queues) on the real dev control plane: ManagedJobQueue
+//! objects, jobs naming them from several namespaces, one operator that sees every namespace
+//! (started with a `--shard` of the test's own, so it touches no other test's jobs), and a watch
+//! that records every status the API showed.
+//!
+//! - weights 1 and 3 under a run cap of 8: through the backlog the API shows about 2 and 6 of
+//!   their jobs holding run slots; each queue's status is written at most once per
+//!   `QUEUE_STATUS_PERIOD` (counted from a watch on the queues);
+//! - a team that applies its jobs after another team's 300 gets the next free run slot: no job of
+//!   the first team is admitted between the second team's first job's submission and its
+//!   admission, which comes within one of the first team's run times;
+//! - a queue with `maxRunning: 1` never shows two of its jobs holding a run slot; a job naming a
+//!   queue that does not exist waits (Pending, `Admitted` False with reason `QueueMissing`) and
+//!   starts once the queue is applied; a job in a namespace its queue refuses never leaves
+//!   Pending over the whole test (`NamespaceNotAdmitted`).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Client, ResourceExt};
+use managed_jobs::api::{
+    JobPhase, LABEL_SHARD, ManagedJob, ManagedJobQueue, ManagedJobStatus, ScheduleState,
+};
+use managed_jobs::defaults::QUEUE_STATUS_PERIOD;
+use managed_jobs::state_dir::StateDir;
+use managed_jobs::store::Store;
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(240);
+
+/// A name unique to this test run: `<prefix>-<hex>`.
+fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        ^ std::process::id();
+    format!("{prefix}-{:x}", n % 0xffffff)
+}
+
+/// Queues created by a test, deleted when dropped (a queue left behind would make every later
+/// operator of the cluster see queue objects).
+struct Queues {
+    api: Api<ManagedJobQueue>,
+    names: Vec<String>,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Queues {
+    fn new(client: &Client, cp: &support::ControlPlane) -> Queues {
+        Queues {
+            api: Api::all(client.clone()),
+            names: Vec::new(),
+            kubeconfig: cp.kubeconfig.clone(),
+        }
+    }
+
+    /// Creates queue `name` of `weight` admitting `namespaces`, with an optional `maxRunning`.
+    async fn create(
+        &mut self,
+        name: &str,
+        weight: u32,
+        max_running: Option<u32>,
+        namespaces: &[&str],
+    ) {
+        let mut spec = json!({
+            "weight": weight,
+            "namespaceSelector": { "matchExpressions": [{
+                "key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces,
+            }]},
+        });
+        if let Some(m) = max_running {
+            spec["maxRunning"] = json!(m);
+        }
+        let q: ManagedJobQueue = serde_json::from_value(json!({
+            "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+            "metadata": { "name": name }, "spec": spec,
+        }))
+        .unwrap();
+        self.api
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("creating a queue");
+        self.names.push(name.to_string());
+    }
+}
+
+impl Drop for Queues {
+    fn drop(&mut self) {
+        // kubectl, not the client: Drop cannot await the test's runtime.
+        let cp = support::ControlPlane {
+            kubeconfig: self.kubeconfig.clone(),
+        };
+        for name in &self.names {
+            support::kubectl(&cp, &["delete", "managedjobqueue", name, "--wait=false"]);
+        }
+    }
+}
+
+/// A ManagedJob of `shard` in `queue` (None: the default queue) running `run` locally.
+fn job(name: &str, shard: &str, queue: Option<&str>, run: &str) -> ManagedJob {
+    let mut spec = json!({ "run": run });
+    if let Some(q) = queue {
+        spec["queue"] = json!(q);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
+        "metadata": { "name": name, "labels": { LABEL_SHARD: shard } },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Creates `jobs` (namespace, object), 32 requests in flight.
+async fn create_all(client: &Client, jobs: Vec<(String, ManagedJob)>) {
+    futures::stream::iter(jobs)
+        .map(|(ns, mj)| {
+            let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
+            async move {
+                api.create(&PostParams::default(), &mj)
+                    .await
+                    .expect("creating a job")
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// A cluster-wide operator for `shard` with caps `launch` and `run`.
+fn operator(
+    cp: &support::ControlPlane,
+    shard: &str,
+    launch: usize,
+    run: usize,
+) -> support::OperatorProcess {
+    let (launch, run) = (launch.to_string(), run.to_string());
+    support::OperatorProcess::start(
+        cp,
+        "",
+        &["--shard", shard, "--launch-cap", &launch, "--run-cap", &run],
+    )
+}
+
+/// One job as the watch last saw it.
+#[derive(Clone, Debug, Default)]
+struct Job {
+    queue: String,
+    status: Option<ManagedJobStatus>,
+    /// Every phase the API showed for it.
+    phases: Vec<JobPhase>,
+}
+
+impl Job {
+    fn holds_run_slot(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.schedule_state)
+            .is_some_and(ScheduleState::holds_run_slot)
+    }
+
+    /// Not admitted yet, as the API shows it (no status yet, or queued).
+    fn queued(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.schedule_state)
+            .is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting))
+    }
+}
+
+/// Per queue: (jobs holding a run slot, jobs queued) after one status the watch saw.
+type Sample = BTreeMap<String, (usize, usize)>;
+
+#[derive(Default)]
+struct Seen {
+    jobs: HashMap<String, Job>,
+    samples: Vec<(Instant, Sample)>,
+    /// When the first job finished.
+    first_finish: Option<Instant>,
+}
+
+/// Follows every job of `shard` in every namespace: each status the watch saw, and after each
+/// a sample of every queue's counts.
+fn follow(client: &Client, shard: &str) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Seen>>) {
+    let api: Api<ManagedJob> = Api::all(client.clone());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let out = seen.clone();
+    let selector = format!("{LABEL_SHARD}={shard}");
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default().labels(&selector))
+            .applied_objects()
+            .boxed();
+        while let Ok(Some(mj)) = stream.try_next().await {
+            let key = format!("{}/{}", mj.namespace().unwrap_or_default(), mj.name_any());
+            let mut s = out.lock().unwrap();
+            let job = s.jobs.entry(key).or_default();
+            job.queue = mj.spec.queue_name().to_string();
+            if let Some(p) = mj.status.as_ref().and_then(|st| st.phase) {
+                job.phases.push(p);
+                if p.is_terminal() && s.first_finish.is_none() {
+                    s.first_finish = Some(Instant::now());
+                }
+            }
+            let job = s
+                .jobs
+                .get_mut(&format!(
+                    "{}/{}",
+                    mj.namespace().unwrap_or_default(),
+                    mj.name_any()
+                ))
+                .unwrap();
+            job.status = mj.status;
+            let mut sample = Sample::new();
+            for j in s.jobs.values() {
+                let e = sample.entry(j.queue.clone()).or_default();
+                e.0 += usize::from(j.holds_run_slot());
+                e.1 += usize::from(j.queued());
+            }
+            s.samples.push((Instant::now(), sample));
+        }
+    });
+    (task, seen)
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what} not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Counts the status writes of `names` the API showed (a queue object whose status changed),
+/// from a watch on the queues.
+fn count_queue_writes(
+    client: &Client,
+    names: Vec<String>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    Arc<Mutex<HashMap<String, usize>>>,
+) {
+    let api: Api<ManagedJobQueue> = Api::all(client.clone());
+    let writes = Arc::new(Mutex::new(HashMap::new()));
+    let out = writes.clone();
+    let task = tokio::spawn(async move {
+        let mut last: HashMap<String, serde_json::Value> = HashMap::new();
+        let mut stream = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Ok(Some(q)) = stream.try_next().await {
+            let name = q.name_any();
+            if !names.contains(&name) {
+                continue;
+            }
+            let status = serde_json::to_value(&q.status).unwrap();
+            if last.get(&name) != Some(&status) {
+                if !status.is_null() {
+                    *out.lock().unwrap().entry(name.clone()).or_insert(0) += 1;
+                }
+                last.insert(name, status);
+            }
+        }
+    });
+    (task, writes)
+}
+
+/// The time-weighted mean of the run slots each of `queues` held in the store between `from_ms`
+/// and `to_ms` (ms since the epoch): from each job's admission (Launching) to its end (Done).
+fn store_shares(
+    op: &support::OperatorProcess,
+    queues: &[&str],
+    from_ms: i64,
+    to_ms: i64,
+) -> Vec<f64> {
+    let store = Store::open(&StateDir::new(op.state_path()).store(), 1024).unwrap();
+    let mut held = vec![0i64; queues.len()];
+    for row in store.all().unwrap() {
+        let Some(q) = queues.iter().position(|q| *q == row.queue) else {
+            continue;
+        };
+        let history = store.history(row.id).unwrap();
+        let Some(admitted) = history
+            .iter()
+            .find(|h| h.to_schedule == ScheduleState::Launching)
+            .map(|h| h.at_ms)
+        else {
+            continue;
+        };
+        let ended = history
+            .iter()
+            .find(|h| h.to_schedule == ScheduleState::Done)
+            .map_or(to_ms, |h| h.at_ms);
+        held[q] += (ended.min(to_ms) - admitted.max(from_ms)).max(0);
+    }
+    held.iter()
+        .map(|h| *h as f64 / (to_ms - from_ms) as f64)
+        .collect()
+}
+
+fn epoch_ms(at: Instant) -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    now - at.elapsed().as_millis() as i64
+}
+
+#[tokio::test]
+async fn weights_one_and_three_share_the_run_cap_two_to_six() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns_a = support::TestNamespace::new(&client, cp, "qa").await;
+    let ns_b = support::TestNamespace::new(&client, cp, "qb").await;
+    let shard = unique("q");
+    let (qa, qb) = (unique("light"), unique("heavy"));
+    let mut queues = Queues::new(&client, cp);
+    queues.create(&qa, 1, None, &[&ns_a.name]).await;
+    queues.create(&qb, 3, None, &[&ns_b.name]).await;
+    const RUN: Duration = Duration::from_secs(4);
+    const WINDOW: Duration = Duration::from_secs(30);
+    let (watch, seen) = follow(&client, &shard);
+    let (queue_watch, writes) = count_queue_writes(&client, vec![qa.clone(), qb.clone()]);
+    let started = Instant::now();
+    // The tuned API budget of the benchmark: at the default one, the 200 first statuses of the
+    // creates hold the admissions' statuses back for seconds (queued jobs' statuses go first),
+    // and the API would show fewer jobs running than the store holds.
+    let op = support::OperatorProcess::start(
+        cp,
+        "",
+        &[
+            "--shard",
+            &shard,
+            "--launch-cap",
+            "8",
+            "--run-cap",
+            "8",
+            "--api-qps",
+            "1000",
+            "--api-burst",
+            "2000",
+        ],
+    );
+    // 100 jobs each of a few seconds, the two teams' creates interleaved.
+    let run = format!("sleep {}", RUN.as_secs());
+    let mut jobs = Vec::new();
+    for i in 0..100 {
+        jobs.push((
+            ns_a.name.clone(),
+            job(&format!("a{i}"), &shard, Some(&qa), &run),
+        ));
+        jobs.push((
+            ns_b.name.clone(),
+            job(&format!("b{i}"), &shard, Some(&qb), &run),
+        ));
+    }
+    create_all(&client, jobs).await;
+    // The first admissions follow the order the operator happened to see the creates in, and
+    // no running job is preempted: the shares hold from one run time after the first job ended.
+    wait_until("a job to finish", T, || {
+        seen.lock().unwrap().first_finish.is_some()
+    })
+    .await;
+    let warm = seen.lock().unwrap().first_finish.unwrap() + RUN;
+    let end = warm + WINDOW;
+    wait_until("the end of the window, or a backlog drained", T, || {
+        let s = seen.lock().unwrap();
+        Instant::now() >= end
+            || s.samples.last().is_some_and(|(_, x)| {
+                x.get(&qa).is_some_and(|c| c.1 == 0) || x.get(&qb).is_some_and(|c| c.1 == 0)
+            })
+    })
+    .await;
+    let until = Instant::now().min(end);
+    let elapsed = started.elapsed();
+    let s = seen.lock().unwrap();
+    // Every status seen while both queues had jobs waiting, in the window.
+    let both: Vec<(usize, usize)> = s
+        .samples
+        .iter()
+        .filter(|(at, _)| *at >= warm && *at <= until)
+        .filter_map(|(_, sample)| {
+            let (a, b) = (sample.get(&qa)?, sample.get(&qb)?);
+            (a.1 > 0 && b.1 > 0).then_some((a.0, b.0))
+        })
+        .collect();
+    assert!(
+        both.len() >= 30,
+        "too few samples while both queues waited: {}",
+        both.len()
+    );
+    let mean = |f: fn(&(usize, usize)) -> usize| {
+        both.iter().map(f).sum::<usize>() as f64 / both.len() as f64
+    };
+    let (mean_a, mean_b) = (mean(|x| x.0), mean(|x| x.1));
+    let within_one = both
+        .iter()
+        .filter(|(a, b)| a.abs_diff(2) <= 1 && b.abs_diff(6) <= 1)
+        .count();
+    let over_cap = both.iter().filter(|(a, b)| a + b > 8).count();
+    drop(s);
+    let store = store_shares(&op, &[&qa, &qb], epoch_ms(warm), epoch_ms(until));
+    eprintln!(
+        "weights 1:3, run cap 8, {:?} window: the API showed {mean_a:.2} : {mean_b:.2} held (mean of {} statuses seen while both waited; {within_one} within one slot of 2:6, {over_cap} over the cap); the store held {:.2} : {:.2} (time-weighted)",
+        until - warm,
+        both.len(),
+        store[0],
+        store[1]
+    );
+    assert_eq!(over_cap, 0, "the API showed more than the run cap held");
+    assert!(
+        (store[0] - 2.0).abs() <= 0.35 && (store[1] - 6.0).abs() <= 0.35,
+        "store shares {store:?}"
+    );
+    assert!(
+        (mean_a - 2.0).abs() <= 0.6 && (mean_b - 6.0).abs() <= 0.6,
+        "API shares {mean_a:.2} : {mean_b:.2}"
+    );
+    assert!(
+        within_one * 10 >= both.len() * 8,
+        "{within_one} of {} samples within one slot of 2:6",
+        both.len()
+    );
+    // Each queue's status: written at most once per period (and at least once).
+    let minutes = elapsed.as_secs_f64() / 60.0;
+    let per_period =
+        (elapsed.as_secs_f64() / QUEUE_STATUS_PERIOD.as_secs_f64()).ceil() as usize + 1;
+    for q in [&qa, &qb] {
+        let n = writes.lock().unwrap().get(q).copied().unwrap_or(0);
+        eprintln!(
+            "queue {q}: {n} status writes in {elapsed:?} ({:.1} per minute)",
+            n as f64 / minutes
+        );
+        assert!(
+            n >= 1 && n <= per_period,
+            "queue {q}: {n} status writes in {elapsed:?}"
+        );
+    }
+    let q: ManagedJobQueue = queues.api.get(&qb).await.unwrap();
+    let entry = &q.status.expect("a status").shards;
+    assert!(entry.iter().any(|e| e.shard == shard), "{entry:?}");
+    watch.abort();
+    queue_watch.abort();
+}
+
+#[tokio::test]
+async fn a_team_arriving_late_gets_the_next_free_slot() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns_a = support::TestNamespace::new(&client, cp, "early").await;
+    let ns_b = support::TestNamespace::new(&client, cp, "late").await;
+    let shard = unique("q");
+    let (qa, qb) = (unique("early"), unique("late"));
+    let mut queues = Queues::new(&client, cp);
+    queues.create(&qa, 1, None, &[&ns_a.name]).await;
+    queues.create(&qb, 1, None, &[&ns_b.name]).await;
+    const RUN_SECONDS: i64 = 3;
+    let (watch, seen) = follow(&client, &shard);
+    let op = operator(cp, &shard, 8, 8);
+    let run = format!("sleep {RUN_SECONDS}");
+    let a: Vec<_> = (0..300)
+        .map(|i| {
+            (
+                ns_a.name.clone(),
+                job(&format!("a{i}"), &shard, Some(&qa), &run),
+            )
+        })
+        .collect();
+    create_all(&client, a).await;
+    wait_until("team a to fill the run cap", T, || {
+        let s = seen.lock().unwrap();
+        s.samples
+            .last()
+            .is_some_and(|(_, x)| x.get(&qa).is_some_and(|c| c.0 == 8))
+    })
+    .await;
+    let b: Vec<_> = (0..10)
+        .map(|i| {
+            (
+                ns_b.name.clone(),
+                job(&format!("b{i}"), &shard, Some(&qb), &run),
+            )
+        })
+        .collect();
+    create_all(&client, b).await;
+    wait_until("team b's first job to run", T, || {
+        let s = seen.lock().unwrap();
+        s.jobs
+            .iter()
+            .any(|(k, j)| k.starts_with(&ns_b.name) && j.phases.contains(&JobPhase::Running))
+    })
+    .await;
+    watch.abort();
+    // The store's own times: b's first submission, its first admission, and a's admissions
+    // between them.
+    let store = Store::open(&StateDir::new(op.state_path()).store(), 1024).unwrap();
+    let rows = store.all().unwrap();
+    let admitted_at = |id: i64| -> Option<i64> {
+        store
+            .history(id)
+            .unwrap()
+            .into_iter()
+            .find(|h| h.to_schedule == ScheduleState::Launching)
+            .map(|h| h.at_ms)
+    };
+    let b_rows: Vec<_> = rows.iter().filter(|r| r.queue == qb).collect();
+    let first_submitted = b_rows.iter().map(|r| r.submitted_at_ms).min().unwrap();
+    let first_admitted = b_rows
+        .iter()
+        .filter_map(|r| admitted_at(r.id))
+        .min()
+        .expect("b admitted");
+    let a_between = rows
+        .iter()
+        .filter(|r| r.queue == qa)
+        .filter_map(|r| admitted_at(r.id))
+        .filter(|t| *t > first_submitted && *t < first_admitted)
+        .count();
+    let waited = first_admitted - first_submitted;
+    eprintln!(
+        "team b (10 jobs after team a's 300, run cap 8, equal weights): first admitted {waited} ms after its first submission; {a_between} of a's jobs admitted meanwhile"
+    );
+    assert_eq!(
+        a_between, 0,
+        "team a's jobs took free slots while team b waited"
+    );
+    assert!(
+        waited <= RUN_SECONDS * 1000 + 2000,
+        "team b waited {waited} ms, more than one of a's run times"
+    );
+}
+
+#[tokio::test]
+async fn limits_missing_queues_and_refused_namespaces() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "qlim").await;
+    let other = support::TestNamespace::new(&client, cp, "qref").await;
+    let shard = unique("q");
+    let (capped, late, refusing) = (unique("capped"), unique("late"), unique("refusing"));
+    let mut queues = Queues::new(&client, cp);
+    queues.create(&capped, 4, Some(1), &[&ns.name]).await;
+    queues.create(&refusing, 1, None, &[&ns.name]).await;
+    let (watch, seen) = follow(&client, &shard);
+    let _op = operator(cp, &shard, 8, 8);
+    let mut jobs: Vec<_> = (0..6)
+        .map(|i| {
+            (
+                ns.name.clone(),
+                job(&format!("c{i}"), &shard, Some(&capped), "sleep 1"),
+            )
+        })
+        .collect();
+    jobs.push((ns.name.clone(), job("late", &shard, Some(&late), "true")));
+    // Its users write a queue that does not admit their namespace.
+    jobs.push((
+        other.name.clone(),
+        job("refused", &shard, Some(&refusing), "true"),
+    ));
+    create_all(&client, jobs).await;
+
+    let admitted_reason = |s: &ManagedJobStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Admitted")
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let waiting =
+        support::wait_status(&client, &ns.name, "late", T, "waiting for its queue", |s| {
+            admitted_reason(s) == Some(("False".into(), "QueueMissing".into()))
+        })
+        .await;
+    let status = waiting.status.unwrap();
+    eprintln!("late: {:?}", status.message);
+    assert_eq!(status.phase, Some(JobPhase::Pending));
+    assert_eq!(status.queue.as_deref(), Some(late.as_str()));
+    assert!(status.message.unwrap().contains(&late));
+    let refused = support::wait_status(&client, &other.name, "refused", T, "refused", |s| {
+        admitted_reason(s) == Some(("False".into(), "NamespaceNotAdmitted".into()))
+    })
+    .await;
+    eprintln!("refused: {:?}", refused.status.unwrap().message);
+    // The capped queue's jobs all run, one at a time.
+    for i in 0..6 {
+        support::wait_status(&client, &ns.name, &format!("c{i}"), T, "Succeeded", |s| {
+            s.phase == Some(JobPhase::Succeeded)
+        })
+        .await;
+    }
+    // The missing queue is applied (after the jobs, as GitOps may): its job starts.
+    assert_eq!(
+        support::wait_status(&client, &ns.name, "late", T, "", |_| true)
+            .await
+            .status
+            .unwrap()
+            .phase,
+        Some(JobPhase::Pending),
+        "a job of a missing queue must wait"
+    );
+    queues.create(&late, 1, None, &[&ns.name]).await;
+    support::wait_status(&client, &ns.name, "late", T, "Succeeded", |s| {
+        s.phase == Some(JobPhase::Succeeded)
+    })
+    .await;
+    // Over the whole test: the capped queue never showed two jobs holding run slots, and the
+    // refused job never left Pending.
+    watch.abort();
+    let s = seen.lock().unwrap();
+    let peak = s
+        .samples
+        .iter()
+        .filter_map(|(_, x)| x.get(&capped).map(|c| c.0))
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "queue with maxRunning 1: at most {peak} shown holding a run slot over {} samples",
+        s.samples.len()
+    );
+    assert_eq!(peak, 1);
+    let refused = &s.jobs[&format!("{}/refused", other.name)];
+    assert!(
+        refused.phases.iter().all(|p| *p == JobPhase::Pending),
+        "a job in a namespace its queue refuses ran: {:?}",
+        refused.phases
+    );
+}
