@@ -27,6 +27,8 @@ runs=(
   "pod-churn|--scenario pod --jobs $(n 400) --pod-seconds 90 --churn-seconds 30 --churn-outage-seconds 60 --churn-count 2"
   "priorities|--scenario priorities --jobs 200"
   "pipeline|--scenario pipeline --jobs $(n 1000)"
+  "queues1|--scenario local --jobs $(n 1000) --queues 1"
+  "queues10|--scenario local --jobs $(n 1000) --queues 10"
 )
 if [[ "$quick" != "--quick" ]]; then
   runs+=("local10k|--scenario local --jobs 10000" "density|--scenario density --jobs 5000")
@@ -48,6 +50,8 @@ for run in "${runs[@]}"; do
 done
 for finished in 10000 100000; do
   "$bench" --scenario schedpass --finished "$finished" > "$out/schedpass-$finished.log" 2>&1
+  "$bench" --scenario schedpass --finished "$finished" --queues 100 \
+    > "$out/schedpass-$finished-queues100.log" 2>&1
 done
 python3 hack/bench-table.py "$out" > "$out/tables.md"
 echo "[bench-all] tables in $out/tables.md" >&2

@@ -20,6 +20,8 @@ SCENARIOS = [
     ("pod-churn", "400 Pods of 90 s on 4 kwok nodes; at 30 s and 60 s one node leaves for 60 s (its Pods are lost)"),
     ("priorities", "200 jobs of mixed priority under launch and run caps of 1"),
     ("pipeline", "1,000 three-task pipelines of `run: true`"),
+    ("queues1", "1,000 trivial local jobs in one ManagedJobQueue"),
+    ("queues10", "1,000 trivial local jobs spread over 10 ManagedJobQueues (what fairness costs)"),
     ("density", "5,000 jobs of `sleep` alive at once (run cap 5,000; see the text for how long each sleeps)"),
 ]
 
@@ -121,9 +123,10 @@ def main():
             print(f"| {label} | " + " | ".join(cells) + " |")
         print()
     for finished in (10000, 100000):
-        f = d / f"schedpass-{finished}.log"
-        if f.exists():
-            print(f"- {f.read_text().strip()}")
+        for suffix in ("", "-queues100"):
+            f = d / f"schedpass-{finished}{suffix}.log"
+            if f.exists():
+                print(f"- {f.read_text().strip()}")
 
 
 if __name__ == "__main__":

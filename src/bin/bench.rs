@@ -19,6 +19,11 @@
 //! all, operator memory and CPU, job controllers' USS and the PSS sum at the peak, the pass time
 //! with them alive), `schedpass` (only the scheduling-pass measurement).
 //!
+//! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
+//! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
+//! 10,000 waiting jobs over N queues (each job's namespace admitted by its queue's selector).
+//! Compare `--queues 10` with `--queues 1`: what fairness costs.
+//!
 //! Every run fails on a watch error or a job the watch never saw finish. Latency is reported for
 //! every status a user sees (Submitted, Starting, Running, terminal: the store's transition to
 //! the watch seeing it), and from the create call to the first status; `--rate N` creates at a
@@ -72,6 +77,9 @@ struct Args {
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// ManagedJobQueues to spread the jobs over (0: none, one pool as before queues existed).
+    #[arg(long, default_value_t = 0)]
+    queues: usize,
     /// Finished jobs beside the 10,000 waiting ones in the `schedpass` scenario.
     #[arg(long, default_value_t = 10_000)]
     finished: usize,
@@ -276,6 +284,11 @@ async fn apiserver_requests(
 /// The `i`-th job of `scenario`; `hold`: seconds a `density` job sleeps or a `pod` job's Pod
 /// runs.
 fn job_yaml(scenario: &str, i: usize, hold: u64) -> serde_json::Value {
+    job_in_queue(scenario, i, hold, None)
+}
+
+/// [`job_yaml`] in `queue` (None: the default queue).
+fn job_in_queue(scenario: &str, i: usize, hold: u64, queue: Option<&str>) -> serde_json::Value {
     let name = format!("bench-{i:05}");
     let mut spec = match scenario {
         "pod" => json!({
@@ -297,6 +310,9 @@ fn job_yaml(scenario: &str, i: usize, hold: u64) -> serde_json::Value {
         spec["priority"] = json!([0, 10, -10, 100][i % 4]);
         spec["run"] = json!("sleep 0.05");
     }
+    if let Some(q) = queue {
+        spec["queue"] = json!(q);
+    }
     json!({
         "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
         "metadata": { "name": name }, "spec": spec,
@@ -304,8 +320,38 @@ fn job_yaml(scenario: &str, i: usize, hold: u64) -> serde_json::Value {
 }
 
 /// Median and p99 time (ms) of a scheduling pass over `waiting` queued jobs beside `finished`
-/// ones, with 8 free launch slots (each admitted job is ended and replaced each round).
-fn scheduling_pass(waiting: usize, finished: usize) -> anyhow::Result<(f64, f64)> {
+/// ones, with 8 free launch slots (each admitted job is ended and replaced each round). With
+/// `queues` >= 1 the waiting jobs are spread over that many ManagedJobQueues (weights 1 to 4,
+/// each admitting one namespace of its own through its selector), and the pass is
+/// [`managed_jobs::scheduler::pass_queues`] under them, remembering what it told each queue's
+/// head between passes as the engine does.
+fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Result<(f64, f64)> {
+    use managed_jobs::queues::{Admits, QueuePolicy, Queues};
+    let policies = if queues == 0 {
+        Queues::single_pool()
+    } else {
+        Queues::new(
+            (0..queues)
+                .map(|q| {
+                    let policy = QueuePolicy {
+                        weight: (q % 4) as u32 + 1,
+                        max_running: None,
+                        max_launching: None,
+                        admits: Admits::Only([format!("team-{q}")].into()),
+                    };
+                    (format!("queue-{q}"), policy)
+                })
+                .collect(),
+        )
+    };
+    let placed = |i: usize| -> (String, Option<String>) {
+        if queues == 0 {
+            ("bench".into(), None)
+        } else {
+            let q = i % queues;
+            (format!("team-{q}"), Some(format!("queue-{q}")))
+        }
+    };
     let dir = tempfile::tempdir()?;
     let mut store = Store::open(&dir.path().join("bench.db"), 8 * 1024)?;
     let spec = managed_jobs::api::ManagedJobSpec {
@@ -315,12 +361,17 @@ fn scheduling_pass(waiting: usize, finished: usize) -> anyhow::Result<(f64, f64)
     for i in 0..waiting {
         let mut s = spec.clone();
         s.priority = (i % 7) as i32 - 3;
-        store.upsert(&format!("u{i}"), "bench", &format!("j{i}"), 1, &s)?;
+        let (ns, queue) = placed(i);
+        s.queue = queue;
+        store.upsert(&format!("u{i}"), &ns, &format!("j{i}"), 1, &s)?;
     }
     // Plus finished jobs: a pass must not get slower with history.
     for i in 0..finished {
+        let (ns, queue) = placed(i);
+        let mut s = spec.clone();
+        s.queue = queue;
         let row = store
-            .upsert(&format!("done{i}"), "bench", &format!("d{i}"), 1, &spec)?
+            .upsert(&format!("done{i}"), &ns, &format!("d{i}"), 1, &s)?
             .row;
         store.transition(row.id, &lifecycle::cancel_queued(&row))?;
     }
@@ -330,9 +381,11 @@ fn scheduling_pass(waiting: usize, finished: usize) -> anyhow::Result<(f64, f64)
     };
     let mut times = Vec::new();
     let mut refills = 0usize;
+    let mut memory = managed_jobs::scheduler::PassMemory::default();
     for _ in 0..200 {
         let start = Instant::now();
-        let result = managed_jobs::scheduler::pass(&mut store, caps)?;
+        let result =
+            managed_jobs::scheduler::pass_queues(&mut store, caps, &policies, &mut memory)?;
         times.push(start.elapsed().as_secs_f64() * 1000.0);
         // Keep the queue as long: each admitted job ends (a legal Launching -> Done) and a new
         // one of the same priority joins the queue.
@@ -346,9 +399,10 @@ fn scheduling_pass(waiting: usize, finished: usize) -> anyhow::Result<(f64, f64)
             store.transition(row.id, &end)?;
             let mut s = spec.clone();
             s.priority = row.priority;
+            s.queue = row.spec.queue.clone();
             let n = refills;
             refills += 1;
-            store.upsert(&format!("r{n}"), "bench", &format!("r{n}"), 1, &s)?;
+            store.upsert(&format!("r{n}"), &row.namespace, &format!("r{n}"), 1, &s)?;
         }
     }
     let t = sorted(times);
@@ -373,9 +427,13 @@ struct Seen {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.scenario == "schedpass" {
-        let (p50, p99) = scheduling_pass(10_000, args.finished)?;
+        let (p50, p99) = scheduling_pass(10_000, args.finished, args.queues)?;
+        let over = match args.queues {
+            0 => String::new(),
+            n => format!(" over {n} queues"),
+        };
         println!(
-            "scheduling pass over 10,000 waiting (+{} finished) jobs: p50 {p50:.3} ms, p99 {p99:.3} ms",
+            "scheduling pass over 10,000 waiting{over} (+{} finished) jobs: p50 {p50:.3} ms, p99 {p99:.3} ms",
             args.finished
         );
         return Ok(());
@@ -402,12 +460,27 @@ async fn main() -> anyhow::Result<()> {
         "wait",
         "--for=condition=Established",
         "crd/managedjobs.managedjobs.dev",
+        "crd/managedjobqueues.managedjobs.dev",
     ])?;
     // SAFETY: single-threaded at this point; set before any client reads it.
     unsafe { std::env::set_var("KUBECONFIG", &kubeconfig) };
     let client = kube::Client::try_default().await?;
     let ns = format!("bench-{}", std::process::id());
     kubectl(&["create", "namespace", &ns])?;
+    // `--queues N`: N queues of weight 1 admitting the bench's namespace.
+    let queue_names: Vec<String> = (0..args.queues).map(|q| format!("{ns}-q{q}")).collect();
+    {
+        let api: Api<managed_jobs::api::ManagedJobQueue> = Api::all(client.clone());
+        for name in &queue_names {
+            let q = serde_json::from_value(json!({
+                "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+                "metadata": { "name": name },
+                "spec": { "weight": 1, "namespaceSelector": { "matchLabels": {
+                    "kubernetes.io/metadata.name": ns } } },
+            }))?;
+            api.create(&PostParams::default(), &q).await?;
+        }
+    }
     // The finalizer policy takes effect a moment after it is installed: until it does, every
     // job costs one more write (the operator adds the finalizer), which would skew the figures.
     let probe: ManagedJob = serde_json::from_value(job_yaml("local", 99_999, 0))?;
@@ -621,12 +694,16 @@ async fn main() -> anyhow::Result<()> {
             let api = api.clone();
             let scenario = args.scenario.clone();
             let seen = seen.clone();
+            let queue =
+                (!queue_names.is_empty()).then(|| queue_names[i % queue_names.len()].clone());
             async move {
                 if rate > 0.0 {
                     let at = start + Duration::from_secs_f64(i as f64 / rate);
                     tokio::time::sleep_until(at.into()).await;
                 }
-                let mj: ManagedJob = serde_json::from_value(job_yaml(&scenario, i, hold)).unwrap();
+                let mj: ManagedJob =
+                    serde_json::from_value(job_in_queue(&scenario, i, hold, queue.as_deref()))
+                        .unwrap();
                 let name = mj.metadata.name.clone().unwrap();
                 seen.lock()
                     .unwrap()
@@ -861,10 +938,11 @@ async fn main() -> anyhow::Result<()> {
         .get("PATCH managedjobs/status")
         .copied()
         .unwrap_or(0.0);
-    let (sp50, sp99) = scheduling_pass(10_000, 10_000)?;
+    let (sp50, sp99) = scheduling_pass(10_000, 10_000, args.queues)?;
     let report = json!({
         "scenario": args.scenario,
         "jobs": args.jobs,
+        "queues": args.queues,
         "commit": git_commit(),
         "operator_args": args.operator_arg,
         "caps_log": caps_line.lines().find(|l| l.contains("caps in force")).unwrap_or(""),
@@ -920,6 +998,9 @@ async fn main() -> anyhow::Result<()> {
     }
     // Delete while the operator runs, so it releases the finalizers; then stop it.
     kubectl(&["delete", "namespace", &ns, "--timeout=300s"])?;
+    for name in &queue_names {
+        kubectl(&["delete", "managedjobqueue", name, "--wait=false"])?;
+    }
     let _ = operator.kill();
     let _ = operator.wait();
     Ok(())
