@@ -670,3 +670,55 @@ async fn limits_missing_queues_and_refused_namespaces() {
         refused.phases
     );
 }
+
+/// `examples/two-teams.yaml`: the API accepts its queues and jobs (server-side dry run; the jobs
+/// in a test namespace), and each job's queue admits its namespace, and only its own.
+#[tokio::test]
+async fn the_two_teams_example_is_valid() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "qexample").await;
+    let yaml = std::fs::read_to_string(support::root().join("examples/two-teams.yaml")).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let (mut queues, mut jobs, mut namespaces) = (Vec::new(), Vec::new(), BTreeMap::new());
+    for doc in yaml.split("\n---\n") {
+        let value: serde_json::Value = serde_norway::from_str(doc).expect("a YAML document");
+        match value["kind"].as_str() {
+            Some("Namespace") => {
+                let name = value["metadata"]["name"].as_str().unwrap().to_string();
+                let labels = BTreeMap::from([("kubernetes.io/metadata.name".into(), name.clone())]);
+                namespaces.insert(name, labels);
+            }
+            Some("ManagedJobQueue") => {
+                let q: ManagedJobQueue = serde_json::from_value(value).unwrap();
+                Api::<ManagedJobQueue>::all(client.clone())
+                    .create(&dry_run, &q)
+                    .await
+                    .expect("the API accepts the example's queue");
+                queues.push(q);
+            }
+            Some("ManagedJob") => {
+                let mut mj: ManagedJob = serde_json::from_value(value).unwrap();
+                let home = mj.metadata.namespace.replace(ns.name.clone()).unwrap();
+                Api::<ManagedJob>::namespaced(client.clone(), &ns.name)
+                    .create(&dry_run, &mj)
+                    .await
+                    .expect("the API accepts the example's job");
+                jobs.push((home, mj));
+            }
+            other => panic!("unexpected kind {other:?}"),
+        }
+    }
+    assert_eq!((queues.len(), jobs.len()), (2, 6));
+    let resolved = managed_jobs::queues::Queues::resolve(&queues, &namespaces);
+    for (home, mj) in &jobs {
+        for q in &queues {
+            let name = q.name_any();
+            let admits = resolved.get(&name).unwrap().admits.admits(home);
+            assert_eq!(admits, *mj.spec.queue_name() == name, "{home}: {name}");
+        }
+    }
+}
