@@ -380,10 +380,11 @@ async fn weights_one_and_three_share_the_run_cap_two_to_six() {
     .await;
     let until = Instant::now().min(end);
     let elapsed = started.elapsed();
-    let s = seen.lock().unwrap();
     // Every status seen in the window, each held until the next one: (when, a held, b held,
     // both had jobs waiting).
-    let seen_in: Vec<(Instant, usize, usize, bool)> = s
+    let seen_in: Vec<(Instant, usize, usize, bool)> = seen
+        .lock()
+        .unwrap()
         .samples
         .iter()
         .filter(|(at, _)| *at >= warm && *at <= until)
@@ -435,7 +436,6 @@ async fn weights_one_and_three_share_the_run_cap_two_to_six() {
     eprintln!(
         "held a:b as the API showed it, the first status of each second that saw one: {trace:?}"
     );
-    drop(s);
     let store = store_shares(&op, &[&qa, &qb], epoch_ms(warm), epoch_ms(until));
     eprintln!(
         "weights 1:3, run cap 8, {:?} window: the API showed {mean_a:.2} : {mean_b:.2} held (time-weighted over {} statuses seen while both waited, {span:.1} s; {:.0}% of the time within one slot of 2:6; {over_cap} over the cap); the store held {:.2} : {:.2} (time-weighted)",
