@@ -268,7 +268,7 @@ async fn apiserver_requests(
         };
         let resource = get("resource");
         let sub = get("subresource");
-        if !["managedjobs", "pods", "events"].contains(&resource.as_str()) {
+        if !["managedjobs", "managedjobqueues", "pods", "events"].contains(&resource.as_str()) {
             continue;
         }
         let resource = if sub.is_empty() {
@@ -939,6 +939,17 @@ async fn main() -> anyhow::Result<()> {
         .copied()
         .unwrap_or(0.0);
     let (sp50, sp99) = scheduling_pass(10_000, 10_000, args.queues)?;
+    // Each queue's status writes (server-side apply, or a patch) per minute of the run (counted
+    // until the figures are read, seconds after the last job ended: an upper bound).
+    let queue_writes_per_minute = (args.queues > 0).then(|| {
+        ["APPLY", "PATCH"]
+            .iter()
+            .filter_map(|verb| per_job.get(&format!("{verb} managedjobqueues/status")))
+            .sum::<f64>()
+            * args.jobs as f64
+            / args.queues as f64
+            / (elapsed.as_secs_f64() / 60.0)
+    });
     let report = json!({
         "scenario": args.scenario,
         "jobs": args.jobs,
@@ -990,6 +1001,7 @@ async fn main() -> anyhow::Result<()> {
         "visible_changes_per_job": visible as f64 / args.jobs as f64,
         "status_writes_per_job": status_writes,
         "status_writes_per_task": status_writes / tasks_per_job as f64,
+        "queue_status_writes_per_queue_per_minute": queue_writes_per_minute,
     });
     print_table(&report);
     println!("{}", serde_json::to_string_pretty(&report)?);
