@@ -534,7 +534,7 @@ impl Engine {
                 match lifecycle::stop_after_give_up(&row) {
                     StopAfterGiveUp::LocalProcesses => {
                         let mut local = LocalExecutor::new(&self.dir);
-                        let grace = self.cfg.cancel_grace;
+                        let grace = lifecycle::stop_grace(&row, self.cfg.cancel_grace);
                         tokio::spawn(async move {
                             let _ = local.stop(&row, grace).await;
                         });
@@ -652,7 +652,12 @@ impl Engine {
                         "stopping a workload process that no live attempt owns: {why}"
                     );
                     let local = LocalExecutor::new(&self.dir);
-                    let (grace, stopping) = (self.cfg.cancel_grace, self.stopping.clone());
+                    // The job's own grace when the store still knows it.
+                    let grace = match self.store().find(p.job_id) {
+                        Ok(Some(row)) => lifecycle::stop_grace(&row, self.cfg.cancel_grace),
+                        _ => self.cfg.cancel_grace,
+                    };
+                    let stopping = self.stopping.clone();
                     tokio::spawn(async move {
                         local.stop_orphan(p, grace).await;
                         stopping

@@ -288,7 +288,7 @@ fn pinned(mut row: JobRow) -> JobRow {
 /// task 2 running, all three succeeded, and task 2 failed (task 3 skipped).
 fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
     use managed_jobs::api::TaskSpec;
-    use managed_jobs::lifecycle::Outcome;
+    use managed_jobs::lifecycle::{Evidence, Outcome};
     let spec = ManagedJobSpec {
         tasks: ["prepare", "train", "evaluate"]
             .into_iter()
@@ -356,6 +356,7 @@ fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
                     code: 1,
                     reason: "ExitCode".into(),
                     detail: None,
+                    evidence: Evidence::exit("run", false, 1, "ExitCode"),
                 };
                 let row = apply(
                     store,

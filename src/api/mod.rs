@@ -3,6 +3,8 @@
 //!
 //! - [`types`]: the resource itself (spec, status, a pipeline's tasks), its labels and the
 //!   finalizer;
+//! - [`failure`]: failure rules (`spec.failurePolicy`) and each attempt's record
+//!   (`status.attempts[]`);
 //! - [`states`]: the names of the two state machines ([`JobPhase`], [`ScheduleState`]), a task's
 //!   phase and the executor kinds;
 //! - [`schema`]: the CRD as installed: kube's derived schema plus what the derive cannot express
@@ -11,11 +13,16 @@
 //! - [`validation`]: the limits, and the checks the operator makes itself when a CRD without our
 //!   rules was installed ([`validate_spec`]).
 
+pub mod failure;
 pub mod schema;
 pub mod states;
 pub mod types;
 pub mod validation;
 
+pub use failure::{
+    AttemptStatus, ExitCodeOperator, FailureAction, FailurePolicy, FailureRule, OnExitCodes,
+    OnPodCondition,
+};
 pub use schema::{crd, crd_yaml, status_default};
 pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase};
 pub use types::{

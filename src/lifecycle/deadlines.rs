@@ -1,12 +1,36 @@
 //! A job's deadlines: when it runs past `activeDeadlineSeconds` (the job's and its current
 //! task's, [`deadlines`]) and when its current attempt's launch times out
-//! ([`launch_deadline_ms`]). One place computes them, for the decisions and their messages.
+//! ([`launch_deadline_ms`]), and how long a stopped workload has to save its work
+//! ([`stop_grace`]). One place computes them, for the decisions and their messages.
 
 use std::time::Duration;
 
 use super::clock::earliest;
 use super::record::JobRow;
 use super::tasks::current_task;
+
+/// Kubernetes' default `terminationGracePeriodSeconds` (a Pod that does not set its own).
+pub const POD_DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a stop gives the job's workload between SIGTERM and SIGKILL
+/// (docs/design.md#cancellation): the job's `spec.terminationGracePeriodSeconds`; else, for a
+/// Pod, its template's own `terminationGracePeriodSeconds` (Kubernetes' 30 s when unset), and
+/// for a local workload `default` (the operator's `--cancel-grace-seconds`).
+pub fn stop_grace(row: &JobRow, default: Duration) -> Duration {
+    if let Some(secs) = row.spec.termination_grace_period_seconds {
+        return Duration::from_secs(secs.max(0) as u64);
+    }
+    match current_task(row).template {
+        Some(template) => template
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .map_or(POD_DEFAULT_GRACE, |secs| {
+                Duration::from_secs(secs.max(0) as u64)
+            }),
+        None => default,
+    }
+}
 
 /// A deadline: when (ms since epoch), and the `activeDeadlineSeconds` it comes from.
 pub type Deadline = (i64, i64);

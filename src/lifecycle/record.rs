@@ -10,7 +10,9 @@
 
 use std::fmt;
 
-use crate::api::{ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus};
+use crate::api::{
+    AttemptStatus, ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus,
+};
 
 use super::outcome::Workload;
 use super::reason::{Failure, Reason};
@@ -151,7 +153,7 @@ macro_rules! json_field {
     )*};
 }
 
-json_field!(ManagedJobSpec, Vec<TaskStatus>);
+json_field!(ManagedJobSpec, Vec<TaskStatus>, Vec<AttemptStatus>);
 
 /// How the store writes a column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,6 +346,13 @@ job_record! {
         /// it does not wait for one. Past its launch timeout, while other jobs wait for a run
         /// slot, it gives its run slot back ([`super::transitions::node_wait_timed_out`]).
         State node_wait_since_ms: Option<i64> = None,
+        /// Relaunches a failure rule's `Ignore` decided (a pipeline: its current task's),
+        /// against `recovery.maxIgnored` (docs/design.md#failure-rules).
+        State ignored_count: i32 = 0,
+        /// The latest attempts that ended (`status.attempts[]`, at most
+        /// [`crate::api::failure::MAX_ATTEMPT_RECORDS`]): how each ended and the rule that
+        /// decided it.
+        State attempts: Vec<AttemptStatus> = Vec::new(),
     }
 }
 

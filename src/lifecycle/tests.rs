@@ -8,7 +8,7 @@ use crate::api::{
 };
 
 use super::deadlines::deadline_ms;
-use super::outcome::{Observed, Outcome};
+use super::outcome::{Evidence, Observed, Outcome};
 use super::record::JobRow;
 use super::tasks::{progress, task_attempt, totals};
 use super::transitions::{after_outcome, deadline_exceeded};
@@ -22,6 +22,7 @@ fn pipeline_row() -> JobRow {
         recovery: RecoverySpec {
             max_restarts_on_errors: 5,
             max_recoveries: None,
+            max_ignored: None,
         },
         tasks: ["a", "b", "c"]
             .into_iter()
@@ -120,6 +121,7 @@ fn each_task_spends_its_own_budget_and_a_failure_skips_the_rest() {
     row.spec.tasks[1].recovery = Some(RecoverySpec {
         max_restarts_on_errors: 0,
         max_recoveries: Some(0),
+        max_ignored: None,
     });
     // Task a used 2 restarts of the job's 5; task b has none of its own.
     row.restart_count = 2;
@@ -136,6 +138,7 @@ fn each_task_spends_its_own_budget_and_a_failure_skips_the_rest() {
         code: 2,
         reason: "ExitCode".into(),
         detail: None,
+        evidence: Evidence::exit("run", false, 2, "ExitCode"),
     };
     let t = after_outcome(&b, 4, &failed, 6_000, Duration::from_secs(1));
     assert_eq!(
@@ -184,6 +187,7 @@ fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
         launch_timeout: Duration::from_secs(600),
         max_launch_timeouts: 3,
         run_slot_wanted: false,
+        stop_grace: Duration::from_secs(5),
     };
     let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
         panic!("the first sight of the wait is written");

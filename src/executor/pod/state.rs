@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::lifecycle::pod::{PodObservation, PodState, TERMINATING_MARGIN, observed};
+use crate::lifecycle::{Evidence, PartExit};
 
 /// The node `pod` is bound to (`spec.nodeName`), empty before it is scheduled.
 pub fn node_name(pod: &Pod) -> String {
@@ -34,6 +35,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         node: node_name(pod),
         terminating_since_ms: None,
         grace_seconds: None,
+        evidence: Evidence::default(),
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
     // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
@@ -146,7 +148,59 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         o.terminating_since_ms = Some(at.0.as_millisecond() - grace * 1000);
         o.grace_seconds = Some(grace);
     }
+    // What failure rules read, once the attempt's fate is known (not before: a live Pod's
+    // conditions change often, and each change would wake its job controller).
+    if o.state.is_final_exit() || o.state == PodState::Lost {
+        o.evidence = evidence(&status);
+    }
     o
+}
+
+/// What failure rules read of a Pod's status (`lifecycle::rules`): every terminated container,
+/// init containers first; every condition as (type, status); the Pod's reason and the reasons
+/// of its True conditions (e.g. a `DisruptionTarget`'s `EvictionByEvictionAPI`).
+pub fn evidence(status: &k8s_openapi::api::core::v1::PodStatus) -> Evidence {
+    let exits = [
+        (&status.init_container_statuses, true),
+        (&status.container_statuses, false),
+    ]
+    .into_iter()
+    .flat_map(|(s, init)| s.iter().flatten().map(move |cs| (cs, init)))
+    .filter_map(|(cs, init)| {
+        let t = cs.state.as_ref()?.terminated.as_ref()?;
+        Some(PartExit {
+            name: cs.name.clone(),
+            init,
+            code: t.exit_code,
+            reason: t.reason.clone().unwrap_or_else(|| {
+                if t.exit_code == 0 {
+                    "Completed"
+                } else {
+                    "Error"
+                }
+                .into()
+            }),
+        })
+    })
+    .collect();
+    let conditions = status.conditions.iter().flatten();
+    Evidence {
+        exits,
+        conditions: conditions
+            .clone()
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect(),
+        reasons: status
+            .reason
+            .iter()
+            .cloned()
+            .chain(
+                conditions
+                    .filter(|c| c.status == "True")
+                    .filter_map(|c| c.reason.clone()),
+            )
+            .collect(),
+    }
 }
 
 /// Waiting reasons every Pod passes through on its way to Running: not worth reporting.
