@@ -83,3 +83,56 @@ pub fn node_wait_deadline_ms(row: &JobRow, default: Duration) -> Option<i64> {
     row.node_wait_since_ms
         .map(|since| since + timeout.as_millis() as i64)
 }
+
+#[cfg(test)]
+mod grace_tests {
+    use super::*;
+    use crate::api::ManagedJobSpec;
+    use crate::lifecycle::record::Object;
+
+    fn row(spec: ManagedJobSpec) -> JobRow {
+        JobRow::new(
+            &Object {
+                uid: "u",
+                namespace: "ns",
+                name: "j",
+                generation: 1,
+                spec: &spec,
+                created_at_ms: 0,
+            },
+            0,
+        )
+    }
+
+    /// The job's own grace first; else a Pod's own (Kubernetes' 30 s when unset), a local
+    /// workload the operator's.
+    #[test]
+    fn a_stop_gives_the_jobs_grace_else_the_pods_else_the_operators() {
+        let five = Duration::from_secs(5);
+        let local = ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        assert_eq!(stop_grace(&row(local.clone()), five), five);
+        let own = ManagedJobSpec {
+            termination_grace_period_seconds: Some(45),
+            ..local
+        };
+        assert_eq!(stop_grace(&row(own), five), Duration::from_secs(45));
+        let pod: ManagedJobSpec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main"}]}}
+        }))
+        .unwrap();
+        assert_eq!(stop_grace(&row(pod.clone()), five), POD_DEFAULT_GRACE);
+        let mut pod_own = pod;
+        pod_own
+            .template
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .termination_grace_period_seconds = Some(12);
+        assert_eq!(stop_grace(&row(pod_own), five), Duration::from_secs(12));
+    }
+}

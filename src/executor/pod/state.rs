@@ -332,3 +332,70 @@ mod tests {
         assert_eq!(observe(&pod, 1, 1, false).state, PodState::Succeeded);
     }
 }
+
+#[cfg(test)]
+mod evidence_tests {
+    use super::*;
+    use crate::lifecycle::{Observed, Outcome};
+
+    /// What failure rules read of an ended Pod: every container's exit (a sidecar's too, not
+    /// only the first that failed), its conditions, its reasons; nothing while it runs.
+    #[test]
+    fn an_ended_pod_gives_every_containers_exit_and_its_conditions() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "sidecar"}, {"name": "main"}]},
+            "status": {
+                "phase": "Failed",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+                "containerStatuses": [
+                    {"name": "sidecar", "state": {"terminated": {"exitCode": 2, "reason": "Error"}}},
+                    {"name": "main", "state": {"terminated": {"exitCode": 75}}}
+                ]
+            }
+        }))
+        .unwrap();
+        let o = observe(&pod, 1, 1, false);
+        let Observed::Ended(Outcome::Failed { evidence, .. }) = observed(&o) else {
+            panic!("{o:?}")
+        };
+        let exits: Vec<(&str, i32, &str)> = evidence
+            .exits
+            .iter()
+            .map(|p| (p.name.as_str(), p.code, p.reason.as_str()))
+            .collect();
+        assert_eq!(exits, [("sidecar", 2, "Error"), ("main", 75, "Error")]);
+        assert_eq!(evidence.conditions, [("Ready".into(), "False".into())]);
+        assert!(
+            evidence.reasons.is_empty(),
+            "a False condition gives no reason"
+        );
+        // Evicted: the disruption's condition and reason, the cause first.
+        let evicted: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "DisruptionTarget", "status": "True",
+                    "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}]
+            }
+        }))
+        .unwrap();
+        assert!(
+            observe(&evicted, 1, 1, false).evidence.is_empty(),
+            "still running"
+        );
+        let gone = observe(&evicted, 1, 1, true);
+        let Observed::Ended(lost @ Outcome::Lost { .. }) = observed(&gone) else {
+            panic!("{gone:?}")
+        };
+        let evidence = lost.evidence().unwrap();
+        assert_eq!(lost.reason(), "PodDeleted");
+        assert!(
+            evidence
+                .conditions
+                .contains(&("DisruptionTarget".into(), "True".into()))
+        );
+        assert!(evidence.reasons.contains(&"EvictionByEvictionAPI".into()));
+    }
+}
