@@ -139,13 +139,13 @@ fn refine_spec_schema(spec: &mut Value) {
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
     ));
-    rules.push(rule(
+    rules.push(policy_rule(
         &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
-        "spec.failurePolicy: a local job (spec.run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+        "a local job (spec.run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
     ));
-    rules.push(rule(
+    rules.push(policy_rule(
         &format!("!has(self.tasks) || !self.tasks.all(t, has(t.run)) || {LOCAL_RULES_ONLY}"),
-        "spec.failurePolicy: the tasks of a local pipeline (tasks[].run) have no Pod: their rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+        "the tasks of a local pipeline (tasks[].run) have no Pod: their rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
     ));
     spec["x-kubernetes-validations"] = Value::Array(rules);
     spec["required"] = json!([]);
@@ -224,6 +224,12 @@ fn refine_recovery(recovery: &mut Value) {
     recovery["properties"]["maxIgnored"]["maximum"] = json!(1000);
     recovery["required"] = json!([]);
     recovery.as_object_mut().unwrap().remove("required");
+}
+
+/// A rule on an object holding `failurePolicy` (the spec, a task) about that policy: the API
+/// reports it at `<object>.failurePolicy`.
+fn policy_rule(rule: &str, message: &str) -> Value {
+    json!({ "rule": rule, "message": message, "fieldPath": ".failurePolicy" })
 }
 
 /// The CEL condition that `self.failurePolicy`, when set, holds only rules a local workload
@@ -324,9 +330,9 @@ fn refine_tasks(tasks: &mut Value) {
             "has(self.run) != has(self.template)",
             "each of spec.tasks must set exactly one of run (local executor) and template (pod executor)",
         ),
-        rule(
+        policy_rule(
             &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
-            "spec.tasks[].failurePolicy: a local task (run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+            "a local task (run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
         ),
         rule(
             "!has(self.setup) || has(self.run)",

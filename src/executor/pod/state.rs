@@ -126,7 +126,14 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     }
     if deleted && !o.state.is_final_exit() {
         o.state = PodState::Lost;
-        if o.reason.is_empty() || o.reason == "Terminating" {
+        if let Some(c) = disruption.filter(|_| o.reason.is_empty() || o.reason == "Terminating") {
+            // Deleted by a disruption (an eviction, a preemption, the pod GC): that is the cause.
+            o.reason = c
+                .reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into());
+            o.message = c.message.clone().unwrap_or_default();
+        } else if o.reason.is_empty() || o.reason == "Terminating" {
             o.reason = "PodDeleted".into();
             o.message = "the Pod was deleted".into();
         }
@@ -390,7 +397,11 @@ mod evidence_tests {
             panic!("{gone:?}")
         };
         let evidence = lost.evidence().unwrap();
-        assert_eq!(lost.reason(), "PodDeleted");
+        assert_eq!(
+            lost.reason(),
+            "EvictionByEvictionAPI",
+            "the disruption is the cause"
+        );
         assert!(
             evidence
                 .conditions
