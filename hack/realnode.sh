@@ -22,6 +22,13 @@
 #   Service) by a DNAT to the loopback API server port, with route_localnet on the bridge
 #   $RUN/realnode: configs, certificates, pids, logs (logs are kept)
 #
+# One real node per machine: the control plane instance that set it up owns it
+# ($DATA/owner); another instance's `down` leaves it alone and its `up --real-node` is refused
+# while the owner runs it. `up` on the owning instance repairs what stopped (a killed kubelet or
+# containerd) keeping the node's images, volumes and Pods; it sets the node up anew only for a
+# new control plane (another API server port or CA). Volumes whose claim was deleted are wiped
+# and offered again.
+#
 # Security: the kubelet serves on the bridge address only, refuses anonymous requests and asks
 # the API server (SubjectAccessReview) about every client certificate it is shown; the API
 # server authenticates to it with its kubelet client certificate (hack/controlplane.sh).
@@ -352,8 +359,8 @@ network_down() {
     for ns in /run/netns/cni-*; do
       [[ -e "$ns" ]] || continue
       grep -qxF "$ns" "$NR/netns-before" && continue
-      umount "$ns" 2>/dev/null || true
-      rm -f "$ns"
+      umount "$ns" 2>/dev/null || umount -l "$ns" 2>/dev/null || true
+      rm -f "$ns" 2>/dev/null || log "could not remove $ns"
     done
   fi
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
@@ -361,7 +368,8 @@ network_down() {
 
 # The kubelet adds chains of its own (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT) to
 # iptables and ip6tables; there is no setting to stop it. The chains present before it started
-# are recorded, and `down` removes every chain added since, with the rules that jump to it.
+# are recorded, and `down` removes every KUBE-* chain added since, with the rules that jump to
+# it (chains other tools added meanwhile are left alone).
 save_chains() {
   [[ -s "$NR/chains-before" ]] && return 0
   local cmd
@@ -378,6 +386,8 @@ remove_new_chains() {
     command -v "$cmd-save" >/dev/null 2>&1 || continue
     while read -r table chain; do
       grep -qxF "$cmd $table $chain" "$NR/chains-before" && continue
+      # Only the kubelet's chains: others made meanwhile (podman's, docker's) are not ours.
+      [[ "$chain" == KUBE-* ]] || continue
       # Rules anywhere in the table that jump to it, deleted by number from the last.
       for jumps in $("$cmd-save" -t "$table" 2>/dev/null | awk -v c="$chain" '/^-A / { for (i = 3; i <= NF; i++) if (($i == "-j" || $i == "-g") && $(i + 1) == c) print $2 }' | sort -u); do
         for n in $("$cmd" -t "$table" -L "$jumps" -n --line-numbers 2>/dev/null | awk -v c="$chain" '$2 == c { print $1 }' | sort -rn); do
@@ -488,17 +498,51 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
+# The real node is one per machine (its bridge, paths and iptables chain are machine-wide): the
+# control plane instance that started it owns it, recorded in $OWNER. Another instance's `down`
+# leaves it alone, and another instance's `up --real-node` is refused while the owner runs it.
+OWNER="$DATA/owner"
+
+owner() { [[ -f "$OWNER" ]] && cat "$OWNER"; return 0; }
+
+# The identity of the control plane the node was set up for: its API server port and CA. A node
+# set up for another (an instance stopped and started again) must be set up anew.
+control_plane_id() { printf '%s %s' "$(api_port)" "$(sha256sum <"$RUN/pki/ca.crt" | cut -c1-16)"; }
+
+node_healthy() { pid_alive containerd && containerd_ready && pid_alive kubelet && node_ready; }
+
 cmd_up() {
   [[ $EUID == 0 ]] || die "the real node needs root (mounts, a bridge, iptables, cgroups)"
-  local start=$SECONDS
-  if pid_alive kubelet && pid_alive containerd && node_ready; then
-    log "reusing the running real node $NODE_NAME"
-    return 0
+  local start=$SECONDS current
+  current="$(owner)"
+  if [[ -n "$current" && "$current" != "$RUN" ]]; then
+    if [[ -d "$current/realnode/pids" ]] && RUN="$current" NR="$current/realnode" pid_alive kubelet; then
+      die "the real node is in use by the control plane at ${current%/run} (one per machine); stop it there first (MJ_CACHE_DIR=${current%/controlplane/run} hack/controlplane.sh down)"
+    fi
+    log "taking over the real node from the stopped instance at $current"
+    RUN="$current" NR="$current/realnode" cmd_down force >/dev/null 2>&1 || true
   fi
-  # Anything half-started before goes first.
+  # Set up for this very control plane: repair what stopped (a killed kubelet or containerd),
+  # keeping the node's data (images, volumes, running Pods).
+  if [[ -f "$NR/control-plane" && "$(<"$NR/control-plane")" == "$(control_plane_id)" && -d "$DATA/containerd" ]]; then
+    if node_healthy; then
+      reset_released_volumes
+      log "reusing the running real node $NODE_NAME"
+      return 0
+    fi
+    log "repairing the real node $NODE_NAME (keeping its images, volumes and Pods)"
+    if repair; then
+      reset_released_volumes
+      log "real node $NODE_NAME Ready again in $((SECONDS - start)) s"
+      return 0
+    fi
+    log "repair failed; setting the node up anew"
+  fi
+  # Anything half-started, or set up for another control plane, goes first.
   cmd_down >/dev/null 2>&1 || true
   ensure_packages
   mkdir -p "$NR" "$DATA" "$STATE"
+  printf '%s' "$RUN" >"$OWNER"
   { ls -d /run/netns/cni-* 2>/dev/null || true; } >"$NR/netns-before"
   save_fixed_paths
   trap 'rc=$?; if ((rc != 0)); then log "up failed; tearing the node down (logs: $NR/logs)"; tail_log containerd; tail_log kubelet; cmd_down || true; fi' EXIT
@@ -509,8 +553,7 @@ cmd_up() {
   write_configs "$kport" "$hport"
   network_up
 
-  start_daemon containerd "$(command -v containerd)" --config "$NR/containerd.toml"
-  wait_until "containerd" 30 containerd_ready || die "containerd did not start"
+  start_containerd
   local pause busybox
   pause="$(pause_archive)"
   busybox="$(busybox_archive)"
@@ -520,17 +563,42 @@ cmd_up() {
 
   save_sysctls
   save_chains
+  start_kubelet
+  if ! wait_until "node $NODE_NAME Ready" 120 node_ready; then
+    die "node $NODE_NAME did not become Ready"
+  fi
+  create_volumes
+  control_plane_id >"$NR/control-plane"
+  trap - EXIT
+  log "real node $NODE_NAME Ready in $((SECONDS - start)) s (kubelet https://$NODE_IP:$kport)"
+}
+
+start_containerd() {
+  start_daemon containerd "$(command -v containerd)" --config "$NR/containerd.toml"
+  wait_until "containerd" 30 containerd_ready || die "containerd did not start"
+}
+
+start_kubelet() {
   start_daemon kubelet "$KUBELET_BIN" \
     --config="$NR/kubelet.yaml" --kubeconfig="$NR/kubelet.kubeconfig" \
     --root-dir="$DATA/kubelet" --cert-dir="$NR/pki" \
     --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
     --node-labels="$NODE_LABEL=true" --v=1
-  if ! wait_until "node $NODE_NAME Ready" 120 node_ready; then
-    die "node $NODE_NAME did not become Ready"
+}
+
+# Starts again whatever of the node stopped, with the data it has: containerd (running
+# containers keep their shims), the network rules, the kubelet.
+repair() {
+  network_up || return 1
+  if ! { pid_alive containerd && containerd_ready; }; then
+    stop_daemon containerd 5
+    start_containerd || return 1
   fi
-  create_volumes
-  trap - EXIT
-  log "real node $NODE_NAME Ready in $((SECONDS - start)) s (kubelet https://$NODE_IP:$kport)"
+  ctr_ images ls -q | grep -qxF "$SANDBOX_IMAGE" || cmd_load "$(pause_archive)" "$(busybox_archive)" || return 1
+  if ! pid_alive kubelet; then
+    start_kubelet || return 1
+  fi
+  wait_until "node $NODE_NAME Ready" 120 node_ready
 }
 
 # The dev control plane has no volume provisioner: the node offers VOLUMES hostPath
@@ -568,8 +636,31 @@ spec:
   printf '%s' "$manifest" | kc apply -f - >/dev/null
 }
 
-cmd_down() {
-  local any=0
+# A volume whose claim was deleted is Released (policy Retain) and never bound again: wipe its
+# folder and offer it again, as a provisioner would give a new one.
+reset_released_volumes() {
+  local pv path
+  for pv in $(kc get pv -l "$NODE_LABEL=true" -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name}{" "}{end}' 2>/dev/null); do
+    path="$(kc get pv "$pv" -o jsonpath='{.spec.hostPath.path}')"
+    [[ "$path" == "$DATA"/volumes/* ]] || continue
+    find "$path" -mindepth 1 -delete 2>/dev/null || true
+    kc patch pv "$pv" --type json -p '[{"op":"remove","path":"/spec/claimRef"}]' >/dev/null &&
+      log "volume $pv was Released: wiped and offered again"
+  done
+  return 0
+}
+
+cmd_down() { # [force: the owner is a stopped instance being taken over]
+  # Every step below goes on when one fails (a busy mount, a rule already gone): a teardown that
+  # stops halfway could not be run again.
+  local -
+  set +e
+  local current any=0
+  current="$(owner)"
+  if [[ -n "$current" && "$current" != "$RUN" && "${1:-}" != force ]]; then
+    log "the real node belongs to the control plane at $current; left alone"
+    return 0
+  fi
   [[ -d "$NR" || -d "$DATA" || -d "$STATE" ]] && any=1
   ip link show "$BRIDGE" >/dev/null 2>&1 && any=1
   ((any)) || return 0
@@ -605,8 +696,10 @@ cmd_down() {
   remove_fixed_paths
   restore_sysctls
   rm -rf "$DATA" "$STATE"
-  rm -rf "$NR/pki" "$NR/pids" "$NR/images" "$NR/cni" "$NR"/*.yaml "$NR"/*.toml "$NR"/*.kubeconfig "$NR/netns-before"
+  rm -rf "$NR/pki" "$NR/pids" "$NR/images" "$NR/cni" "$NR"/*.yaml "$NR"/*.toml "$NR"/*.kubeconfig "$NR/netns-before" "$NR/control-plane"
+  [[ -d "$DATA" || -d "$STATE" ]] && log "could not remove all of $DATA and $STATE (see above)"
   log "real node removed"
+  return 0
 }
 
 cmd_status() {

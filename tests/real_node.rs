@@ -942,3 +942,59 @@ async fn uninstall_then_install_again_ends_every_job_as_without_the_pause() {
     assert_clean_success("relay", &relay, &pods, 3);
     assert_never(&phases, &["FailedController", "Recovering", "Failed"]);
 }
+
+/// A pod job whose Pod someone else deletes while it runs: the kubelet stops its container
+/// (SIGTERM, then SIGKILL after the grace) and reports the exit that caused, 143, or 0 from a
+/// workload that traps SIGTERM to save its work. Neither is the workload's own result: the
+/// attempt is lost and recovered in a new Pod (recoveryCount 1), never Failed, never Succeeded.
+/// kwok never reports an exit after a deletion, so only a real kubelet shows this.
+#[tokio::test]
+async fn a_pod_deleted_by_someone_else_is_recovered_whatever_it_exits_with() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let _release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-deleted").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    let (phases_task, phases) = watch_phases(&client, &ns.name);
+    let job = |name: &str, script: &str| {
+        format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n  recovery:\n    maxRecoveries: 3\n  template:\n    spec:\n      terminationGracePeriodSeconds: 5\n      containers:\n        - name: main\n          image: busybox:1.36\n          command: [\"sh\", \"-c\", {script:?}]\n          resources:\n            requests: {{cpu: 10m, memory: 16Mi}}\n"
+        )
+    };
+    create(&client, &ns.name, &job("killed", "sleep 3600")).await;
+    create(
+        &client,
+        &ns.name,
+        &job("saver", "trap 'echo saved; exit 0' TERM; sleep 3600 & wait"),
+    )
+    .await;
+    for name in ["killed", "saver"] {
+        let first = running(&client, &ns.name, name).await;
+        let pod = first.workload.clone().unwrap_or_default();
+        let pod = pod.strip_prefix("pod/").unwrap_or(&pod).to_string();
+        let (ok, out) = kubectl(cp, &["-n", &ns.name, "delete", "pod", &pod, "--wait=false"]);
+        assert!(ok, "{out}");
+        let again = support::wait_status(&client, &ns.name, name, T, "Running again", |s| {
+            s.phase == Some(JobPhase::Running) && s.recovery_count == 1
+        })
+        .await
+        .status
+        .unwrap();
+        assert_eq!(
+            (again.attempt, again.restart_count),
+            (2, 0),
+            "{name}: {again:#?}"
+        );
+    }
+    for name in ["killed", "saver"] {
+        support::cancel(&client, &ns.name, name).await;
+        let end = finished(&client, &ns.name, name).await;
+        assert_eq!(end.phase, Some(JobPhase::Cancelled), "{name}: {end:#?}");
+    }
+    pods_task.abort();
+    phases_task.abort();
+    assert_never(&phases, &["Failed", "Succeeded", "FailedController"]);
+    for name in ["killed", "saver"] {
+        let n = pods.lock().unwrap().values().filter(|j| *j == name).count();
+        assert_eq!(n, 2, "{name}: one Pod per attempt, two attempts");
+    }
+}

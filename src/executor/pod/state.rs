@@ -66,6 +66,15 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
             let kind = if init { "init container" } else { "container" };
             o.message = format!("{kind} {name} was OOM-killed (exit code {code})");
         }
+        "Succeeded" | "Failed" if ended_by_disruption(pod, &status, disruption).is_some() => {
+            // Deleted by someone else, evicted or preempted while it ran: its containers were
+            // stopped for it, so whatever they exited with (137 on SIGKILL, 143 or a trap's 0 on
+            // SIGTERM) is not the workload's own result. Lost, as if the Pod had vanished.
+            let (reason, message) = ended_by_disruption(pod, &status, disruption).expect("checked");
+            o.state = PodState::Lost;
+            o.reason = reason;
+            o.message = message;
+        }
         "Succeeded" => o.state = PodState::Succeeded,
         "Failed" if disruption.is_some() || status.reason.as_deref() == Some("Evicted") => {
             let (reason, message) = match disruption {
@@ -210,6 +219,84 @@ pub fn evidence(status: &k8s_openapi::api::core::v1::PodStatus) -> Evidence {
     }
 }
 
+/// The kubelet's reason for a container whose end it could not observe (its node restarted, its
+/// runtime lost it): exit code 137 with this reason says nothing of the workload.
+const CONTAINER_STATUS_UNKNOWN: &str = "ContainerStatusUnknown";
+
+/// When a finished Pod's end was caused from outside, as (CamelCase reason, sentence): its
+/// deletion was requested (`deletionTimestamp` minus its grace period), or a `DisruptionTarget`
+/// condition was set (eviction, preemption, node drain), before its last container finished;
+/// or the kubelet lost track of a container (`ContainerStatusUnknown`). `finishedAt` has
+/// one-second resolution, so a container that finished in the same second as the request
+/// counts as stopped by it (a SIGTERM trap exits within milliseconds). None: the Pod ended on
+/// its own, and its phase and exit codes are the workload's result.
+fn ended_by_disruption(
+    pod: &Pod,
+    status: &k8s_openapi::api::core::v1::PodStatus,
+    disruption: Option<&k8s_openapi::api::core::v1::PodCondition>,
+) -> Option<(String, String)> {
+    let containers = || {
+        [&status.init_container_statuses, &status.container_statuses]
+            .into_iter()
+            .flat_map(|s| s.iter().flatten())
+    };
+    if let Some(cs) = containers().find(|cs| {
+        cs.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.reason.as_deref() == Some(CONTAINER_STATUS_UNKNOWN))
+    }) {
+        return Some((
+            CONTAINER_STATUS_UNKNOWN.into(),
+            format!(
+                "the kubelet lost track of container {} (its node or runtime restarted)",
+                cs.name
+            ),
+        ));
+    }
+    let deletion_requested_ms = pod.metadata.deletion_timestamp.as_ref().map(|at| {
+        at.0.as_millisecond() - pod.metadata.deletion_grace_period_seconds.unwrap_or(0) * 1000
+    });
+    let disrupted_ms =
+        disruption.and_then(|c| Some(c.last_transition_time.as_ref()?.0.as_millisecond()));
+    let requested_ms = match (deletion_requested_ms, disrupted_ms) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    let last_finish_ms = containers()
+        .filter_map(|cs| {
+            Some(
+                cs.state
+                    .as_ref()?
+                    .terminated
+                    .as_ref()?
+                    .finished_at
+                    .as_ref()?
+                    .0
+                    .as_millisecond(),
+            )
+        })
+        .max();
+    if last_finish_ms.is_some_and(|f| f + 1000 <= requested_ms) {
+        return None; // it had finished before anyone asked it to stop
+    }
+    Some(match disruption {
+        Some(c) if disrupted_ms.is_some_and(|d| d <= requested_ms) => (
+            c.reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into()),
+            format!(
+                "the Pod was disrupted while it ran ({}), so its exit is not the workload's",
+                c.message.clone().unwrap_or_default()
+            ),
+        ),
+        _ => (
+            "PodDeleted".into(),
+            "the Pod was deleted while it ran, so its exit is not the workload's".into(),
+        ),
+    })
+}
+
 /// Waiting reasons every Pod passes through on its way to Running: not worth reporting.
 const ROUTINE_WAITING: [&str; 2] = ["ContainerCreating", "PodInitializing"];
 
@@ -336,7 +423,98 @@ mod tests {
             (PodState::Lost, "PodDeleted")
         );
         pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        assert_eq!(observe(&pod, 1, 1, false).state, PodState::Succeeded);
+        // Ended without a record of when: the deletion stopped it.
+        assert_eq!(observe(&pod, 1, 1, false).state, PodState::Lost);
+    }
+
+    fn time(ms: i64) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::from_millisecond(ms).unwrap(),
+        )
+    }
+
+    /// A finished Pod whose `main` container ended at `finished_ms` with `code`.
+    fn finished_pod(phase: &str, code: i32, finished_ms: i64) -> Pod {
+        let mut pod = running_pod();
+        let status = pod.status.as_mut().unwrap();
+        status.phase = Some(phase.into());
+        status.container_statuses = Some(vec![serde_json::from_value(serde_json::json!({
+            "name": "main", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                "finishedAt": time(finished_ms)}}
+        }))
+        .unwrap()]);
+        pod
+    }
+
+    /// Deleted by someone else while it ran (a real kubelet then reports the exit the deletion
+    /// caused): 137 from SIGKILL, 143 from SIGTERM, or 0 from a trap that saved and exited, the
+    /// attempt is lost, not failed and never succeeded. One that had finished a second before
+    /// the deletion was requested keeps its own result.
+    #[test]
+    fn a_pod_stopped_by_its_deletion_is_lost_whatever_its_exit_code() {
+        for (phase, code) in [("Failed", 137), ("Failed", 143), ("Succeeded", 0)] {
+            let mut pod = finished_pod(phase, code, 100_400);
+            pod.metadata.deletion_timestamp = Some(time(130_000));
+            pod.metadata.deletion_grace_period_seconds = Some(30);
+            let o = observe(&pod, 1, 1, false);
+            assert_eq!(
+                (o.state, o.reason.as_str()),
+                (PodState::Lost, "PodDeleted"),
+                "{phase} {code}"
+            );
+            // Its own end, before the deletion: kept.
+            let mut done = finished_pod(phase, code, 98_000);
+            done.metadata.deletion_timestamp = pod.metadata.deletion_timestamp.clone();
+            done.metadata.deletion_grace_period_seconds = Some(30);
+            let o = observe(&done, 1, 1, false);
+            assert_ne!(o.state, PodState::Lost, "{phase} {code}");
+        }
+    }
+
+    /// Evicted or preempted (`DisruptionTarget`), a Pod that exited 0 on SIGTERM is lost too;
+    /// a container the kubelet lost track of (`ContainerStatusUnknown`, exit 137) says nothing
+    /// of the workload: lost.
+    #[test]
+    fn a_disrupted_or_unknown_end_is_lost() {
+        let mut pod = finished_pod("Succeeded", 0, 200_500);
+        pod.status.as_mut().unwrap().conditions = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting", "lastTransitionTime": time(200_000)
+            }))
+            .unwrap(),
+        ]);
+        let o = observe(&pod, 1, 1, false);
+        assert_eq!(
+            (o.state, o.reason.as_str()),
+            (PodState::Lost, "EvictionByEvictionAPI")
+        );
+        let mut unknown = finished_pod("Failed", 137, 300_000);
+        unknown
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state
+            .as_mut()
+            .unwrap()
+            .terminated
+            .as_mut()
+            .unwrap()
+            .reason = Some("ContainerStatusUnknown".into());
+        let o = observe(&unknown, 1, 1, false);
+        assert_eq!(
+            (o.state, o.reason.as_str()),
+            (PodState::Lost, "ContainerStatusUnknown")
+        );
+        // A Pod that failed on its own, with no deletion or disruption, is still a failure.
+        assert_eq!(
+            observe(&finished_pod("Failed", 3, 1_000), 1, 1, false).state,
+            PodState::Failed
+        );
     }
 }
 
