@@ -278,9 +278,13 @@ pub fn observed(o: &PodObservation) -> Observed {
             } else {
                 format!("Pod {}: {} ({})", o.pod_name, o.reason, o.message)
             },
-            // The cause first: an attempt's record and a spent budget's message name it.
+            // The cause first: an attempt's record and a spent budget's message name it. Its
+            // parts' exits are dropped: a lost Pod's containers were stopped for it (137 on
+            // SIGKILL, 143 or a trap's 0 on SIGTERM, `ContainerStatusUnknown`), so no exit code
+            // rule reads them as the workload's; its conditions and reasons remain.
             evidence: {
                 let mut e = o.evidence.clone();
+                e.exits.clear();
                 if !o.reason.is_empty() {
                     e.reasons.retain(|r| *r != o.reason);
                     e.reasons.insert(0, o.reason.clone());

@@ -516,6 +516,48 @@ mod tests {
             PodState::Failed
         );
     }
+
+    /// A Pod deleted while it ran exited 137 or 143 because of the deletion: failure rules read
+    /// no exit code of it (a `NotIn` rule meant for the workload's own errors must not fail a
+    /// job whose Pod someone deleted), only its cause; a Pod that failed on its own keeps its
+    /// exit codes for the rules.
+    #[test]
+    fn a_lost_pods_exits_are_not_the_workloads_for_failure_rules() {
+        use crate::api::{ExitCodeOperator, FailureAction, FailureRule, OnExitCodes};
+        use crate::lifecycle::rules::matches;
+        let not_75 = FailureRule {
+            action: FailureAction::FailJob,
+            on_exit_codes: Some(OnExitCodes {
+                container_name: Some("main".into()),
+                operator: ExitCodeOperator::NotIn,
+                values: vec![75],
+            }),
+            ..Default::default()
+        };
+        let on_reason = |r: &str| FailureRule {
+            action: FailureAction::Recover,
+            on_reasons: Some(vec![r.into()]),
+            ..Default::default()
+        };
+        for code in [137, 143] {
+            let mut pod = finished_pod("Failed", code, 100_400);
+            pod.metadata.deletion_timestamp = Some(time(130_000));
+            pod.metadata.deletion_grace_period_seconds = Some(30);
+            let Observed::Ended(lost) = observed(&observe(&pod, 1, 1, false)) else {
+                panic!("{code}")
+            };
+            assert!(matches!(lost, crate::lifecycle::Outcome::Lost { .. }));
+            assert!(lost.evidence().unwrap().exits.is_empty(), "{code}");
+            assert!(!matches(&not_75, &lost), "{code}");
+            assert!(!matches(&on_reason("Error"), &lost), "{code}");
+            assert!(matches(&on_reason("PodDeleted"), &lost), "{code}");
+            let own = finished_pod("Failed", code, 100_400);
+            let Observed::Ended(failed) = observed(&observe(&own, 1, 1, false)) else {
+                panic!("{code}")
+            };
+            assert!(matches(&not_75, &failed), "{code}");
+        }
+    }
 }
 
 #[cfg(test)]
