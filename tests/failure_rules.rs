@@ -613,7 +613,8 @@ async fn a_pipelines_task_uses_its_own_rules() {
 }
 
 /// The API refuses bad rules with a message naming the field (CEL and the schema), accepts
-/// the same code for two containers, and keeps the rules immutable.
+/// the same code for two containers, keeps the rules immutable, and accepts the README's worked
+/// example and `examples/failure-rules.yaml`.
 #[tokio::test]
 async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
     let cp = control_plane_or_skip!();
@@ -721,4 +722,36 @@ async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
         !ok && out.contains("spec.failurePolicy") && out.contains("immutable"),
         "{out}"
     );
+    // The README's worked example is a valid ManagedJob.
+    let readme = std::fs::read_to_string(support::root().join("README.md")).unwrap();
+    let section = readme
+        .split_once("### Failure rules")
+        .expect("README has a Failure rules section")
+        .1;
+    let example = section
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the section shows a YAML example")
+        .0;
+    assert!(example.contains("kind: ManagedJob"), "{example}");
+    let file =
+        std::fs::read_to_string(support::root().join("examples/failure-rules.yaml")).unwrap();
+    for (what, yaml) in [
+        ("the README's example", example),
+        ("examples/failure-rules.yaml", &file),
+    ] {
+        std::fs::write(&path, yaml).unwrap();
+        let (ok, out) = support::kubectl(
+            cp,
+            &[
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &ns.name,
+                "-f",
+                path.to_str().unwrap(),
+            ],
+        );
+        assert!(ok, "{what}: {out}");
+    }
 }

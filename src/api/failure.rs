@@ -27,8 +27,9 @@ pub const MAX_RULE_ITEMS: usize = 16;
 pub const MAX_ATTEMPT_RECORDS: usize = 10;
 /// `spec.recovery.maxIgnored` when unset: relaunches a rule's `Ignore` may cost a task before
 /// its outcomes are decided as if no rule matched. Ten relaunches at the doubling back-off
-/// (first at once, then 1 s, 2 s ... with the default `--restart-backoff-seconds`) ride out a
-/// burst of disruptions in about 8 minutes, and end a failure wrongly marked `Ignore` as soon.
+/// (first at once, then 1 s, 2 s ... 256 s with the default `--restart-backoff-seconds`) ride
+/// out a burst of disruptions for about 8.5 minutes, and end a failure wrongly marked `Ignore`
+/// as soon.
 pub const DEFAULT_MAX_IGNORED: i32 = 10;
 
 /// Ordered failure rules (`spec.failurePolicy`, or a task's own). The first rule that matches
@@ -67,7 +68,8 @@ pub struct FailureRule {
     /// `ContainerCannotRun`), the node's refusal of the Pod (`OutOfcpu`, `OutOfmemory`,
     /// `UnexpectedAdmissionError`, `NodeAffinity`...), a disruption's (`PreemptionByScheduler`,
     /// `EvictionByEvictionAPI`, `DeletionByPodGC`, `TerminationByKubelet`), `Evicted`,
-    /// `PodDeleted` (deleted by someone else); for local jobs `ExitCode`, `SetupFailed`,
+    /// `PodDeleted` (deleted by someone else), `NodeNotReady` (forced off a node that is not
+    /// Ready), `WorkloadVanished`; for local jobs `ExitCode`, `SetupFailed`,
     /// `KilledBySignal<N>` and `ProcessLost`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_reasons: Option<Vec<String>>,
