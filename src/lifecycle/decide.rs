@@ -549,6 +549,15 @@ pub(crate) mod tests {
             matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some(Failure::parse("DeadlineExceeded")))),
             "{a:?}"
         );
+        // The deadline's stop lets the workload save its work: the operator's grace, or the
+        // job's own; a removal of a workload that never started gets none.
+        let five = Duration::from_secs(5);
+        assert_eq!(action_grace(&a, &r, five), five);
+        r.spec.termination_grace_period_seconds = Some(40);
+        let a = next_action(&r, Some(&running), &cx(false));
+        assert_eq!(action_grace(&a, &r, five), Duration::from_secs(40));
+        let removal = Action::RemoveThen(t::deadline_exceeded(&r));
+        assert_eq!(action_grace(&removal, &r, five), Duration::ZERO);
     }
 
     #[test]
