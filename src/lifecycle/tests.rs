@@ -754,6 +754,13 @@ mod failure_rules_model {
                     .as_ref()
                     .is_some_and(|f| f.as_str() == "RecoveryBudgetSpent")
             {
+                // A job that kept losing its workload says what it lost it to last.
+                prop_assert!(
+                    row.message
+                        .contains(&format!("last cause: {}", record.reason)),
+                    "{}",
+                    row.message
+                );
                 REACHED.with(|r| r.borrow_mut().insert("recoveries-spent".into()));
             }
             if handovers.get(step).copied().unwrap_or(false) {
