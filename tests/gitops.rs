@@ -281,6 +281,9 @@ fn pinned(mut row: JobRow) -> JobRow {
         t.started_at = t.started_at.as_ref().map(|_| time(STARTED_MS));
         t.finished_at = t.finished_at.as_ref().map(|_| time(FINISHED_MS));
     }
+    for a in &mut row.attempts {
+        a.finished_at = a.finished_at.as_ref().map(|_| time(FINISHED_MS));
+    }
     row
 }
 
