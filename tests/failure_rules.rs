@@ -535,6 +535,52 @@ while :; do sleep 0.1; done
     assert_eq!(s.phase, Some(JobPhase::Cancelled), "{:?}", s.message);
 }
 
+/// A deadline's stop lets work be saved too: a local job past its `activeDeadlineSeconds` gets
+/// SIGTERM, its TERM trap writes the checkpoint marker, and the job fails `DeadlineExceeded`.
+#[tokio::test]
+async fn a_deadline_lets_the_workload_save_its_work() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "ruledeadline").await;
+    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let run = format!(
+        "trap 'echo saved > {d}/deadline.ckpt; exit 0' TERM\nwhile :; do sleep 0.1; done\n"
+    );
+    let job: managed_jobs::api::ManagedJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
+        "metadata": {"name": "deadline"},
+        "spec": {"activeDeadlineSeconds": 2, "terminationGracePeriodSeconds": 10, "run": run}
+    }))
+    .unwrap();
+    Api::<managed_jobs::api::ManagedJob>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &job)
+        .await
+        .expect("create");
+    let s = support::wait_status(&client, &ns.name, "deadline", T, "finished", terminal)
+        .await
+        .status
+        .unwrap();
+    assert_eq!(
+        s.failure_reason.as_deref(),
+        Some("DeadlineExceeded"),
+        "{:?}",
+        s.message
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("deadline.ckpt"))
+            .ok()
+            .as_deref(),
+        Some("saved\n"),
+        "the script saved its work on SIGTERM"
+    );
+    assert!(
+        s.attempts.is_empty(),
+        "an end the operator caused is no rule's"
+    );
+}
+
 /// (f) A pipeline whose task 2 has its own rules: task 1 uses the job's (exit 3 ignored:
 /// relaunched, counted as neither), task 2 only its own (exit 3 recovered, then exit 2 fails
 /// the job at once); task 3 is skipped. Four process starts.
