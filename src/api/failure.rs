@@ -57,7 +57,8 @@ pub struct FailureRule {
     pub action: FailureAction,
     /// Matches a non-zero exit code of a container (or init container) of the attempt's Pod,
     /// or of the local executor's `setup` or `run` script (a script killed by signal N exits
-    /// 128+N, as a container does).
+    /// 128+N, as a container does). Never a lost Pod's (evicted, preempted, deleted while it
+    /// ran): its containers exited because they were stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_exit_codes: Option<OnExitCodes>,
     /// Matches when the attempt's Pod had one of these conditions (e.g. `DisruptionTarget`:

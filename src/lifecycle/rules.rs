@@ -4,7 +4,8 @@
 //!
 //! A rule matches as batch/v1 `podFailurePolicy` rules do: `onExitCodes` when a part (a
 //! container, an init container, or a local `setup`/`run` script; only the one named by
-//! `containerName` when set) exited with a non-zero code that is `In` (or `NotIn`) the values;
+//! `containerName` when set) exited with a non-zero code that is `In` (or `NotIn`) the values
+//! (a lost workload shows no exits: its containers were stopped for it, `super::pod::observed`);
 //! `onPodConditions` when the Pod had one of the conditions with the status given (`True` by
 //! default); `onReasons` when one of the reasons was given for the end (a part's termination
 //! reason, the Pod's reason, a True condition's reason, the outcome's own). The first rule that
