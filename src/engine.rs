@@ -240,6 +240,22 @@ impl Engine {
             "caps in force: {}",
             cfg.capacity
         );
+        let c = &cfg.capacity;
+        if c.caps.run <= 1 && c.memory_mib < c.reserved_mib + 2 * c.job_memory_mib {
+            tracing::warn!(
+                memory_mib = c.memory_mib,
+                reserved_mib = c.reserved_mib,
+                "the run cap is 1 job at a time: {} MiB of memory leave nothing after the {} MiB reserved for the operator; raise the memory limit (the chart's resources.limits.memory) or lower --reserved-memory-mib",
+                c.memory_mib,
+                c.reserved_mib
+            );
+        }
+        if cfg.executors.contains(&ExecutorKind::Local) && !std::path::Path::new("/bin/sh").exists()
+        {
+            tracing::warn!(
+                "the local executor is on, but /bin/sh does not exist here: every job with spec.run will fail to start (the operator's image has no shell; use spec.template)"
+            );
+        }
         let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
         let metrics = Metrics::for_shard(cfg.shard.as_deref());

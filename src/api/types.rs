@@ -23,8 +23,9 @@ pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 pub const LABEL_TASK: &str = "managedjobs.dev/task";
 /// Label that assigns a ManagedJob (and its Pods) to an operator shard: the instance started
 /// with `--shard NAME` owns the jobs labelled `managedjobs.dev/shard=NAME`; the default
-/// instance owns the jobs without the label. Immutable while the job is not finished (a
-/// ValidatingAdmissionPolicy, `crds/managedjobs.dev_shard-policy.yaml`).
+/// instance owns the jobs without the label. Set at creation and never changed, finished jobs
+/// included (a ValidatingAdmissionPolicy, `crds/managedjobs.dev_shard-policy.yaml`: a finished
+/// job moved to another shard would be stored there again under a new id).
 pub const LABEL_SHARD: &str = "managedjobs.dev/shard";
 
 /// The label selector of the objects shard `shard` owns: `managedjobs.dev/shard=NAME`, or for

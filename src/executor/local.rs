@@ -315,10 +315,21 @@ impl Executor for LocalExecutor {
                 self.current = Some((attempt, w));
                 Ok(Launched::Created)
             }
-            Err(e) => Ok(Launched::Refused(Refused {
-                reason: FailureReason::LaunchFailed,
-                message: format!("could not start the workload: {e}"),
-            })),
+            Err(e) => {
+                let no_shell = e.kind() == std::io::ErrorKind::NotFound
+                    && !std::path::Path::new("/bin/sh").exists();
+                let message = if no_shell {
+                    format!(
+                        "could not start the workload: the local executor runs spec.setup and spec.run with /bin/sh, which this operator's image does not have ({e}); run the job with spec.template (the pod executor), or use an image with a shell"
+                    )
+                } else {
+                    format!("could not start the workload: {e}")
+                };
+                Ok(Launched::Refused(Refused {
+                    reason: FailureReason::LaunchFailed,
+                    message,
+                }))
+            }
         }
     }
 
