@@ -249,6 +249,22 @@ impl Engine {
             "caps in force: {}",
             cfg.capacity
         );
+        let c = &cfg.capacity;
+        if c.caps.run <= 1 && c.memory_mib < c.reserved_mib + 2 * c.job_memory_mib {
+            tracing::warn!(
+                memory_mib = c.memory_mib,
+                reserved_mib = c.reserved_mib,
+                "the run cap is 1 job at a time: {} MiB of memory leave nothing after the {} MiB reserved for the operator; raise the memory limit (the chart's resources.limits.memory) or lower --reserved-memory-mib",
+                c.memory_mib,
+                c.reserved_mib
+            );
+        }
+        if cfg.executors.contains(&ExecutorKind::Local) && !std::path::Path::new("/bin/sh").exists()
+        {
+            tracing::warn!(
+                "the local executor is on, but /bin/sh does not exist here: every job with spec.run will fail to start (the operator's image has no shell; use spec.template)"
+            );
+        }
         let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
         let metrics = Metrics::for_shard(cfg.shard.as_deref());
@@ -573,7 +589,7 @@ impl Engine {
                 match lifecycle::stop_after_give_up(&row) {
                     StopAfterGiveUp::LocalProcesses => {
                         let mut local = LocalExecutor::new(&self.dir);
-                        let grace = self.cfg.cancel_grace;
+                        let grace = lifecycle::stop_grace(&row, self.cfg.cancel_grace);
                         tokio::spawn(async move {
                             let _ = local.stop(&row, grace).await;
                         });
@@ -691,7 +707,12 @@ impl Engine {
                         "stopping a workload process that no live attempt owns: {why}"
                     );
                     let local = LocalExecutor::new(&self.dir);
-                    let (grace, stopping) = (self.cfg.cancel_grace, self.stopping.clone());
+                    // The job's own grace when the store still knows it.
+                    let grace = match self.store().find(p.job_id) {
+                        Ok(Some(row)) => lifecycle::stop_grace(&row, self.cfg.cancel_grace),
+                        _ => self.cfg.cancel_grace,
+                    };
+                    let stopping = self.stopping.clone();
                     tokio::spawn(async move {
                         local.stop_orphan(p, grace).await;
                         stopping

@@ -96,6 +96,11 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "Recovering",
                 t.message.as_str().into(),
             )),
+            (Reason::Ignored, _) => events.push(event(
+                EventType::Normal,
+                "Ignored",
+                t.message.as_str().into(),
+            )),
             (Reason::PodTerminating, _) => events.push(event(
                 EventType::Warning,
                 "PodTerminating",

@@ -210,9 +210,10 @@ impl<E: Executor> JobController<E> {
                     observed,
                     Some(lifecycle::Observed::Unschedulable { .. })
                 ) && self.store.run_slot_wanted(now_ms())?,
+                stop_grace: self.grace,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
-            let grace = lifecycle::stop_grace(&action, self.grace);
+            let grace = lifecycle::action_grace(&action, &row, self.grace);
             match action {
                 Action::Exit => {
                     tracing::info!(phase = %row.phase, "job is done");

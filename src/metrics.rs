@@ -45,6 +45,16 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Label set of `managedjobs_attempts_total`: bounded (5 actions x 2 sources).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// What an ended attempt led to: `Succeeded`, `FailJob`, `Restart`, `Recover` or `Ignore`
+    /// (`lifecycle::Verdict`).
+    pub action: String,
+    /// `rule` (a failure rule of the job matched) or `default` (none did).
+    pub decided_by: String,
+}
+
 /// Every metric the operator exports.
 pub struct Metrics {
     registry: Registry,
@@ -84,6 +94,9 @@ pub struct Metrics {
     /// From a job's terminal transition in the store to the API server accepting the status
     /// write that carries it, seconds.
     pub terminal_status_lag_seconds: Histogram,
+    /// Attempts that ended, by what was decided and whether a failure rule decided it
+    /// (refreshed from the store at each scrape: job controllers count them there).
+    pub attempts_total: Family<AttemptLabels, Counter>,
     ready: AtomicBool,
     /// Why the operator is not ready although started, by what fails (e.g. `crd`,
     /// `state-dir`): one sentence each.
@@ -131,6 +144,7 @@ impl Metrics {
             status_write_failures_total: Counter::default(),
             controller_spawns_deferred_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            attempts_total: Family::default(),
             ready: AtomicBool::new(false),
             problems: Default::default(),
             registry: Registry::default(),
@@ -207,6 +221,11 @@ impl Metrics {
             "Time from a job's terminal transition in the store to the API accepting its status",
             m.terminal_status_lag_seconds.clone(),
         );
+        registry.register(
+            "attempts",
+            "Attempts that ended, by the action decided (Succeeded, FailJob, Restart, Recover, Ignore) and whether a failure rule or the default decided it",
+            m.attempts_total.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -268,6 +287,18 @@ impl Metrics {
                         state: s.as_str().into(),
                     })
                     .set(n);
+            }
+        }
+        if let Ok(counts) = store.attempt_actions() {
+            for (action, decided_by, count) in counts {
+                let counter = self
+                    .attempts_total
+                    .get_or_create(&AttemptLabels { action, decided_by });
+                // A counter only grows: a store that began again (lost) starts over from here.
+                let seen = counter.get() as i64;
+                if count > seen {
+                    counter.inc_by((count - seen) as u64);
+                }
             }
         }
         if let Ok(usage) = store.slot_usage() {

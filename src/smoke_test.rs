@@ -49,6 +49,24 @@ pub async fn run(args: SmokeTestArgs) -> anyhow::Result<()> {
     let name = created.metadata.name.clone().unwrap_or_default();
     println!("created managedjob {namespace}/{name}");
     let outcome = follow(&api, &name, Duration::from_secs(args.timeout_seconds)).await;
+    // Never seen by an operator (no job id): nothing was launched, and no operator would ever
+    // release the finalizer the admission policy added. Drop it so the delete goes through.
+    let unseen = api
+        .get_opt(&name)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|j| j.status.as_ref().and_then(|s| s.job_id).is_none());
+    if unseen {
+        let patch = serde_json::json!({"metadata": {"finalizers": null}});
+        let _ = api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+    }
     match api.delete(&name, &DeleteParams::background()).await {
         Ok(_) => println!("deleted managedjob {namespace}/{name}"),
         Err(e) => eprintln!("deleting managedjob {namespace}/{name}: {e}"),
@@ -89,11 +107,17 @@ async fn follow(api: &Api<ManagedJob>, name: &str, timeout: Duration) -> anyhow:
             ),
             _ => {}
         }
-        anyhow::ensure!(
-            start.elapsed() < timeout,
-            "the job did not finish within {} s; last seen: {line}",
-            timeout.as_secs()
-        );
+        if start.elapsed() >= timeout {
+            let hint = if status.job_id.is_none() {
+                "; no operator has taken the job (no job id): is the operator running, Ready, and watching this namespace?"
+            } else {
+                ""
+            };
+            anyhow::bail!(
+                "the job did not finish within {} s; last seen: {line}{hint}",
+                timeout.as_secs()
+            );
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -116,6 +116,8 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         attempt: row.attempt,
         recovery_count: totals.1,
         restart_count: totals.0,
+        ignored_count: tasks::ignored_total(row),
+        attempts: row.attempts.clone(),
         exit_code: row.exit_code,
         failure_reason: row.failure_reason.as_ref().map(|f| f.to_string()),
         workload: row.workload.as_ref().map(|w| w.to_string()),
@@ -139,6 +141,8 @@ pub fn merge_patch(row: &JobRow) -> Value {
         "exitCode",
         "failureReason",
         "workload",
+        "ignoredCount",
+        "attempts",
     ] {
         obj.entry(field).or_insert(Value::Null);
     }

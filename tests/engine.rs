@@ -165,6 +165,7 @@ async fn failing_job_gets_exactly_one_plus_max_restarts_attempts() {
         recovery: RecoverySpec {
             max_restarts_on_errors: 2,
             max_recoveries: None,
+            max_ignored: None,
         },
         ..Default::default()
     };
@@ -349,6 +350,7 @@ async fn killed_workload_is_recovered_within_max_recoveries() {
         recovery: RecoverySpec {
             max_restarts_on_errors: 0,
             max_recoveries: Some(1),
+            max_ignored: None,
         },
         ..Default::default()
     };
@@ -503,6 +505,7 @@ async fn the_deadline_passing_in_a_back_off_fails_the_job_without_another_attemp
         recovery: RecoverySpec {
             max_restarts_on_errors: 3,
             max_recoveries: None,
+            max_ignored: None,
         },
         active_deadline_seconds: Some(3),
         ..Default::default()

@@ -582,7 +582,14 @@ async fn flux_is_ready_only_after_every_job_succeeded() {
         "Kustomization Ready after {:.1} s: {message}",
         start.elapsed().as_secs_f64()
     );
-    let ready = sync.ready_at(&sha).expect("the watch saw Ready");
+    // The GET above may see Ready before the watch delivers that version: wait for the watch.
+    let mut ready = sync.ready_at(&sha);
+    let caught_up = Instant::now();
+    while ready.is_none() && caught_up.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ready = sync.ready_at(&sha);
+    }
+    let ready = ready.expect("the watch saw Ready");
     for name in ["quick", "slow", "pipeline"] {
         let done = sync
             .succeeded_at(name)

@@ -281,6 +281,9 @@ fn pinned(mut row: JobRow) -> JobRow {
         t.started_at = t.started_at.as_ref().map(|_| time(STARTED_MS));
         t.finished_at = t.finished_at.as_ref().map(|_| time(FINISHED_MS));
     }
+    for a in &mut row.attempts {
+        a.finished_at = a.finished_at.as_ref().map(|_| time(FINISHED_MS));
+    }
     row
 }
 
@@ -288,7 +291,7 @@ fn pinned(mut row: JobRow) -> JobRow {
 /// task 2 running, all three succeeded, and task 2 failed (task 3 skipped).
 fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
     use managed_jobs::api::TaskSpec;
-    use managed_jobs::lifecycle::Outcome;
+    use managed_jobs::lifecycle::{Evidence, Outcome};
     let spec = ManagedJobSpec {
         tasks: ["prepare", "train", "evaluate"]
             .into_iter()
@@ -356,6 +359,7 @@ fn pipeline_samples(store: &mut Store, out: &mut BTreeMap<String, String>) {
                     code: 1,
                     reason: "ExitCode".into(),
                     detail: None,
+                    evidence: Evidence::exit("run", false, 1, "ExitCode"),
                 };
                 let row = apply(
                     store,

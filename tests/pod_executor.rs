@@ -255,7 +255,20 @@ async fn eviction_with_no_recovery_budget_fails_the_job() {
     .await;
     let s = mj.status.unwrap();
     assert_eq!(s.failure_reason.as_deref(), Some("RecoveryBudgetSpent"));
-    assert!(s.message.unwrap().contains("recovery budget is spent"));
+    let message = s.message.unwrap();
+    assert!(message.contains("recovery budget is spent"), "{message}");
+    // The message names the last cause, and the attempt's record its reason.
+    assert!(
+        message.contains("last cause: EvictionByEvictionAPI"),
+        "{message}"
+    );
+    assert_eq!(
+        s.attempts
+            .iter()
+            .map(|a| (a.reason.as_str(), a.rule.as_str(), a.action.as_str()))
+            .collect::<Vec<_>>(),
+        [("EvictionByEvictionAPI", "default", "Recover")]
+    );
 }
 
 #[tokio::test]

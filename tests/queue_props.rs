@@ -236,9 +236,7 @@ impl Model {
                 if let Some(r) = self.pick(k, |r| {
                     r.schedule_state == ScheduleState::Alive && r.recovery_count == 0
                 }) {
-                    let lost = Outcome::Lost {
-                        reason: "preempted".into(),
-                    };
+                    let lost = Outcome::lost("preempted", "Evicted");
                     let t = lifecycle::after_outcome(
                         &r,
                         r.current_attempt(),

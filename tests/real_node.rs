@@ -868,10 +868,15 @@ async fn an_operator_on_an_empty_dir_rebuilds_from_status_after_its_pod_is_delet
 
 /// `resources.limits` of 1 CPU and 512Mi: the caps the installed operator logs follow the
 /// container's limits by the README's formula (launch = 4 x CPUs; run = (memory - reserved) /
-/// per-job budget, at least 1), and `managed-jobs queue` (kubectl exec) shows them.
+/// per-job budget, at least 1; a run cap of 1 is warned about), and `managed-jobs queue`
+/// (kubectl exec) shows them. Installed with `watchNamespace` (not the release namespace),
+/// `helm test --logs` passes.
 #[tokio::test]
 async fn the_caps_follow_the_containers_limits() {
-    let (cp, _guard, _client) = real_node_or_skip!();
+    let (cp, _guard, client) = real_node_or_skip!();
+    // Scoped to one namespace other than the release's, which `helm test` must handle too.
+    let ns = support::TestNamespace::new(&client, cp, "real-scoped").await;
+    let watch = format!("watchNamespace={}", ns.name);
     let release = Release::install(
         cp,
         &[
@@ -879,6 +884,7 @@ async fn the_caps_follow_the_containers_limits() {
             "resources.limits.memory=512Mi",
             "resources.requests.cpu=100m",
             "resources.requests.memory=256Mi",
+            &watch,
         ],
     );
     let logs = release.logs(false);
@@ -906,6 +912,28 @@ async fn the_caps_follow_the_containers_limits() {
     );
     assert!(ok, "kubectl exec queue: {queue}");
     assert!(queue.contains("caps: launch=4,run=1"), "{queue}");
+    assert!(
+        logs.contains("the run cap is 1 job at a time"),
+        "a run cap of 1 is warned about: {logs}"
+    );
+    // The job goes to the watched namespace, the test Pod (and its log) stays in the release's.
+    let (ok, out) = helm(
+        cp,
+        &[
+            "test",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--timeout",
+            "240s",
+            "--logs",
+        ],
+    );
+    assert!(ok, "helm test --logs with watchNamespace: {out}");
+    assert!(
+        out.contains(&format!("created managedjob {}/", ns.name)),
+        "{out}"
+    );
 }
 
 /// `helm uninstall` with jobs running, then `helm install` again: the jobs' Pods run on without

@@ -87,8 +87,8 @@ use managed_jobs::capacity::Caps;
 use managed_jobs::capacity::SlotUsage;
 use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
-    self, Action, AtStart, CancelRoute, Context, ControllerExit, Expect, FailureReason, JobRow,
-    Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults, world,
+    self, Action, AtStart, CancelRoute, Context, ControllerExit, Evidence, Expect, FailureReason,
+    JobRow, Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults, world,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
@@ -490,6 +490,7 @@ impl Model {
             launch_timeout: defaults::LAUNCH_TIMEOUT,
             max_launch_timeouts: defaults::MAX_LAUNCH_TIMEOUTS,
             run_slot_wanted: false,
+            stop_grace: Duration::from_secs(5),
         }
     }
 
@@ -1052,6 +1053,7 @@ impl Model {
                 code: 1,
                 reason: "ExitCode".into(),
                 detail: None,
+                evidence: Evidence::exit("run", false, 1, "ExitCode"),
             }
         };
         let read = self.get(id);
@@ -1088,9 +1090,7 @@ impl Model {
 
     /// The workload was lost: a recovery, which keeps the run slot and waits for a launch slot.
     fn preempt(&mut self, id: i64) -> TestResult {
-        let outcome = Outcome::Lost {
-            reason: "preempted".into(),
-        };
+        let outcome = Outcome::lost("preempted", "Evicted");
         if self.workload_ended(id, outcome, false)? {
             // The first recovery queues at once; later ones back off (Alive) first.
             let row = self.get(id);
@@ -1113,6 +1113,7 @@ impl Model {
             code: 1,
             reason: "ExitCode".into(),
             detail: None,
+            evidence: Evidence::exit("run", false, 1, "ExitCode"),
         };
         let applied = self.workload_ended(id, outcome, true)?;
         prop_assert!(applied);
@@ -2087,9 +2088,7 @@ fn preempted_job_relaunches_ahead_of_new_jobs_with_run_cap_full() {
     let row = store.get(b).unwrap();
     let running = lifecycle::running(&row, 1, Workload::Pod("b-2-1".into()));
     let row = store.transition(b, &running).unwrap().applied().unwrap();
-    let lost = Outcome::Lost {
-        reason: "preempted".into(),
-    };
+    let lost = Outcome::lost("preempted", "Evicted");
     let recovering = lifecycle::after_outcome(&row, 1, &lost, 0, Duration::from_secs(1));
     store.transition(b, &recovering).unwrap().applied().unwrap();
     let r = scheduler::pass(&mut store, caps).unwrap();

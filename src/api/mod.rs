@@ -3,6 +3,8 @@
 //!
 //! - [`types`]: the resource itself (spec, status, a pipeline's tasks), its labels and the
 //!   finalizer;
+//! - [`failure`]: failure rules (`spec.failurePolicy`) and each attempt's record
+//!   (`status.attempts[]`);
 //! - [`states`]: the names of the two state machines ([`JobPhase`], [`ScheduleState`]), a task's
 //!   phase and the executor kinds;
 //! - [`schema`]: the CRD as installed: kube's derived schema plus what the derive cannot express
@@ -13,12 +15,17 @@
 //! - [`queue`]: the `ManagedJobQueue` resource (cluster-scoped: a team's share of the caps) and
 //!   its CRD.
 
+pub mod failure;
 pub mod queue;
 pub mod schema;
 pub mod states;
 pub mod types;
 pub mod validation;
 
+pub use failure::{
+    AttemptStatus, ExitCodeOperator, FailureAction, FailurePolicy, FailureRule, OnExitCodes,
+    OnPodCondition,
+};
 pub use queue::{
     DEFAULT_QUEUE, ManagedJobQueue, ManagedJobQueueSpec, ManagedJobQueueStatus, QueueShardStatus,
     is_queue_name, queue_crd, queue_crd_yaml,

@@ -7,11 +7,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+use super::failure::{
+    MAX_FAILURE_RULES, MAX_RULE_EXIT_CODES, MAX_RULE_ITEMS, MAX_TASK_FAILURE_RULES,
+};
 use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
-    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES,
-    MAX_TASK_ENV_VARS, MAX_TASKS,
+    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_SCRIPT_BYTES,
+    MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
 };
 
 /// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
@@ -96,7 +99,7 @@ fn cancel_rule() -> Value {
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 9] = [
+    const IMMUTABLE: [&str; 11] = [
         "queue",
         "run",
         "setup",
@@ -106,6 +109,8 @@ fn refine_spec_schema(spec: &mut Value) {
         "launchTimeoutSeconds",
         "ttlSecondsAfterFinished",
         "tasks",
+        "failurePolicy",
+        "terminationGracePeriodSeconds",
     ];
     let mut rules = vec![
         rule(
@@ -134,6 +139,14 @@ fn refine_spec_schema(spec: &mut Value) {
         &format!(
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
+    ));
+    rules.push(policy_rule(
+        &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
+        "a local job (spec.run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+    ));
+    rules.push(policy_rule(
+        &format!("!has(self.tasks) || !self.tasks.all(t, has(t.run)) || {LOCAL_RULES_ONLY}"),
+        "the tasks of a local pipeline (tasks[].run) have no Pod: their rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
     ));
     spec["x-kubernetes-validations"] = Value::Array(rules);
     spec["required"] = json!([]);
@@ -169,6 +182,13 @@ fn refine_spec_schema(spec: &mut Value) {
     props["activeDeadlineSeconds"]["minimum"] = json!(1);
     props["launchTimeoutSeconds"]["minimum"] = json!(1);
     props["ttlSecondsAfterFinished"]["minimum"] = json!(0);
+    props["terminationGracePeriodSeconds"]["minimum"] = json!(0);
+    props["terminationGracePeriodSeconds"]["maximum"] = json!(MAX_GRACE_SECONDS);
+    refine_failure_policy(
+        &mut props["failurePolicy"],
+        "spec.failurePolicy",
+        MAX_FAILURE_RULES,
+    );
 
     refine_env(
         &mut props["env"],
@@ -203,8 +223,93 @@ fn refine_recovery(recovery: &mut Value) {
     recovery["properties"]["maxRestartsOnErrors"]["maximum"] = json!(1000);
     recovery["properties"]["maxRestartsOnErrors"]["default"] = json!(0);
     recovery["properties"]["maxRecoveries"]["minimum"] = json!(0);
+    recovery["properties"]["maxIgnored"]["minimum"] = json!(0);
+    recovery["properties"]["maxIgnored"]["maximum"] = json!(1000);
     recovery["required"] = json!([]);
     recovery.as_object_mut().unwrap().remove("required");
+}
+
+/// A rule on an object holding `failurePolicy` (the spec, a task) about that policy: the API
+/// reports it at `<object>.failurePolicy`.
+fn policy_rule(rule: &str, message: &str) -> Value {
+    json!({ "rule": rule, "message": message, "fieldPath": ".failurePolicy" })
+}
+
+/// The CEL condition that `self.failurePolicy`, when set, holds only rules a local workload
+/// can meet: none on Pod conditions, and exit codes only of its `setup` and `run` scripts.
+const LOCAL_RULES_ONLY: &str = "!has(self.failurePolicy) || self.failurePolicy.rules.all(r, !has(r.onPodConditions) && (!has(r.onExitCodes) || !has(r.onExitCodes.containerName) || r.onExitCodes.containerName in ['setup', 'run']))";
+
+/// `failurePolicy` (the job's or a task's; `field` names it in messages): 1..`max_rules` rules, each
+/// with exactly one of onExitCodes, onPodConditions and onReasons and a known action (the
+/// schema's enum); no exit code listed `In` by two rules of the list for the same container
+/// (the second could never match), 0 never listed `In` (a success never matches a rule,
+/// whatever its action); rule names unique DNS labels, never `default`.
+fn refine_failure_policy(policy: &mut Value, field: &str, max_rules: usize) {
+    let rules = &mut policy["properties"]["rules"];
+    rules["minItems"] = json!(1);
+    rules["maxItems"] = json!(max_rules);
+    let container = |r: &str| {
+        format!("(has({r}.onExitCodes.containerName) ? {r}.onExitCodes.containerName : '')")
+    };
+    rules["x-kubernetes-validations"] = json!([
+        rule(
+            &format!(
+                "self.all(a, !has(a.onExitCodes) || a.onExitCodes.operator != 'In' || a.onExitCodes.values.all(v, self.filter(b, has(b.onExitCodes) && b.onExitCodes.operator == 'In' && {} == {} && v in b.onExitCodes.values).size() == 1))",
+                container("b"),
+                container("a")
+            ),
+            &format!(
+                "{field}.rules: an exit code is listed with operator In by two rules for the same container; the first would always win (list each code once)"
+            ),
+        ),
+        rule(
+            "self.all(a, !has(a.name) || self.filter(b, has(b.name) && b.name == a.name).size() == 1)",
+            &format!("{field}.rules: two rules have the same name"),
+        ),
+    ]);
+    let item = &mut rules["items"];
+    item["x-kubernetes-validations"] = json!([
+        rule(
+            "(has(self.onExitCodes) ? 1 : 0) + (has(self.onPodConditions) ? 1 : 0) + (has(self.onReasons) ? 1 : 0) == 1",
+            &format!(
+                "{field}.rules[]: each rule sets exactly one of onExitCodes, onPodConditions and onReasons"
+            ),
+        ),
+        rule(
+            "!has(self.onExitCodes) || self.onExitCodes.operator != 'In' || !(0 in self.onExitCodes.values)",
+            &format!(
+                "{field}.rules[].onExitCodes.values: exit code 0 is a success and never matches a rule; it cannot be listed with operator In (least of all to fail the job)"
+            ),
+        ),
+        rule(
+            "!has(self.name) || self.name != 'default'",
+            &format!(
+                "{field}.rules[].name: `default` names the operator's own decision (no rule matched)"
+            ),
+        ),
+    ]);
+    let props = &mut item["properties"];
+    props["name"]["pattern"] = json!("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+    props["name"]["maxLength"] = json!(63);
+    let codes = &mut props["onExitCodes"]["properties"];
+    codes["containerName"]["pattern"] = json!("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+    codes["containerName"]["maxLength"] = json!(63);
+    codes["values"]["minItems"] = json!(1);
+    codes["values"]["maxItems"] = json!(MAX_RULE_EXIT_CODES);
+    codes["values"]["x-kubernetes-list-type"] = json!("set");
+    let conditions = &mut props["onPodConditions"];
+    conditions["minItems"] = json!(1);
+    conditions["maxItems"] = json!(MAX_RULE_ITEMS);
+    let condition = &mut conditions["items"]["properties"];
+    condition["type"]["pattern"] = json!("^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$");
+    condition["type"]["maxLength"] = json!(316);
+    condition["status"]["enum"] = json!(["True", "False", "Unknown"]);
+    let reasons = &mut props["onReasons"];
+    reasons["minItems"] = json!(1);
+    reasons["maxItems"] = json!(MAX_RULE_ITEMS);
+    reasons["x-kubernetes-list-type"] = json!("set");
+    reasons["items"]["pattern"] = json!("^[A-Za-z][A-Za-z0-9]*$");
+    reasons["items"]["maxLength"] = json!(128);
 }
 
 /// `spec.tasks`: 1..32 uniquely named tasks (a list map keyed by name: the API server refuses a
@@ -227,6 +332,10 @@ fn refine_tasks(tasks: &mut Value) {
         rule(
             "has(self.run) != has(self.template)",
             "each of spec.tasks must set exactly one of run (local executor) and template (pod executor)",
+        ),
+        policy_rule(
+            &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
+            "a local task (run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
         ),
         rule(
             "!has(self.setup) || has(self.run)",
@@ -257,6 +366,11 @@ fn refine_tasks(tasks: &mut Value) {
         )]);
     }
     props["activeDeadlineSeconds"]["minimum"] = json!(1);
+    refine_failure_policy(
+        &mut props["failurePolicy"],
+        "spec.tasks[].failurePolicy",
+        MAX_TASK_FAILURE_RULES,
+    );
     refine_env(
         &mut props["env"],
         "spec.tasks[].env",

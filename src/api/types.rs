@@ -8,6 +8,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::failure::{AttemptStatus, DEFAULT_MAX_IGNORED, FailurePolicy};
 use super::states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase};
 
 /// API group of the resource.
@@ -22,8 +23,9 @@ pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 pub const LABEL_TASK: &str = "managedjobs.dev/task";
 /// Label that assigns a ManagedJob (and its Pods) to an operator shard: the instance started
 /// with `--shard NAME` owns the jobs labelled `managedjobs.dev/shard=NAME`; the default
-/// instance owns the jobs without the label. Immutable while the job is not finished (a
-/// ValidatingAdmissionPolicy, `crds/managedjobs.dev_shard-policy.yaml`).
+/// instance owns the jobs without the label. Set at creation and never changed, finished jobs
+/// included (a ValidatingAdmissionPolicy, `crds/managedjobs.dev_shard-policy.yaml`: a finished
+/// job moved to another shard would be stored there again under a new id).
 pub const LABEL_SHARD: &str = "managedjobs.dev/shard";
 
 /// The label selector of the objects shard `shard` owns: `managedjobs.dev/shard=NAME`, or for
@@ -85,6 +87,18 @@ pub struct ManagedJobSpec {
     /// Restart and recovery budgets.
     #[serde(default)]
     pub recovery: RecoverySpec,
+    /// Failure rules: what an attempt's end means, decided by the first rule that matches
+    /// (docs/design.md#failure-rules). Unset: the operator's defaults (a workload error is a
+    /// restart, a lost workload a recovery). A task with its own `failurePolicy` uses only that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+    /// Seconds a stopped workload (a cancel, a deadline, a job given up) has between SIGTERM and
+    /// SIGKILL, to save its work: the local executor's whole process tree, or the Pods (each
+    /// Pod's `terminationGracePeriodSeconds` is set to it). Unset: the operator's
+    /// `--cancel-grace-seconds` for a local job, the template's own (Kubernetes' default 30)
+    /// for a pod job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
     /// Set to true to cancel the job without deleting the object; it keeps its final status.
     /// Final while the job runs; once the job has finished it may go back to false (e.g. a
     /// cancel reverted in git), which changes nothing.
@@ -137,6 +151,10 @@ pub struct TaskSpec {
     /// The task's restart and recovery budgets; unset: `spec.recovery`. Counted per task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoverySpec>,
+    /// The task's failure rules, used instead of `spec.failurePolicy` (not merged with it);
+    /// unset: the job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
     /// Seconds the task may run, counted from its first start (besides the job's own
     /// `activeDeadlineSeconds`, counted from the job's first start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,6 +181,8 @@ pub struct TaskView<'a> {
     pub env: Vec<EnvVar>,
     /// Restart and recovery budgets of the task.
     pub recovery: &'a RecoverySpec,
+    /// Failure rules of the task (its own, else the job's); None: the defaults.
+    pub failure_policy: Option<&'a FailurePolicy>,
     /// The task's own deadline, seconds from its first start (a job of one task: the job's).
     pub active_deadline_seconds: Option<i64>,
 }
@@ -192,9 +212,22 @@ pub struct RecoverySpec {
     /// Restarts after the workload itself fails (non-zero exit). 0 = fail at the first error.
     #[serde(default)]
     pub max_restarts_on_errors: i32,
-    /// Relaunches after preemption, eviction or node loss. Unset = unlimited.
+    /// Relaunches after preemption, eviction or node loss (or a failure rule's `Recover`).
+    /// Unset = unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_recoveries: Option<i32>,
+    /// Relaunches a failure rule's `Ignore` may cost (counted in neither restarts nor
+    /// recoveries); past it an ignored outcome is decided as if no rule matched. 0..1000,
+    /// unset: 10. Never unlimited, so no rule can make a job loop for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ignored: Option<i32>,
+}
+
+impl RecoverySpec {
+    /// `maxIgnored`, or its default ([`DEFAULT_MAX_IGNORED`]).
+    pub fn max_ignored(&self) -> i32 {
+        self.max_ignored.unwrap_or(DEFAULT_MAX_IGNORED)
+    }
 }
 
 /// What the operator observed and did. Written only by the operator, through the status
@@ -240,10 +273,19 @@ pub struct ManagedJobStatus {
     /// Restarts after workload errors so far.
     #[serde(default)]
     pub restart_count: i32,
+    /// Relaunches a failure rule's `Ignore` decided so far (counted in neither restarts nor
+    /// recoveries).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ignored_count: i32,
+    /// The latest attempts that ended (at most 10, oldest first): how each ended, the failure
+    /// rule that matched (`default` when none) and what it decided.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptStatus>,
     /// Exit code of the last attempt's workload, once it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
-    /// CamelCase reason of a failure (e.g. `ExitCode`, `DeadlineExceeded`, `RecoveryBudgetSpent`).
+    /// CamelCase reason of a failure (e.g. `ExitCode`, `DeadlineExceeded`, `RecoveryBudgetSpent`,
+    /// `FailureRule` when a failure rule's `FailJob` ended the job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
     /// The current attempt's workload: `pod/<name>` or `pid/<pid>`.
@@ -287,6 +329,9 @@ pub struct TaskStatus {
     /// Relaunches of this task after preemption or node loss.
     #[serde(default)]
     pub recovery_count: i32,
+    /// Relaunches of this task a failure rule's `Ignore` decided.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ignored_count: i32,
     /// Exit code of the task's last attempt, once it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -349,6 +394,7 @@ impl ManagedJobSpec {
                 template: self.template.as_ref(),
                 env: self.env.clone(),
                 recovery: &self.recovery,
+                failure_policy: self.failure_policy.as_ref(),
                 active_deadline_seconds: self.active_deadline_seconds,
             };
         };
@@ -368,7 +414,15 @@ impl ManagedJobSpec {
             template: task.template.as_ref(),
             env,
             recovery: task.recovery.as_ref().unwrap_or(&self.recovery),
+            failure_policy: task
+                .failure_policy
+                .as_ref()
+                .or(self.failure_policy.as_ref()),
             active_deadline_seconds: task.active_deadline_seconds,
         }
     }
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }

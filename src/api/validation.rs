@@ -2,7 +2,15 @@
 //! server enforces the same through the CRD's schema ([`super::schema`]), so these matter only
 //! when a CRD without our rules was installed.
 
+use super::failure::{
+    ExitCodeOperator, FailurePolicy, MAX_FAILURE_RULES, MAX_RULE_EXIT_CODES, MAX_RULE_ITEMS,
+    MAX_TASK_FAILURE_RULES,
+};
 use super::types::{ManagedJobSpec, TaskView};
+
+/// Longest `spec.terminationGracePeriodSeconds`: a day. Every wait is bounded (a cancel or a
+/// `kubectl delete mj` must end), and a Pod delete takes the grace as a 32-bit count.
+pub const MAX_GRACE_SECONDS: i64 = 86_400;
 
 /// Most tasks in one pipeline (`spec.tasks`).
 pub const MAX_TASKS: usize = 32;
@@ -63,6 +71,14 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
     }
     if spec.launch_timeout_seconds.is_some_and(|s| s < 1) {
         return Err("spec.launchTimeoutSeconds must be >= 1".into());
+    }
+    if spec
+        .termination_grace_period_seconds
+        .is_some_and(|s| !(0..=MAX_GRACE_SECONDS).contains(&s))
+    {
+        return Err(format!(
+            "spec.terminationGracePeriodSeconds must be within 0..{MAX_GRACE_SECONDS}"
+        ));
     }
     if spec.is_pipeline() {
         if spec.setup.is_some() {
@@ -125,11 +141,112 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
                     "spec.tasks[{i}].activeDeadlineSeconds must be >= 1"
                 ));
             }
+            if let Some(policy) = &task.failure_policy {
+                validate_policy(
+                    policy,
+                    &format!("spec.tasks[{i}].failurePolicy"),
+                    MAX_TASK_FAILURE_RULES,
+                )?;
+            }
             validate_task(&spec.task(i), &format!("spec.tasks[{i}]"))?;
+        }
+        if let Some(policy) = &spec.failure_policy {
+            validate_policy(policy, "spec.failurePolicy", MAX_FAILURE_RULES)?;
         }
         return Ok(());
     }
+    if let Some(policy) = &spec.failure_policy {
+        validate_policy(policy, "spec.failurePolicy", MAX_FAILURE_RULES)?;
+    }
     validate_task(&spec.task(0), "spec")
+}
+
+/// The checks of a failure policy at `at` (the API's CEL rules, [`super::schema`]): 1 to
+/// `max_rules` rules, each matching on exactly one of exit codes, Pod conditions and reasons;
+/// no exit code 0 listed `In`; no code listed `In` by two rules for the same container; names
+/// unique DNS labels other than `default`.
+pub fn validate_policy(policy: &FailurePolicy, at: &str, max_rules: usize) -> Result<(), String> {
+    if policy.rules.is_empty() || policy.rules.len() > max_rules {
+        return Err(format!(
+            "{at}.rules holds {} rules; 1 to {max_rules} are allowed",
+            policy.rules.len()
+        ));
+    }
+    for (i, rule) in policy.rules.iter().enumerate() {
+        let field = format!("{at}.rules[{i}]");
+        let matchers = usize::from(rule.on_exit_codes.is_some())
+            + usize::from(rule.on_pod_conditions.is_some())
+            + usize::from(rule.on_reasons.is_some());
+        if matchers != 1 {
+            return Err(format!(
+                "{field} must set exactly one of onExitCodes, onPodConditions and onReasons"
+            ));
+        }
+        if let Some(name) = &rule.name {
+            if !is_dns_label(name) || name == "default" {
+                return Err(format!(
+                    "{field}.name {name:?} must be a DNS label other than \"default\""
+                ));
+            }
+            if policy.rules[..i]
+                .iter()
+                .any(|r| r.name.as_ref() == Some(name))
+            {
+                return Err(format!("{field}.name {name:?} is used by an earlier rule"));
+            }
+        }
+        if let Some(on) = &rule.on_exit_codes {
+            if on.values.is_empty() || on.values.len() > MAX_RULE_EXIT_CODES {
+                return Err(format!(
+                    "{field}.onExitCodes.values must hold 1 to {MAX_RULE_EXIT_CODES} codes"
+                ));
+            }
+            if on.operator == ExitCodeOperator::In && on.values.contains(&0) {
+                return Err(format!(
+                    "{field}.onExitCodes.values: exit code 0 is a success and never matches a rule; it cannot be listed with operator In"
+                ));
+            }
+            if on
+                .container_name
+                .as_deref()
+                .is_some_and(|c| !is_dns_label(c))
+            {
+                return Err(format!(
+                    "{field}.onExitCodes.containerName must be a DNS label"
+                ));
+            }
+            if on.operator == ExitCodeOperator::In {
+                let earlier = policy.rules[..i]
+                    .iter()
+                    .filter_map(|r| r.on_exit_codes.as_ref());
+                for other in earlier.filter(|o| {
+                    o.operator == ExitCodeOperator::In && o.container_name == on.container_name
+                }) {
+                    if let Some(code) = on.values.iter().find(|c| other.values.contains(c)) {
+                        return Err(format!(
+                            "{field}.onExitCodes.values: exit code {code} is listed by an earlier rule for the same container"
+                        ));
+                    }
+                }
+            }
+        }
+        let items = rule
+            .on_pod_conditions
+            .as_ref()
+            .map_or(1, Vec::len)
+            .min(rule.on_reasons.as_ref().map_or(1, Vec::len));
+        let most = rule
+            .on_pod_conditions
+            .as_ref()
+            .map_or(0, Vec::len)
+            .max(rule.on_reasons.as_ref().map_or(0, Vec::len));
+        if items == 0 || most > MAX_RULE_ITEMS {
+            return Err(format!(
+                "{field} lists 1 to {MAX_RULE_ITEMS} Pod conditions or reasons"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The checks of one task (or of a job of one task), naming fields under `at` (`spec` or
@@ -143,6 +260,45 @@ fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
     }
     if task.recovery.max_recoveries.is_some_and(|n| n < 0) {
         return Err(format!("{at}.recovery.maxRecoveries must be >= 0"));
+    }
+    if task
+        .recovery
+        .max_ignored
+        .is_some_and(|n| !(0..=1000).contains(&n))
+    {
+        return Err(format!("{at}.recovery.maxIgnored must be within 0..1000"));
+    }
+    // What the task's rules may name: a local workload has no Pod, and only its two scripts;
+    // a Pod's containers and init containers.
+    if let Some(policy) = task.failure_policy {
+        let parts: Vec<String> = match task.template.and_then(|t| t.spec.as_ref()) {
+            Some(pod) => pod
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&pod.containers)
+                .map(|c| c.name.clone())
+                .collect(),
+            None => vec!["setup".into(), "run".into()],
+        };
+        for (i, rule) in policy.rules.iter().enumerate() {
+            if task.template.is_none() && rule.on_pod_conditions.is_some() {
+                return Err(format!(
+                    "{at}: the failurePolicy's rules[{i}].onPodConditions cannot match a local workload (it has no Pod)"
+                ));
+            }
+            if let Some(name) = rule
+                .on_exit_codes
+                .as_ref()
+                .and_then(|o| o.container_name.as_ref())
+                && !parts.contains(name)
+            {
+                return Err(format!(
+                    "{at}: the failurePolicy's rules[{i}].onExitCodes.containerName {name:?} names no part of the workload (it has {})",
+                    parts.join(", ")
+                ));
+            }
+        }
     }
     for (field, script) in [("run", task.run), ("setup", task.setup)] {
         if let Some(s) = script

@@ -17,7 +17,7 @@ use tokio::process::{Child, Command};
 
 use super::{Executor, Launched, Result, Stop, contain};
 use crate::lifecycle::world::ProcessSeen;
-use crate::lifecycle::{FailureReason, JobRow, Observed, Outcome, Refused, Workload};
+use crate::lifecycle::{Evidence, FailureReason, JobRow, Observed, Outcome, Refused, Workload};
 use crate::process;
 use crate::state_dir::StateDir;
 use crate::store::Store;
@@ -315,10 +315,21 @@ impl Executor for LocalExecutor {
                 self.current = Some((attempt, w));
                 Ok(Launched::Created)
             }
-            Err(e) => Ok(Launched::Refused(Refused {
-                reason: FailureReason::LaunchFailed,
-                message: format!("could not start the workload: {e}"),
-            })),
+            Err(e) => {
+                let no_shell = e.kind() == std::io::ErrorKind::NotFound
+                    && !std::path::Path::new("/bin/sh").exists();
+                let message = if no_shell {
+                    format!(
+                        "could not start the workload: the local executor runs spec.setup and spec.run with /bin/sh, which this operator's image does not have ({e}); run the job with spec.template (the pod executor), or use an image with a shell"
+                    )
+                } else {
+                    format!("could not start the workload: {e}")
+                };
+                Ok(Launched::Refused(Refused {
+                    reason: FailureReason::LaunchFailed,
+                    message,
+                }))
+            }
         }
     }
 
@@ -368,8 +379,11 @@ impl LocalWorkload {
 
     /// How the attempt ended, once it did.
     pub fn outcome(&self) -> Outcome {
-        read_exit_file(&self.exit_file).unwrap_or(Outcome::Lost {
-            reason: "the workload's process was killed before it recorded an exit code".into(),
+        read_exit_file(&self.exit_file).unwrap_or_else(|| {
+            Outcome::lost(
+                "the workload's process was killed before it recorded an exit code",
+                "ProcessLost",
+            )
         })
     }
 
@@ -406,21 +420,27 @@ fn read_exit_file(path: &Path) -> Option<Outcome> {
     let mut parts = text.split_whitespace();
     let stage = parts.next()?;
     let code: i32 = parts.next()?.parse().ok()?;
+    // A script killed by signal N exits 128 + N (sh's convention, and a container's).
+    let signalled = |code: i32| (code > 128).then(|| format!("KilledBySignal{}", code - 128));
     Some(match (stage, code) {
         ("run", 0) => Outcome::Succeeded,
-        ("setup", code) => Outcome::SetupFailed {
-            code,
-            reason: "SetupFailed".into(),
-            detail: None,
-        },
-        (_, code) => Outcome::Failed {
-            code,
-            reason: if code > 128 {
-                format!("KilledBySignal{}", code - 128)
-            } else {
-                "ExitCode".into()
-            },
-            detail: None,
-        },
+        ("setup", code) => {
+            let part = signalled(code).unwrap_or_else(|| "SetupFailed".into());
+            Outcome::SetupFailed {
+                code,
+                reason: "SetupFailed".into(),
+                detail: None,
+                evidence: Evidence::exit("setup", true, code, &part),
+            }
+        }
+        (_, code) => {
+            let reason = signalled(code).unwrap_or_else(|| "ExitCode".into());
+            Outcome::Failed {
+                code,
+                evidence: Evidence::exit("run", false, code, &reason),
+                reason,
+                detail: None,
+            }
+        }
     })
 }

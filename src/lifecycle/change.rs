@@ -4,7 +4,8 @@
 //! guard ([`Transition`]), to the store, which applies it with [`apply`] inside its
 //! compare-and-set.
 
-use crate::api::{JobPhase, ScheduleState, WaitReason};
+use crate::api::failure::MAX_ATTEMPT_RECORDS;
+use crate::api::{AttemptStatus, JobPhase, ScheduleState, WaitReason};
 
 use super::edges::{self, Expect, IllegalTransition};
 use super::outcome::Workload;
@@ -64,6 +65,11 @@ pub struct Change {
     pub(in crate::lifecycle) requeue: bool,
     /// Why the queued job waits (kept only while it is Waiting).
     pub(in crate::lifecycle) wait_reason: Option<WaitReason>,
+    /// New count of relaunches decided by a rule's `Ignore`.
+    pub(in crate::lifecycle) ignored_count: Option<i32>,
+    /// The record of the attempt that ended (its `finished_at` is stamped when applied), added
+    /// to `attempts` (the latest [`MAX_ATTEMPT_RECORDS`] are kept).
+    pub(in crate::lifecycle) attempt_record: Option<AttemptStatus>,
 }
 
 /// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
@@ -104,6 +110,8 @@ impl Change {
             node_wait: None,
             requeue: false,
             wait_reason: None,
+            ignored_count: None,
+            attempt_record: None,
         }
     }
 
@@ -173,6 +181,12 @@ impl Change {
     /// True when it sends the job to the back of its queue.
     pub fn requeues(&self) -> bool {
         self.requeue
+    }
+
+    /// The record of the attempt that ended, when it records one: what was decided, and by
+    /// which rule.
+    pub fn attempt_record(&self) -> Option<&AttemptStatus> {
+        self.attempt_record.as_ref()
     }
 
     /// Adds `notes` (what a stop had to force) to the message, in parentheses.
@@ -270,6 +284,16 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     }
     if let Some(n) = change.restart_count {
         after.restart_count = n;
+    }
+    if let Some(n) = change.ignored_count {
+        after.ignored_count = n;
+    }
+    if let Some(record) = &change.attempt_record {
+        let mut record = record.clone();
+        record.finished_at = Some(super::clock::time_in_seconds(now));
+        after.attempts.push(record);
+        let extra = after.attempts.len().saturating_sub(MAX_ATTEMPT_RECORDS);
+        after.attempts.drain(..extra);
     }
     if let Some(c) = change.exit_code {
         after.exit_code = c;

@@ -8,7 +8,9 @@ use crate::api::{JobPhase, ScheduleState, validate_spec};
 
 use super::change::Transition;
 use super::clock::earliest;
-use super::deadlines::{deadline_ms, launch_deadline_ms, launch_timeout, node_wait_deadline_ms};
+use super::deadlines::{
+    deadline_ms, launch_deadline_ms, launch_timeout, node_wait_deadline_ms, stop_grace,
+};
 use super::outcome::{Observed, Outcome, Refused, Workload};
 use super::reason::{Failure, FailureReason};
 use super::record::JobRow;
@@ -39,6 +41,9 @@ pub struct Context {
     /// Some job waits for a run slot (Pending, admissible, not in a back-off): a Pod that no
     /// node took within its launch timeout then gives its run slot back.
     pub run_slot_wanted: bool,
+    /// A local workload's stop grace, SIGTERM to SIGKILL (`--cancel-grace-seconds`), unless
+    /// its spec says otherwise ([`stop_grace`]).
+    pub stop_grace: Duration,
 }
 
 /// How long a launched Pod may wait without a reason (its node has not reported yet) before
@@ -107,7 +112,7 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
         return if row.phase == JobPhase::Cancelling {
             Action::StopThen(t::cancelled(row))
         } else {
-            Action::Apply(t::cancelling(row))
+            Action::Apply(t::cancelling(row, stop_grace(row, cx.stop_grace)))
         };
     }
     let attempt = row.current_attempt();
@@ -252,9 +257,10 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
         Observed::NotFound => Action::Apply(t::after_outcome(
             row,
             attempt,
-            &Outcome::Lost {
-                reason: "the workload vanished before it recorded an exit code".into(),
-            },
+            &Outcome::lost(
+                "the workload vanished before it recorded an exit code",
+                "WorkloadVanished",
+            ),
             cx.now_ms,
             cx.backoff_base,
         )),
@@ -301,11 +307,12 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 return Action::RemoveThen(t::after_outcome(
                     row,
                     attempt,
-                    &Outcome::Lost {
-                        reason: format!(
+                    &Outcome::lost(
+                        format!(
                             "{message} past its grace period on a node that is not Ready (or gone); it was force-deleted"
                         ),
-                    },
+                        "NodeNotReady",
+                    ),
                     cx.now_ms,
                     cx.backoff_base,
                 ));
@@ -388,14 +395,15 @@ pub fn after_refusal(row: &JobRow, refused: &Refused) -> AfterRefusal {
     )))
 }
 
-/// The grace a workload's stop gets for `action`: none for a removal ([`Action::RemoveThen`]:
-/// nothing of a workload that never started needs one), else `grace` (the operator's
-/// `--cancel-grace-seconds`; a Pod's own `terminationGracePeriodSeconds` applies to it).
-pub fn stop_grace(action: &Action, grace: Duration) -> Duration {
+/// The grace a workload's stop for `action` gets, SIGTERM to SIGKILL: none for a removal
+/// ([`Action::RemoveThen`]: nothing of a workload that never started needs one), else the
+/// job's ([`stop_grace`]: its `terminationGracePeriodSeconds`, a Pod's own, or `default`, the
+/// operator's `--cancel-grace-seconds`).
+pub fn action_grace(action: &Action, row: &JobRow, default: Duration) -> Duration {
     if matches!(action, Action::RemoveThen(_)) {
         Duration::ZERO
     } else {
-        grace
+        stop_grace(row, default)
     }
 }
 
@@ -409,6 +417,7 @@ pub(crate) mod tests {
     };
     use crate::lifecycle::change::check_edge;
     use crate::lifecycle::edges::legal_state;
+    use crate::lifecycle::outcome::Evidence;
     use crate::lifecycle::reason::Reason;
     use crate::lifecycle::record::Object;
     use proptest::prelude::*;
@@ -448,6 +457,7 @@ pub(crate) mod tests {
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
             max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
             run_slot_wanted: false,
+            stop_grace: Duration::from_secs(5),
         }
     }
 
@@ -539,6 +549,15 @@ pub(crate) mod tests {
             matches!(&a, Action::StopThen(t) if t.change.failure_reason == Some(Some(Failure::parse("DeadlineExceeded")))),
             "{a:?}"
         );
+        // The deadline's stop lets the workload save its work: the operator's grace, or the
+        // job's own; a removal of a workload that never started gets none.
+        let five = Duration::from_secs(5);
+        assert_eq!(action_grace(&a, &r, five), five);
+        r.spec.termination_grace_period_seconds = Some(40);
+        let a = next_action(&r, Some(&running), &cx(false));
+        assert_eq!(action_grace(&a, &r, five), Duration::from_secs(40));
+        let removal = Action::RemoveThen(t::deadline_exceeded(&r));
+        assert_eq!(action_grace(&removal, &r, five), Duration::ZERO);
     }
 
     #[test]
@@ -1001,11 +1020,10 @@ pub(crate) mod tests {
             Just(Some(Observed::Ended(Outcome::Failed {
                 code: 2,
                 reason: "ExitCode".into(),
-                detail: None
+                detail: None,
+                evidence: Evidence::exit("run", false, 2, "ExitCode"),
             }))),
-            Just(Some(Observed::Ended(Outcome::Lost {
-                reason: "evicted".into()
-            }))),
+            Just(Some(Observed::Ended(Outcome::lost("evicted", "Evicted")))),
             Just(Some(Observed::Ended(Outcome::Invalid {
                 reason: "InvalidImageName".into(),
                 message: "container main: bad".into()

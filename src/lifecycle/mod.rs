@@ -8,7 +8,10 @@
 //! - [`clock`]: time in ms since the epoch, the back-off between attempts;
 //! - [`reason`]: why a transition happened ([`Reason`]) and why a job failed ([`Failure`]:
 //!   the operator's [`FailureReason`] or the workload's text);
-//! - [`outcome`]: what executors report ([`Workload`], [`Observed`], [`Outcome`], [`Refused`]);
+//! - [`outcome`]: what executors report ([`Workload`], [`Observed`], [`Outcome`] and the
+//!   [`Evidence`] failure rules read, [`Refused`]);
+//! - [`rules`]: failure rules: which rule of a task's policy decides an ended attempt
+//!   ([`rules::decide`], [`Verdict`]);
 //! - [`record`]: the job record ([`JobRow`], its columns declared once) and its history entries;
 //! - [`tasks`]: a pipeline's current task and how each task's record follows the job;
 //! - [`pod`]: each attempt's Pod name, and what a Pod observation means for the attempt;
@@ -44,6 +47,7 @@ pub mod pod;
 pub mod reason;
 pub mod record;
 pub mod restore;
+pub mod rules;
 pub mod submit;
 pub mod supervise;
 pub mod tasks;
@@ -54,17 +58,19 @@ pub mod world;
 
 pub use change::{Change, LaunchClock, Transition, apply, check_edge};
 pub use clock::{MAX_BACKOFF, backoff, earliest, now_ms};
+pub use deadlines::stop_grace;
 pub use decide::{
-    Action, AfterRefusal, Context, after_refusal, in_backoff, next_action, observes, stop_grace,
+    Action, AfterRefusal, Context, action_grace, after_refusal, in_backoff, next_action, observes,
 };
 pub use edges::{
     Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,
     legal_state,
 };
-pub use outcome::{Observed, Outcome, Refused, Workload};
+pub use outcome::{Evidence, Observed, Outcome, PartExit, Refused, Workload};
 pub use reason::{Failure, FailureReason, Reason};
 pub use record::{HistoryEntry, JobRow, Object, Step};
 pub use restore::restore;
+pub use rules::{Decision, Verdict};
 pub use submit::{Submission, submission};
 pub use supervise::{
     AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, SpawnFailure,

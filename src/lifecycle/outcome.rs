@@ -1,7 +1,10 @@
 //! What the executors report, as the decisions read it: an attempt's [`Workload`], what is
-//! [`Observed`] of it, how it ended ([`Outcome`]) and a launch refused for good ([`Refused`]).
+//! [`Observed`] of it, how it ended ([`Outcome`], with the [`Evidence`] a failure rule reads)
+//! and a launch refused for good ([`Refused`]).
 
 use std::fmt;
+
+use serde::{Deserialize, Serialize};
 
 use super::reason::FailureReason;
 
@@ -51,6 +54,68 @@ impl fmt::Display for Workload {
     }
 }
 
+/// One part of an attempt that terminated: a container or init container of its Pod, or the
+/// local executor's `setup` or `run` script.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartExit {
+    /// The container's name; `setup` or `run` for a local attempt.
+    pub name: String,
+    /// An init container (or the local `setup` script).
+    #[serde(default)]
+    pub init: bool,
+    /// Its exit code (128 + N for a process killed by signal N).
+    pub code: i32,
+    /// Its CamelCase termination reason (`Completed`, `Error`, `OOMKilled`; locally `ExitCode`,
+    /// `SetupFailed` or `KilledBySignal<N>`).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// What an ended attempt showed, as failure rules read it (`lifecycle::rules`): every part
+/// that terminated, the Pod's conditions that held, and the reasons given for its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// Every part that terminated, init containers (or `setup`) first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exits: Vec<PartExit>,
+    /// The Pod's conditions as (type, status), e.g. (`DisruptionTarget`, `True`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<(String, String)>,
+    /// CamelCase reasons given for the end besides the parts' own: the Pod's `status.reason`
+    /// (`OutOfcpu`, `Evicted`), a True condition's reason (`EvictionByEvictionAPI`), the
+    /// operator's (`PodDeleted`, `ProcessLost`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+}
+
+impl Evidence {
+    /// The evidence of one part that exited `code` with `reason`.
+    pub fn exit(name: &str, init: bool, code: i32, reason: &str) -> Evidence {
+        Evidence {
+            exits: vec![PartExit {
+                name: name.into(),
+                init,
+                code,
+                reason: reason.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The evidence of an end that only `reason` explains (no part exited).
+    pub fn reason(reason: &str) -> Evidence {
+        Evidence {
+            reasons: vec![reason.into()],
+            ..Default::default()
+        }
+    }
+
+    /// True when nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.exits.is_empty() && self.conditions.is_empty() && self.reasons.is_empty()
+    }
+}
+
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -65,6 +130,8 @@ pub enum Outcome {
         /// Which part failed, when the executor knows (e.g. "init container fetch exited with
         /// code 2").
         detail: Option<String>,
+        /// What failure rules read.
+        evidence: Evidence,
     },
     /// The workload itself failed (counts against maxRestartsOnErrors).
     Failed {
@@ -75,6 +142,8 @@ pub enum Outcome {
         /// Which part failed, when the executor knows (e.g. "container sidecar was OOM-killed
         /// (exit code 0)").
         detail: Option<String>,
+        /// What failure rules read.
+        evidence: Evidence,
     },
     /// The node refused to run the workload (a Pod ended Failed before any container ran:
     /// `OutOfcpu`, `UnexpectedAdmissionError`, `SysctlForbidden`...). A workload error, like
@@ -84,10 +153,12 @@ pub enum Outcome {
         reason: String,
         /// The node's message.
         message: String,
+        /// What failure rules read.
+        evidence: Evidence,
     },
     /// The workload can never start as specified (an invalid image name, a container config
     /// that references what does not exist): retrying cannot help, the job fails its precheck
-    /// and the workload is removed.
+    /// and the workload is removed. Failure rules do not apply.
     Invalid {
         /// The kubelet's CamelCase reason, e.g. `InvalidImageName`.
         reason: String,
@@ -99,7 +170,57 @@ pub enum Outcome {
     Lost {
         /// Sentence saying what happened.
         reason: String,
+        /// What failure rules read (its `reasons` start with the CamelCase cause, e.g.
+        /// `EvictionByEvictionAPI`, `PodDeleted`).
+        evidence: Evidence,
     },
+}
+
+impl Outcome {
+    /// A lost workload that only `sentence` explains, its CamelCase cause `cause`.
+    pub fn lost(sentence: impl Into<String>, cause: &str) -> Outcome {
+        Outcome::Lost {
+            reason: sentence.into(),
+            evidence: Evidence::reason(cause),
+        }
+    }
+
+    /// What failure rules read of it (nothing for a success or a workload that cannot start).
+    pub fn evidence(&self) -> Option<&Evidence> {
+        match self {
+            Outcome::Succeeded | Outcome::Invalid { .. } => None,
+            Outcome::SetupFailed { evidence, .. }
+            | Outcome::Failed { evidence, .. }
+            | Outcome::Refused { evidence, .. }
+            | Outcome::Lost { evidence, .. } => Some(evidence),
+        }
+    }
+
+    /// The CamelCase reason of the outcome, as an attempt's record shows it: `Succeeded`, the
+    /// workload's reason, or a lost workload's cause (`WorkloadLost` when nothing says).
+    pub fn reason(&self) -> &str {
+        match self {
+            Outcome::Succeeded => "Succeeded",
+            Outcome::SetupFailed { reason, .. }
+            | Outcome::Failed { reason, .. }
+            | Outcome::Refused { reason, .. }
+            | Outcome::Invalid { reason, .. } => reason,
+            Outcome::Lost { evidence, .. } => evidence
+                .reasons
+                .first()
+                .map(String::as_str)
+                .unwrap_or("WorkloadLost"),
+        }
+    }
+
+    /// The exit code of the part that decided it, when one exited.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            Outcome::Succeeded => Some(0),
+            Outcome::SetupFailed { code, .. } | Outcome::Failed { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
 }
 
 /// What an executor observes of one attempt's workload.

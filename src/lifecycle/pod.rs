@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use super::outcome::{Observed, Outcome, Workload};
+use super::outcome::{Evidence, Observed, Outcome, Workload};
 use super::record::JobRow;
 
 /// Longest Pod name we generate: a DNS label, so the Pod's hostname is its name.
@@ -221,6 +221,9 @@ pub struct PodObservation {
     pub terminating_since_ms: Option<i64>,
     /// Its deletion grace period, seconds (`deletionGracePeriodSeconds`).
     pub grace_seconds: Option<i64>,
+    /// What failure rules read of an ended Pod: every terminated container, its conditions,
+    /// the reasons given (empty while it has not ended).
+    pub evidence: Evidence,
 }
 
 /// What the job controller's decision needs of an observation.
@@ -244,15 +247,18 @@ pub fn observed(o: &PodObservation) -> Observed {
             code: o.exit_code.unwrap_or(1),
             reason: o.reason.clone(),
             detail: (!o.message.is_empty()).then(|| o.message.clone()),
+            evidence: o.evidence.clone(),
         }),
         PodState::SetupFailed => Observed::Ended(Outcome::SetupFailed {
             code: o.exit_code.unwrap_or(1),
             reason: o.reason.clone(),
             detail: (!o.message.is_empty()).then(|| o.message.clone()),
+            evidence: o.evidence.clone(),
         }),
         PodState::Refused => Observed::Ended(Outcome::Refused {
             reason: o.reason.clone(),
             message: o.message.clone(),
+            evidence: o.evidence.clone(),
         }),
         PodState::Invalid => Observed::Ended(Outcome::Invalid {
             reason: o.reason.clone(),
@@ -271,6 +277,19 @@ pub fn observed(o: &PodObservation) -> Observed {
                 format!("Pod {}: {}", o.pod_name, o.reason)
             } else {
                 format!("Pod {}: {} ({})", o.pod_name, o.reason, o.message)
+            },
+            // The cause first: an attempt's record and a spent budget's message name it. Its
+            // parts' exits are dropped: a lost Pod's containers were stopped for it (137 on
+            // SIGKILL, 143 or a trap's 0 on SIGTERM, `ContainerStatusUnknown`), so no exit code
+            // rule reads them as the workload's; its conditions and reasons remain.
+            evidence: {
+                let mut e = o.evidence.clone();
+                e.exits.clear();
+                if !o.reason.is_empty() {
+                    e.reasons.retain(|r| *r != o.reason);
+                    e.reasons.insert(0, o.reason.clone());
+                }
+                e
             },
         }),
     }

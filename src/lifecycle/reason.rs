@@ -42,8 +42,12 @@ pub enum Reason {
     WaitingForLaunchSlot,
     /// The workload failed with restarts left (-> Recovering + Alive during the back-off).
     Restarting,
-    /// The workload was lost (preemption, eviction, node loss): -> Recovering + AliveWaiting.
+    /// The workload was lost (preemption, eviction, node loss), or a failure rule said
+    /// `Recover`: -> Recovering (a recovery counted).
     Recovering,
+    /// A failure rule said `Ignore`: -> Recovering, a relaunch counted as neither a restart nor
+    /// a recovery (against `maxIgnored`).
+    Ignored,
     /// A pipeline's task succeeded and the next one waits for a launch slot (-> Starting +
     /// AliveWaiting, the next task current).
     TaskSucceeded,
@@ -63,7 +67,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 26] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -82,6 +86,7 @@ impl Reason {
         Reason::WaitingForLaunchSlot,
         Reason::Restarting,
         Reason::Recovering,
+        Reason::Ignored,
         Reason::TaskSucceeded,
         Reason::Succeeded,
         Reason::Failed,
@@ -112,6 +117,7 @@ impl Reason {
             Reason::WaitingForLaunchSlot => "WaitingForLaunchSlot",
             Reason::Restarting => "Restarting",
             Reason::Recovering => "Recovering",
+            Reason::Ignored => "Ignored",
             Reason::TaskSucceeded => "TaskSucceeded",
             Reason::Succeeded => "Succeeded",
             Reason::Failed => "Failed",
@@ -172,6 +178,9 @@ pub enum FailureReason {
     /// The attempt's Pod was created but the operator's Pod watch never reported it before its
     /// launch deadline, `--max-launch-timeouts` times in a row.
     PodNotSeen,
+    /// A failure rule whose action is `FailJob` matched the attempt's end (batch/v1 Jobs say
+    /// `PodFailurePolicy`); the message names the rule, `status.attempts[]` the outcome.
+    FailureRule,
 }
 
 impl FailureReason {
@@ -191,11 +200,12 @@ impl FailureReason {
             FailureReason::Unschedulable => "Unschedulable",
             FailureReason::CreateFailed => "CreateFailed",
             FailureReason::PodNotSeen => "PodNotSeen",
+            FailureReason::FailureRule => "FailureRule",
         }
     }
 
     /// Every reason, for parsing and tests.
-    pub const ALL: [FailureReason; 13] = [
+    pub const ALL: [FailureReason; 14] = [
         FailureReason::InvalidSpec,
         FailureReason::ExecutorDisabled,
         FailureReason::LaunchFailed,
@@ -209,6 +219,7 @@ impl FailureReason {
         FailureReason::Unschedulable,
         FailureReason::CreateFailed,
         FailureReason::PodNotSeen,
+        FailureReason::FailureRule,
     ];
 
     /// The reason named `s`, if it is one of the operator's.

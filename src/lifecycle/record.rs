@@ -10,7 +10,9 @@
 
 use std::fmt;
 
-use crate::api::{ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus, WaitReason};
+use crate::api::{
+    AttemptStatus, ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus, WaitReason,
+};
 
 use super::outcome::Workload;
 use super::reason::{Failure, Reason};
@@ -151,7 +153,7 @@ macro_rules! json_field {
     )*};
 }
 
-json_field!(ManagedJobSpec, Vec<TaskStatus>);
+json_field!(ManagedJobSpec, Vec<TaskStatus>, Vec<AttemptStatus>);
 
 /// How the store writes a column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -349,6 +351,13 @@ job_record! {
         /// Why the queued job is not admitted yet (its `Admitted` condition's reason); None
         /// before a scheduling pass said it, and once the job left the queue.
         State wait_reason: Option<WaitReason> = None,
+        /// Relaunches a failure rule's `Ignore` decided (a pipeline: its current task's),
+        /// against `recovery.maxIgnored` (docs/design.md#failure-rules).
+        State ignored_count: i32 = 0,
+        /// The latest attempts that ended (`status.attempts[]`, at most
+        /// [`crate::api::failure::MAX_ATTEMPT_RECORDS`]): how each ended and the rule that
+        /// decided it.
+        State attempts: Vec<AttemptStatus> = Vec::new(),
     }
 }
 

@@ -54,6 +54,8 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
         launched_attempt,
         recovery_count: task.map_or(status.recovery_count, |t| t.recovery_count),
         restart_count: task.map_or(status.restart_count, |t| t.restart_count),
+        ignored_count: task.map_or(status.ignored_count, |t| t.ignored_count),
+        attempts: status.attempts.clone(),
         exit_code: status.exit_code,
         failure_reason: status.failure_reason.as_deref().map(Failure::parse),
         workload: status.workload.as_deref().and_then(Workload::parse),

@@ -88,6 +88,7 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
         let succeeded = format!("succeeded on attempt {}", done.attempt);
         done.restart_count = before.restart_count;
         done.recovery_count = before.recovery_count;
+        done.ignored_count = before.ignored_count;
         done.exit_code = Some(0);
         done.failure_reason = None;
         if done.started_at.is_none() {
@@ -112,6 +113,7 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
     };
     rec.restart_count = after.restart_count;
     rec.recovery_count = after.recovery_count;
+    rec.ignored_count = after.ignored_count;
     if now == was {
         if let Some(code) = written.exit_code {
             rec.exit_code = code;
@@ -151,6 +153,15 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
             }
         }
     }
+}
+
+/// The job-wide count of relaunches decided by a rule's `Ignore`: the sum over a pipeline's
+/// tasks, or the row's own.
+pub fn ignored_total(row: &JobRow) -> i32 {
+    if row.tasks.is_empty() {
+        return row.ignored_count;
+    }
+    row.tasks.iter().map(|t| t.ignored_count).sum()
 }
 
 /// The job-wide restart and recovery counts of `row`: the sums over a pipeline's tasks (the

@@ -8,7 +8,7 @@ use crate::api::{
 };
 
 use super::deadlines::deadline_ms;
-use super::outcome::{Observed, Outcome};
+use super::outcome::{Evidence, Observed, Outcome};
 use super::record::JobRow;
 use super::tasks::{progress, task_attempt, totals};
 use super::transitions::{after_outcome, deadline_exceeded};
@@ -22,6 +22,7 @@ fn pipeline_row() -> JobRow {
         recovery: RecoverySpec {
             max_restarts_on_errors: 5,
             max_recoveries: None,
+            max_ignored: None,
         },
         tasks: ["a", "b", "c"]
             .into_iter()
@@ -120,6 +121,7 @@ fn each_task_spends_its_own_budget_and_a_failure_skips_the_rest() {
     row.spec.tasks[1].recovery = Some(RecoverySpec {
         max_restarts_on_errors: 0,
         max_recoveries: Some(0),
+        max_ignored: None,
     });
     // Task a used 2 restarts of the job's 5; task b has none of its own.
     row.restart_count = 2;
@@ -136,6 +138,7 @@ fn each_task_spends_its_own_budget_and_a_failure_skips_the_rest() {
         code: 2,
         reason: "ExitCode".into(),
         detail: None,
+        evidence: Evidence::exit("run", false, 2, "ExitCode"),
     };
     let t = after_outcome(&b, 4, &failed, 6_000, Duration::from_secs(1));
     assert_eq!(
@@ -184,6 +187,7 @@ fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
         launch_timeout: Duration::from_secs(600),
         max_launch_timeouts: 3,
         run_slot_wanted: false,
+        stop_grace: Duration::from_secs(5),
     };
     let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
         panic!("the first sight of the wait is written");
@@ -219,4 +223,676 @@ fn a_task_deadline_counts_from_the_tasks_first_start() {
     );
     row.task_started_at_ms = Some(95_000);
     assert_eq!(deadline_ms(&row), Some(101_000), "the job's comes first");
+}
+
+/// A rule's verdict names the rule in the message (so in the Event) and in the attempt's
+/// record; none matching, `default`. A pipeline's task with its own rules uses only those.
+#[test]
+fn the_rule_that_decided_is_named_in_the_message_and_the_record() {
+    use crate::api::{ExitCodeOperator, FailureAction, FailurePolicy, FailureRule, OnExitCodes};
+    let rule = |name: &str, action, code| FailureRule {
+        name: Some(name.into()),
+        action,
+        on_exit_codes: Some(OnExitCodes {
+            container_name: None,
+            operator: ExitCodeOperator::In,
+            values: vec![code],
+        }),
+        ..Default::default()
+    };
+    let exit = |code| Outcome::Failed {
+        code,
+        reason: "ExitCode".into(),
+        detail: None,
+        evidence: Evidence::exit("run", false, code, "ExitCode"),
+    };
+    let mut row = pipeline_row();
+    row.spec.failure_policy = Some(FailurePolicy {
+        rules: vec![rule("config-error", FailureAction::FailJob, 2)],
+    });
+    row.spec.tasks[1].failure_policy = Some(FailurePolicy {
+        rules: vec![rule("gpu-fault", FailureAction::Recover, 2)],
+    });
+    // Task a uses the job's rules: exit 2 fails the job at once, restarts left or not.
+    let t = after_outcome(&row, 1, &exit(2), 2_000, Duration::from_secs(1));
+    let failed = apply(&row, &t, 2_000);
+    assert_eq!(failed.phase, JobPhase::Failed);
+    assert_eq!(
+        failed.failure_reason.as_ref().map(|f| f.as_str()),
+        Some("FailureRule")
+    );
+    assert!(
+        failed.message.contains("rule config-error says FailJob"),
+        "{}",
+        failed.message
+    );
+    let record = &failed.attempts[0];
+    assert_eq!(
+        (
+            record.rule.as_str(),
+            record.action.as_str(),
+            record.exit_code
+        ),
+        ("config-error", "FailJob", Some(2))
+    );
+    assert_eq!(record.task.as_deref(), Some("a"));
+    // Exit 3 matches nothing: the default restart, named so.
+    let t = after_outcome(&row, 1, &exit(3), 2_000, Duration::from_secs(1));
+    let restarted = apply(&row, &t, 2_000);
+    assert!(
+        restarted.message.contains("rule default"),
+        "{}",
+        restarted.message
+    );
+    assert_eq!(restarted.attempts[0].rule, "default");
+    // Task b has its own rules: exit 2 is a recovery there, not a failure.
+    row.task_index = 1;
+    row.task_first_attempt = 1;
+    let t = after_outcome(&row, 1, &exit(2), 2_000, Duration::from_secs(1));
+    let recovering = apply(&row, &t, 2_000);
+    assert_eq!(recovering.phase, JobPhase::Recovering);
+    assert_eq!(
+        (recovering.recovery_count, recovering.restart_count),
+        (1, 0)
+    );
+    assert!(
+        recovering.message.contains("rule gpu-fault"),
+        "{}",
+        recovering.message
+    );
+    assert_eq!(recovering.tasks[1].recovery_count, 1);
+}
+
+/// The failure rules' model (docs/design.md#failure-rules): a job of one or two tasks, each
+/// with random budgets and a random rule list (a second task may have its own), whose attempts
+/// end with random outcomes, driven through the job controller's decisions
+/// ([`next_action`](crate::lifecycle::next_action)) and the operator's admissions until Done.
+/// Asserted at every ended attempt and over the whole run:
+///
+/// 1. the action recorded is the first matching rule's (an oracle written apart from
+///    `lifecycle::rules`), else the default's (also when the rule's `Ignore` has no budget
+///    left), and the record names that rule, or `default`;
+/// 2. no budget is ever exceeded: per task, restarts <= `maxRestartsOnErrors`, recoveries <=
+///    `maxRecoveries`, ignored relaunches <= `maxIgnored`;
+/// 3. attempts of a task never exceed 1 + the restarts, recoveries and ignored relaunches it
+///    allows (with `maxRecoveries` unset: 1 + restarts + ignored + the losses drawn);
+/// 4. no tight loop: every relaunch but a task's first recovery and first ignored one waits
+///    out a stored back-off (`backoff_until_ms` in the future);
+/// 5. a `FailJob` ends the job at once (reason `FailureRule`), a spent budget ends it too;
+/// 6. the operator's own restarts (a job controller resumed after a hand-over) count nothing.
+mod failure_rules_model {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use crate::api::{
+        ExitCodeOperator, FailureAction, FailurePolicy, FailureRule, JobPhase, ManagedJobSpec,
+        OnExitCodes, OnPodCondition, RecoverySpec, ScheduleState, TaskSpec,
+    };
+    use crate::lifecycle::decide::{Action, Context, next_action};
+    use crate::lifecycle::outcome::{Evidence, Observed, Outcome, PartExit, Workload};
+    use crate::lifecycle::reason::FailureReason;
+    use crate::lifecycle::record::{JobRow, Object};
+    use crate::lifecycle::rules::{DEFAULT_RULE, Verdict};
+    use crate::lifecycle::tasks::current_task;
+    use crate::lifecycle::transitions as t;
+
+    /// An attempt's end over a small universe: `main` and `side` exit codes, a disruption, an
+    /// OOM kill, a refusal.
+    #[derive(Clone, Debug)]
+    enum End {
+        Exit { main: i32, side: i32, oom: bool },
+        Lost { disrupted: bool },
+        Refused,
+        Succeeded,
+    }
+
+    fn outcome(end: &End) -> Outcome {
+        match end {
+            End::Succeeded => Outcome::Succeeded,
+            End::Exit { main, side, oom } => {
+                let part = |name: &str, code: i32, oom: bool| PartExit {
+                    name: name.into(),
+                    init: false,
+                    code,
+                    reason: if oom {
+                        "OOMKilled".into()
+                    } else if code == 0 {
+                        "Completed".into()
+                    } else {
+                        "Error".into()
+                    },
+                };
+                let (code, reason) = if *oom {
+                    (*main, "OOMKilled")
+                } else if *main != 0 {
+                    (*main, "Error")
+                } else {
+                    (*side, "Error")
+                };
+                Outcome::Failed {
+                    code,
+                    reason: reason.into(),
+                    detail: None,
+                    evidence: Evidence {
+                        exits: vec![part("main", *main, *oom), part("side", *side, false)],
+                        ..Default::default()
+                    },
+                }
+            }
+            End::Lost { disrupted } => Outcome::Lost {
+                reason: "Pod p: lost".into(),
+                evidence: Evidence {
+                    conditions: if *disrupted {
+                        vec![("DisruptionTarget".into(), "True".into())]
+                    } else {
+                        vec![]
+                    },
+                    reasons: vec![if *disrupted {
+                        "EvictionByEvictionAPI".into()
+                    } else {
+                        "PodDeleted".into()
+                    }],
+                    ..Default::default()
+                },
+            },
+            End::Refused => Outcome::Refused {
+                reason: "OutOfcpu".into(),
+                message: "no room".into(),
+                evidence: Evidence::reason("OutOfcpu"),
+            },
+        }
+    }
+
+    /// Does `rule` match `end`? Said from the universe, not from `lifecycle::rules`.
+    fn oracle(rule: &FailureRule, end: &End) -> bool {
+        if let Some(on) = &rule.on_exit_codes {
+            let End::Exit { main, side, .. } = end else {
+                return false;
+            };
+            return [("main", *main), ("side", *side)].iter().any(|(n, c)| {
+                *c != 0
+                    && on.container_name.as_deref().is_none_or(|want| want == *n)
+                    && (on.operator == ExitCodeOperator::In) == on.values.contains(c)
+            });
+        }
+        if rule.on_pod_conditions.is_some() {
+            return matches!(end, End::Lost { disrupted: true });
+        }
+        let reasons = rule.on_reasons.as_ref().unwrap();
+        let word = |code: i32| if code == 0 { "Completed" } else { "Error" };
+        let given: Vec<&str> = match end {
+            End::Exit { main, side, oom } => vec![
+                if *oom { "OOMKilled" } else { "Error" },
+                if *oom { "OOMKilled" } else { word(*main) },
+                word(*side),
+            ],
+            End::Lost { disrupted: true } => vec!["EvictionByEvictionAPI"],
+            End::Lost { disrupted: false } => vec!["PodDeleted"],
+            End::Refused => vec!["OutOfcpu"],
+            End::Succeeded => vec![],
+        };
+        reasons.iter().any(|r| given.contains(&r.as_str()))
+    }
+
+    fn default_verdict(end: &End) -> Verdict {
+        match end {
+            End::Succeeded => Verdict::Succeeded,
+            End::Lost { .. } => Verdict::Recover,
+            _ => Verdict::Restart,
+        }
+    }
+
+    fn end() -> impl Strategy<Value = End> {
+        prop_oneof![
+            4 => (0i32..5, 0i32..5, prop::bool::weighted(0.2))
+                .prop_map(|(main, side, oom)| End::Exit { main: if main == 0 && side == 0 && !oom { 1 } else { main }, side, oom }),
+            2 => any::<bool>().prop_map(|disrupted| End::Lost { disrupted }),
+            1 => Just(End::Refused),
+            1 => Just(End::Succeeded),
+        ]
+    }
+
+    fn rule() -> impl Strategy<Value = FailureRule> {
+        let action = prop::sample::select(FailureAction::ALL.to_vec());
+        let codes = (
+            prop::option::of(prop::sample::select(vec!["main", "side"])),
+            any::<bool>(),
+            prop::collection::btree_set(1i32..5, 1..3),
+        )
+            .prop_map(|(c, not_in, v)| {
+                (
+                    Some(OnExitCodes {
+                        container_name: c.map(str::to_string),
+                        operator: if not_in {
+                            ExitCodeOperator::NotIn
+                        } else {
+                            ExitCodeOperator::In
+                        },
+                        values: v.into_iter().collect(),
+                    }),
+                    None,
+                    None,
+                )
+            });
+        let conditions = Just((
+            None,
+            Some(vec![OnPodCondition {
+                type_: "DisruptionTarget".into(),
+                status: None,
+            }]),
+            None,
+        ));
+        let reasons = prop::sample::subsequence(
+            vec![
+                "OOMKilled",
+                "OutOfcpu",
+                "PodDeleted",
+                "EvictionByEvictionAPI",
+                "Error",
+            ],
+            1..3,
+        )
+        .prop_map(|r| {
+            (
+                None,
+                None,
+                Some(r.into_iter().map(str::to_string).collect()),
+            )
+        });
+        (
+            action,
+            prop_oneof![3 => codes, 1 => conditions, 2 => reasons],
+            prop::option::of("[a-z]{1,6}"),
+        )
+            .prop_map(
+                |(action, (on_exit_codes, on_pod_conditions, on_reasons), name)| FailureRule {
+                    name: name.map(|n| format!("r-{n}")),
+                    action,
+                    on_exit_codes,
+                    on_pod_conditions,
+                    on_reasons,
+                },
+            )
+    }
+
+    fn policy() -> impl Strategy<Value = Option<FailurePolicy>> {
+        prop::option::of(prop::collection::vec(rule(), 1..5).prop_map(|mut rules| {
+            // Names unique, as the API requires.
+            for (i, r) in rules.iter_mut().enumerate() {
+                if let Some(n) = &mut r.name {
+                    n.push_str(&format!("-{i}"));
+                }
+            }
+            FailurePolicy { rules }
+        }))
+    }
+
+    fn budget() -> impl Strategy<Value = RecoverySpec> {
+        (
+            0i32..3,
+            prop::option::of(0i32..3),
+            prop::option::of(0i32..3),
+        )
+            .prop_map(|(max_restarts_on_errors, max_recoveries, max_ignored)| {
+                RecoverySpec {
+                    max_restarts_on_errors,
+                    max_recoveries,
+                    max_ignored,
+                }
+            })
+    }
+
+    fn spec() -> impl Strategy<Value = ManagedJobSpec> {
+        (
+            budget(),
+            policy(),
+            prop::option::of((prop::option::of(budget()), policy())),
+        )
+            .prop_map(|(recovery, failure_policy, second)| {
+                let task = |name: &str, recovery, failure_policy| TaskSpec {
+                    name: name.into(),
+                    run: Some("true".into()),
+                    recovery,
+                    failure_policy,
+                    ..Default::default()
+                };
+                match second {
+                    None => ManagedJobSpec {
+                        run: Some("true".into()),
+                        recovery,
+                        failure_policy,
+                        ..Default::default()
+                    },
+                    Some((budget, own)) => ManagedJobSpec {
+                        recovery,
+                        failure_policy,
+                        tasks: vec![task("first", None, None), task("second", budget, own)],
+                        ..Default::default()
+                    },
+                }
+            })
+    }
+
+    fn cx(now_ms: i64) -> Context {
+        Context {
+            now_ms,
+            executor_enabled: true,
+            create_is_idempotent: false,
+            backoff_base: Duration::from_secs(1),
+            stop_after_exit: false,
+            launch_timeout: Duration::from_secs(600),
+            max_launch_timeouts: 3,
+            run_slot_wanted: false,
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+
+    fn write(
+        row: &JobRow,
+        tr: &crate::lifecycle::Transition,
+        now: i64,
+    ) -> Result<JobRow, TestCaseError> {
+        prop_assert!(
+            tr.expect.matches(row),
+            "{:?} decided on a row its guard refuses",
+            tr.change.reason
+        );
+        crate::lifecycle::change::apply(row, &tr.change, now)
+            .map_err(|e| TestCaseError::fail(format!("illegal: {e}")))
+    }
+
+    /// Brings a relaunched job (or a pipeline's next task) back to Running, as the operator's
+    /// passes and the job controller would: wait out a back-off (asserting there is one when
+    /// it must be), get a launch slot, launch, run.
+    fn relaunch(
+        mut row: JobRow,
+        mut now: i64,
+        handover: bool,
+    ) -> Result<(JobRow, i64), TestCaseError> {
+        for _ in 0..10 {
+            if handover {
+                // A hand-over: the controller died with its operator and is resumed; nothing
+                // is counted.
+                let before = row.clone();
+                row = write(&row, &t::controller_resumed(&row, false), now)?;
+                prop_assert_eq!(
+                    (
+                        row.restart_count,
+                        row.recovery_count,
+                        row.ignored_count,
+                        row.attempt
+                    ),
+                    (
+                        before.restart_count,
+                        before.recovery_count,
+                        before.ignored_count,
+                        before.attempt
+                    )
+                );
+                row = write(&row, &t::controller_started(&row, 11, 2), now)?;
+            }
+            match (row.phase, row.schedule_state) {
+                (JobPhase::Running, ScheduleState::Alive) => return Ok((row, now)),
+                (_, ScheduleState::AliveWaiting) => row = write(&row, &t::admit(&row), now)?,
+                _ => {
+                    let attempt = row.current_attempt();
+                    let observed = if row.launched_attempt < attempt {
+                        Observed::NotFound
+                    } else {
+                        Observed::Running {
+                            workload: Workload::Process(100 + attempt),
+                        }
+                    };
+                    match next_action(&row, Some(&observed), &cx(now)) {
+                        Action::Wait {
+                            until_ms: Some(until),
+                        } => now = until,
+                        Action::Apply(tr) => row = write(&row, &tr, now)?,
+                        Action::Launch {
+                            intent: Some(tr), ..
+                        } => row = write(&row, &tr, now)?,
+                        other => prop_assert!(false, "unexpected {:?} in {:?}", other, row.state()),
+                    }
+                }
+            }
+        }
+        Err(TestCaseError::fail("no progress towards Running"))
+    }
+
+    fn run(
+        spec: ManagedJobSpec,
+        ends: Vec<End>,
+        handovers: Vec<bool>,
+    ) -> Result<(), TestCaseError> {
+        let object = Object {
+            uid: "u",
+            namespace: "ns",
+            name: "j",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+        };
+        let mut row = JobRow::new(&object, 0);
+        row.id = 1;
+        row.phase = JobPhase::Running;
+        row.schedule_state = ScheduleState::Alive;
+        row.attempt = 1;
+        row.launched_attempt = 1;
+        row.started_at_ms = Some(0);
+        row.task_started_at_ms = Some(0);
+        let mut now = 1_000;
+        let mut ends = ends.into_iter();
+        // Attempts, and losses drawn, in the current task.
+        let (mut attempts, mut losses) = (1, 0);
+        for step in 0.. {
+            prop_assert!(step < 200, "the job never ended");
+            let end = ends.next().unwrap_or(End::Succeeded);
+            let task = current_task(&row);
+            let (budget, policy) = (task.recovery.clone(), task.failure_policy.cloned());
+            let max_ignored = budget.max_ignored();
+            if matches!(end, End::Lost { .. }) {
+                losses += 1;
+            }
+            let observed = Observed::Ended(outcome(&end));
+            let Action::Apply(tr) = next_action(&row, Some(&observed), &cx(now)) else {
+                return Err(TestCaseError::fail("an ended attempt is written"));
+            };
+            // 1. The first matching rule decides, unless it is an Ignore without budget.
+            let record = tr
+                .change
+                .attempt_record
+                .clone()
+                .expect("every end is recorded");
+            let first = policy.as_ref().and_then(|p| {
+                p.rules
+                    .iter()
+                    .position(|r| oracle(r, &end))
+                    .map(|i| (i, &p.rules[i]))
+            });
+            let (want, rule) = match (&end, first) {
+                (End::Succeeded, _) | (_, None) => {
+                    (default_verdict(&end), DEFAULT_RULE.to_string())
+                }
+                (_, Some((_, r)))
+                    if r.action == FailureAction::Ignore && row.ignored_count >= max_ignored =>
+                {
+                    (default_verdict(&end), DEFAULT_RULE.to_string())
+                }
+                (_, Some((i, r))) => (
+                    Verdict::from(r.action),
+                    crate::lifecycle::rules::label(r, i),
+                ),
+            };
+            prop_assert_eq!(
+                &record.action,
+                want.as_str(),
+                "{:?} under {:?}",
+                end,
+                policy
+            );
+            REACHED.with(|r| {
+                let mut r = r.borrow_mut();
+                r.insert(format!(
+                    "{want}/{}",
+                    if rule == DEFAULT_RULE {
+                        "default"
+                    } else {
+                        "rule"
+                    }
+                ));
+                if first.is_some() && rule == DEFAULT_RULE && !matches!(end, End::Succeeded) {
+                    r.insert("ignore-spent".into());
+                }
+            });
+            prop_assert_eq!(&record.rule, &rule);
+            let before = row.clone();
+            row = write(&row, &tr, now)?;
+            if row.schedule_state == ScheduleState::Done
+                && row
+                    .failure_reason
+                    .as_ref()
+                    .is_some_and(|f| f.as_str() == "RecoveryBudgetSpent")
+            {
+                // A job that kept losing its workload says what it lost it to last.
+                prop_assert!(
+                    row.message
+                        .contains(&format!("last cause: {}", record.reason)),
+                    "{}",
+                    row.message
+                );
+                REACHED.with(|r| r.borrow_mut().insert("recoveries-spent".into()));
+            }
+            if handovers.get(step).copied().unwrap_or(false) {
+                REACHED.with(|r| r.borrow_mut().insert("handover".into()));
+            }
+            // 2. Budgets.
+            prop_assert!(row.restart_count <= budget.max_restarts_on_errors);
+            prop_assert!(
+                budget
+                    .max_recoveries
+                    .is_none_or(|m| row.recovery_count <= m)
+            );
+            prop_assert!(row.ignored_count <= max_ignored);
+            // 5. FailJob ends at once.
+            if want == Verdict::FailJob {
+                prop_assert_eq!(row.schedule_state, ScheduleState::Done);
+                prop_assert_eq!(
+                    row.failure_reason.as_ref().map(|f| f.as_str()),
+                    Some(FailureReason::FailureRule.as_str())
+                );
+            }
+            if row.schedule_state == ScheduleState::Done {
+                prop_assert!(row.phase.is_terminal());
+                return Ok(());
+            }
+            // 4. No tight loop.
+            let first_free = (want == Verdict::Recover && row.recovery_count == 1)
+                || (want == Verdict::Ignore && row.ignored_count == 1)
+                || row.task_index != before.task_index;
+            if !first_free {
+                prop_assert!(
+                    row.backoff_until_ms.is_some_and(|b| b > now),
+                    "relaunch {:?} without a back-off: {}",
+                    want,
+                    row.message
+                );
+            }
+            if row.task_index != before.task_index {
+                (attempts, losses) = (0, 0);
+            }
+            let handover = handovers.get(step).copied().unwrap_or(false);
+            (row, now) = relaunch(row, now, handover)?;
+            attempts += 1;
+            // 3. Attempts within what the task allows.
+            let task = current_task(&row);
+            let allowed = 1
+                + task.recovery.max_restarts_on_errors
+                + task
+                    .recovery
+                    .max_recoveries
+                    .unwrap_or(losses + task.recovery.max_ignored() + 100)
+                + task.recovery.max_ignored();
+            let bound = match task.recovery.max_recoveries {
+                Some(_) => allowed,
+                None => {
+                    1 + task.recovery.max_restarts_on_errors
+                        + task.recovery.max_ignored()
+                        + step as i32
+                        + 1
+                }
+            };
+            prop_assert!(
+                attempts <= bound,
+                "attempt {} of a task allowing {}",
+                attempts,
+                bound
+            );
+            prop_assert_eq!(
+                crate::lifecycle::tasks::task_attempt(&row, row.attempt),
+                attempts
+            );
+        }
+        Ok(())
+    }
+
+    thread_local! {
+        /// What the runs reached: `<verdict>/<rule|default>`, `ignore-spent`,
+        /// `recoveries-spent`, `handover`.
+        static REACHED: std::cell::RefCell<std::collections::BTreeSet<String>> = Default::default();
+    }
+
+    /// The generators reach every verdict by rule and by default, an Ignore without budget
+    /// left, a spent recovery budget and a hand-over.
+    #[test]
+    fn the_model_reaches_every_verdict() {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x2323_2323),
+            ..ProptestConfig::default()
+        });
+        let strategy = (
+            spec(),
+            prop::collection::vec(end(), 0..20),
+            prop::collection::vec(any::<bool>(), 0..20),
+        );
+        runner
+            .run(&strategy, |(spec, ends, handovers)| {
+                run(spec, ends, handovers)
+            })
+            .unwrap();
+        let reached = REACHED.with(|r| r.borrow().clone());
+        for want in [
+            "Succeeded/default",
+            "Restart/default",
+            "Recover/default",
+            "FailJob/rule",
+            "Restart/rule",
+            "Recover/rule",
+            "Ignore/rule",
+            "ignore-spent",
+            "recoveries-spent",
+            "handover",
+        ] {
+            assert!(reached.contains(want), "never reached {want}: {reached:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x2323_2323),
+            ..ProptestConfig::default()
+        })]
+        #[test]
+        fn rules_decide_within_budgets_and_never_loop(
+            spec in spec(),
+            ends in prop::collection::vec(end(), 0..20),
+            handovers in prop::collection::vec(any::<bool>(), 0..20),
+        ) {
+            run(spec, ends, handovers)?;
+        }
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::api::{JobPhase, ScheduleState, WaitReason};
+use crate::api::{AttemptStatus, JobPhase, ScheduleState, WaitReason};
 
 use super::change::{Change, LaunchClock, Transition};
 use super::clock::backoff;
@@ -15,6 +15,7 @@ use super::edges::Expect;
 use super::outcome::{Outcome, Workload};
 use super::reason::{Failure, FailureReason, Reason};
 use super::record::JobRow;
+use super::rules::{self, DEFAULT_RULE, Verdict};
 use super::tasks::{current_task, has_next_task, stored_message, task_attempt};
 
 // ---- operator side ---------------------------------------------------------------------------
@@ -411,11 +412,16 @@ pub fn backoff_over(row: &JobRow) -> Transition {
     )
 }
 
-/// What an ended attempt means, decided from the row as read (`docs/design.md`, "Failures"):
-/// success ends the job; a workload or setup failure restarts it with a back-off
-/// ([`backoff`] from `backoff_base`, restart count against `maxRestartsOnErrors`) or fails it;
-/// a lost workload recovers it (a new attempt waits for a launch slot, keeping its run slot)
-/// unless `maxRecoveries` is spent. `now_ms` is the current time (ms since epoch).
+/// What an ended attempt means, decided from the row as read (`docs/design.md`, "Failures" and
+/// "Failure rules"): the first failure rule of the current task that matches the outcome
+/// decides ([`rules::decide`]), else the default. Success ends the job (or starts a pipeline's
+/// next task); `FailJob` fails it at once; `Restart` restarts it with a back-off ([`backoff`]
+/// from `backoff_base`, against `maxRestartsOnErrors`) or fails it; `Recover` relaunches it
+/// (the first at once, later ones after a back-off; a new attempt waits for a launch slot,
+/// keeping its run slot) unless `maxRecoveries` is spent; `Ignore` relaunches it as a recovery
+/// does, counting neither, within `maxIgnored`. Every message names the rule that decided
+/// (`rule default` when none), and the change records the attempt (`status.attempts[]`).
+/// `now_ms` is the current time (ms since epoch).
 pub fn after_outcome(
     row: &JobRow,
     attempt: i32,
@@ -425,9 +431,75 @@ pub fn after_outcome(
 ) -> Transition {
     let expect = Expect::unchanged(row);
     let shown = task_attempt(row, attempt);
-    let budget = current_task(row).recovery;
-    let change = match outcome {
-        Outcome::Succeeded if has_next_task(row) => {
+    let task = current_task(row);
+    let budget = task.recovery;
+    let decision = rules::decide(
+        task.failure_policy,
+        outcome,
+        row.ignored_count,
+        budget.max_ignored(),
+    );
+    let record = AttemptStatus {
+        attempt,
+        task: task.name.map(str::to_string),
+        exit_code: outcome.exit_code(),
+        reason: outcome.reason().to_string(),
+        rule: decision.rule_label().to_string(),
+        action: decision.verdict.as_str().to_string(),
+        finished_at: None,
+    };
+    // How the message names what decided: `rule NAME`, or `rule default` (with why a rule that
+    // matched did not decide).
+    let by = match (&decision.rule, &decision.note) {
+        (Some((_, name)), _) => format!("rule {name}"),
+        (None, Some(note)) => format!("rule default: {note}"),
+        (None, None) => format!("rule {DEFAULT_RULE}"),
+    };
+    // What happened to the attempt, as messages say it; its exit code and failure reason.
+    let (code, reason, what) = match outcome {
+        Outcome::Failed {
+            code,
+            reason,
+            detail,
+            ..
+        } => (
+            Some(*code),
+            reason.clone(),
+            match detail {
+                Some(d) => format!("failed: {d}"),
+                None => format!("run exited with code {code}"),
+            },
+        ),
+        Outcome::SetupFailed {
+            code,
+            reason,
+            detail,
+            ..
+        } => (
+            Some(*code),
+            reason.clone(),
+            match detail {
+                Some(d) => format!("setup failed: {d}"),
+                None => format!("setup exited with code {code}"),
+            },
+        ),
+        Outcome::Refused {
+            reason, message, ..
+        } => (
+            None,
+            reason.clone(),
+            format!("was refused by its node: {reason} ({message})"),
+        ),
+        Outcome::Lost { reason, .. } => (
+            None,
+            outcome.reason().to_string(),
+            format!("was lost ({reason})"),
+        ),
+        Outcome::Succeeded | Outcome::Invalid { .. } => (None, String::new(), String::new()),
+    };
+    let setup = matches!(outcome, Outcome::SetupFailed { .. });
+    let mut change = match (outcome, decision.verdict) {
+        (Outcome::Succeeded, _) if has_next_task(row) => {
             let next = row.spec.task(row.task_index as usize + 1);
             let mut c = Change::because(Reason::TaskSucceeded)
                 .to(JobPhase::Starting, ScheduleState::AliveWaiting)
@@ -439,6 +511,7 @@ pub fn after_outcome(
             c.attempt = Some(attempt + 1);
             c.restart_count = Some(0);
             c.recovery_count = Some(0);
+            c.ignored_count = Some(0);
             // The job's exit code and failure are its current task's: none yet.
             c.exit_code = Some(None);
             c.failure_reason = Some(None);
@@ -448,7 +521,7 @@ pub fn after_outcome(
             c.launch_clock = Some(LaunchClock::Clear);
             c
         }
-        Outcome::Succeeded => {
+        (Outcome::Succeeded, _) => {
             let mut c = Change::because(Reason::Succeeded)
                 .to(JobPhase::Succeeded, ScheduleState::Done)
                 .message(format!("succeeded on attempt {shown}"));
@@ -456,40 +529,29 @@ pub fn after_outcome(
             c.failure_reason = Some(None);
             c
         }
-        Outcome::Failed { .. } | Outcome::SetupFailed { .. } | Outcome::Refused { .. } => {
-            let setup = matches!(outcome, Outcome::SetupFailed { .. });
-            let (code, reason, what) = match outcome {
-                Outcome::Failed {
-                    code,
-                    reason,
-                    detail,
-                } => (
-                    Some(*code),
-                    reason,
-                    match detail {
-                        Some(d) => format!("failed: {d}"),
-                        None => format!("run exited with code {code}"),
-                    },
-                ),
-                Outcome::SetupFailed {
-                    code,
-                    reason,
-                    detail,
-                } => (
-                    Some(*code),
-                    reason,
-                    match detail {
-                        Some(d) => format!("setup failed: {d}"),
-                        None => format!("setup exited with code {code}"),
-                    },
-                ),
-                Outcome::Refused { reason, message } => (
-                    None,
-                    reason,
-                    format!("was refused by its node: {reason} ({message})"),
-                ),
-                _ => unreachable!("matched above"),
+        (Outcome::Invalid { reason, message }, _) => {
+            let mut c = Change::because(Reason::Failed)
+                .to(JobPhase::FailedPrecheck, ScheduleState::Done)
+                .message(format!("attempt {shown} cannot start: {message}"));
+            c.failure_reason = Some(Some(Failure::Workload(reason.clone())));
+            c
+        }
+        (_, Verdict::FailJob) => {
+            let phase = if setup {
+                JobPhase::FailedSetup
+            } else {
+                JobPhase::Failed
             };
+            let mut c = Change::because(Reason::Failed)
+                .to(phase, ScheduleState::Done)
+                .message(format!(
+                    "attempt {shown} {what} ({reason}); {by} says FailJob: the job fails without a relaunch"
+                ));
+            c.exit_code = Some(code);
+            c.failure_reason = Some(Some(FailureReason::FailureRule.into()));
+            c
+        }
+        (_, Verdict::Restart | Verdict::Succeeded) => {
             let max = budget.max_restarts_on_errors;
             let mut c = if row.restart_count < max {
                 let restart = row.restart_count + 1;
@@ -497,7 +559,7 @@ pub fn after_outcome(
                 let mut c = Change::because(Reason::Restarting)
                     .to(JobPhase::Recovering, ScheduleState::Alive)
                     .message(format!(
-                        "attempt {shown} {what}; restarting in {:.1} s (restart {restart} of {max})",
+                        "attempt {shown} {what}; restarting in {:.1} s (restart {restart} of {max}, {by})",
                         wait.as_secs_f64()
                     ));
                 c.attempt = Some(attempt + 1);
@@ -513,7 +575,7 @@ pub fn after_outcome(
                 Change::because(Reason::Failed)
                     .to(phase, ScheduleState::Done)
                     .message(format!(
-                        "attempt {shown} {what}{}; restarts exhausted ({max} allowed)",
+                        "attempt {shown} {what}{}; restarts exhausted ({max} allowed, {by})",
                         if code.is_some() {
                             format!(" ({reason})")
                         } else {
@@ -525,20 +587,14 @@ pub fn after_outcome(
             c.failure_reason = Some(Some(Failure::Workload(reason.clone())));
             c
         }
-        Outcome::Invalid { reason, message } => {
-            let mut c = Change::because(Reason::Failed)
-                .to(JobPhase::FailedPrecheck, ScheduleState::Done)
-                .message(format!("attempt {shown} cannot start: {message}"));
-            c.failure_reason = Some(Some(Failure::Workload(reason.clone())));
-            c
-        }
-        Outcome::Lost { reason } => match budget.max_recoveries {
+        (_, Verdict::Recover) => match budget.max_recoveries {
             Some(max) if row.recovery_count >= max => {
                 let mut c = Change::because(Reason::Failed)
                     .to(JobPhase::Failed, ScheduleState::Done)
                     .message(format!(
-                        "attempt {shown} was lost ({reason}) and the recovery budget is spent (maxRecoveries {max})"
+                        "attempt {shown} {what} and the recovery budget is spent (maxRecoveries {max}, {by}); last cause: {reason}"
                     ));
+                c.exit_code = Some(code);
                 c.failure_reason = Some(Some(FailureReason::RecoveryBudgetSpent.into()));
                 c
             }
@@ -546,30 +602,73 @@ pub fn after_outcome(
                 // The first recovery relaunches at once (a preemption is not the job's fault);
                 // each further one backs off, so no job relaunches in a tight loop.
                 let recovery = row.recovery_count + 1;
-                let mut c = if recovery == 1 {
-                    Change::because(Reason::Recovering)
-                        .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
-                        .message(format!(
-                            "recovering: attempt {shown} was lost ({reason}); waiting for a launch slot (recovery {recovery})"
-                        ))
-                } else {
-                    let wait = backoff(backoff_base, recovery - 1);
-                    let mut c = Change::because(Reason::Recovering)
-                        .to(JobPhase::Recovering, ScheduleState::Alive)
-                        .message(format!(
-                            "recovering: attempt {shown} was lost ({reason}); relaunching in {:.1} s (recovery {recovery})",
-                            wait.as_secs_f64()
-                        ));
-                    c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
-                    c
-                };
+                let of = budget
+                    .max_recoveries
+                    .map_or(String::new(), |max| format!(" of {max}"));
+                let mut c = relaunch(
+                    Reason::Recovering,
+                    recovery,
+                    &format!("recovering: attempt {shown} {what}"),
+                    &format!("recovery {recovery}{of}, {by}"),
+                    now_ms,
+                    backoff_base,
+                );
                 c.attempt = Some(attempt + 1);
                 c.recovery_count = Some(recovery);
+                if code.is_some() {
+                    c.exit_code = Some(code);
+                }
                 c
             }
         },
+        (_, Verdict::Ignore) => {
+            let ignored = row.ignored_count + 1;
+            let mut c = relaunch(
+                Reason::Ignored,
+                ignored,
+                &format!("attempt {shown} {what}; ignored"),
+                &format!("ignored {ignored} of {}, {by}", budget.max_ignored()),
+                now_ms,
+                backoff_base,
+            );
+            c.attempt = Some(attempt + 1);
+            c.ignored_count = Some(ignored);
+            if code.is_some() {
+                c.exit_code = Some(code);
+            }
+            c
+        }
     };
+    change.attempt_record = Some(record);
     Transition::new(expect, change)
+}
+
+/// A relaunch that counts its `n`-th (a recovery, or an ignored attempt): the first at once
+/// (Recovering + AliveWaiting), each further one after the back-off of `n - 1`
+/// (Recovering + Alive until `backoff_until_ms`). `head` says what happened, `count` which
+/// relaunch it is and what decided it.
+fn relaunch(
+    reason: Reason,
+    n: i32,
+    head: &str,
+    count: &str,
+    now_ms: i64,
+    backoff_base: Duration,
+) -> Change {
+    if n <= 1 {
+        return Change::because(reason)
+            .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
+            .message(format!("{head}; waiting for a launch slot ({count})"));
+    }
+    let wait = backoff(backoff_base, n - 1);
+    let mut c = Change::because(reason)
+        .to(JobPhase::Recovering, ScheduleState::Alive)
+        .message(format!(
+            "{head}; relaunching in {:.1} s ({count})",
+            wait.as_secs_f64()
+        ));
+    c.backoff_until_ms = Some(Some(now_ms + wait.as_millis() as i64));
+    c
 }
 
 /// Ends the job in failure `phase` (a terminal failure phase) for `reason`.
@@ -604,10 +703,23 @@ pub fn deadline_exceeded(row: &JobRow) -> Transition {
     )
 }
 
-/// A persisted cancel request reached the job's controller: Cancelling (schedule unchanged).
-pub fn cancelling(row: &JobRow) -> Transition {
-    let mut change =
-        Change::because(Reason::Cancelling).message("cancelling: stopping the workload");
+/// A persisted cancel request reached the job's controller: Cancelling (schedule unchanged),
+/// its message saying what the stop waits on: the workload's processes, or its Pod, given
+/// `grace` ([`super::deadlines::stop_grace`]) between SIGTERM and SIGKILL to save their work.
+pub fn cancelling(row: &JobRow, grace: Duration) -> Transition {
+    let secs = grace.as_secs_f64();
+    let message = if row.workload.is_none() && row.launched_attempt == 0 {
+        "cancelling: stopping the workload".to_string()
+    } else if current_task(row).template.is_some() {
+        format!(
+            "cancelling: deleting the workload's Pod: SIGTERM, then SIGKILL after its grace period of {secs} s unless it exits"
+        )
+    } else {
+        format!(
+            "cancelling: stopping the workload's processes: SIGTERM, then SIGKILL after {secs} s unless they exit"
+        )
+    };
+    let mut change = Change::because(Reason::Cancelling).message(message);
     change.phase = Some(JobPhase::Cancelling);
     Transition::new(Expect::unchanged(row), change)
 }

@@ -117,7 +117,12 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         });
         tokio::spawn(async move {
             if let Err(e) = crate::metrics::serve(addr, ready, render).await {
-                tracing::error!(error = %e, "metrics server failed");
+                let hint = if addr.port() < 1024 {
+                    "; a port below 1024 needs privileges a non-root container does not have"
+                } else {
+                    ""
+                };
+                tracing::error!(error = %e, %addr, "the metrics server (/metrics, /healthz, /readyz) could not serve on {addr}{hint}");
             }
         });
     }

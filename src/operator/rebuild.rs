@@ -134,6 +134,7 @@ pub async fn rebuild_if_empty(
                     node: String::new(),
                     terminating_since_ms: None,
                     grace_seconds: None,
+                    evidence: Default::default(),
                 }
             }
         };

@@ -270,6 +270,19 @@ fn write_change(
     let mut after = lifecycle::apply(&before, change, now)?;
     tx.prepare_cached(row::update_sql())?
         .execute(rusqlite::params_from_iter(row::update_values(&after)))?;
+    // Each ended attempt counts once, in the same write as its record.
+    if let Some(record) = change.attempt_record() {
+        let decided_by = if record.rule == lifecycle::rules::DEFAULT_RULE {
+            "default"
+        } else {
+            "rule"
+        };
+        tx.prepare_cached(
+            "INSERT INTO attempt_actions (action, decided_by, count) VALUES (?1, ?2, 1)
+             ON CONFLICT (action, decided_by) DO UPDATE SET count = count + 1",
+        )?
+        .execute(params![record.action, decided_by])?;
+    }
     if lifecycle::change::moved(&before, &after) {
         let seq = history::record(
             tx,
@@ -299,6 +312,16 @@ fn write_change(
 }
 
 impl Store {
+    /// Attempts decided since the store began, by (action, `rule` or `default`): what
+    /// `managedjobs_attempts_total` exports. Kept across operator restarts.
+    pub fn attempt_actions(&self) -> Result<Vec<(String, String, i64)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT action, decided_by, count FROM attempt_actions")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Number of jobs stored (0: a new or lost store, to be rebuilt before the first admission).
     pub fn job_count(&self) -> Result<i64> {
         Ok(self
@@ -695,7 +718,10 @@ mod tests {
             .unwrap();
         assert!(
             store
-                .transition(row.id, &lc::cancelling(&admitted))
+                .transition(
+                    row.id,
+                    &lc::cancelling(&admitted, std::time::Duration::from_secs(5))
+                )
                 .is_err()
         );
         let after = store.get(row.id).unwrap();

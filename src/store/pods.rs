@@ -13,18 +13,19 @@ impl Store {
             .conn
             .prepare_cached(
                 "INSERT INTO pod_observations (job_id, attempt, pod_name, state, exit_code, reason,
-                message, deleted, observed_at_ms, node, terminating_since_ms, grace_seconds)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                message, deleted, observed_at_ms, node, terminating_since_ms, grace_seconds, evidence)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
              ON CONFLICT (job_id, attempt) DO UPDATE SET pod_name = excluded.pod_name,
                 state = excluded.state, exit_code = excluded.exit_code, reason = excluded.reason,
                 message = excluded.message, deleted = excluded.deleted,
                 observed_at_ms = excluded.observed_at_ms, node = excluded.node,
                 terminating_since_ms = excluded.terminating_since_ms,
-                grace_seconds = excluded.grace_seconds
+                grace_seconds = excluded.grace_seconds, evidence = excluded.evidence
              WHERE state != excluded.state OR exit_code IS NOT excluded.exit_code
                 OR reason != excluded.reason OR message != excluded.message
                 OR deleted != excluded.deleted OR node != excluded.node
-                OR terminating_since_ms IS NOT excluded.terminating_since_ms",
+                OR terminating_since_ms IS NOT excluded.terminating_since_ms
+                OR evidence != excluded.evidence",
             )?
             .execute(params![
                 o.job_id,
@@ -39,6 +40,7 @@ impl Store {
                 o.node,
                 o.terminating_since_ms,
                 o.grace_seconds,
+                serde_json::to_string(&o.evidence).expect("evidence serializes"),
             ])?;
         Ok(changed > 0)
     }
@@ -49,7 +51,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT job_id, attempt, pod_name, state, exit_code, reason, message, deleted,
-                    node, terminating_since_ms, grace_seconds
+                    node, terminating_since_ms, grace_seconds, evidence
                  FROM pod_observations WHERE job_id = ?1 AND attempt = ?2",
             )?
             .query_row(params![job_id, attempt], |r| {
@@ -75,6 +77,8 @@ impl Store {
                     node: r.get(8)?,
                     terminating_since_ms: r.get(9)?,
                     grace_seconds: r.get(10)?,
+                    // Unreadable evidence (never written so) reads as none: the defaults decide.
+                    evidence: serde_json::from_str(&r.get::<_, String>(11)?).unwrap_or_default(),
                 })
             })
             .optional()?)

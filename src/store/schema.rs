@@ -129,6 +129,23 @@ pub(super) fn migrations() -> Migrations<'static> {
         ALTER TABLE jobs ADD COLUMN node_wait_since_ms INTEGER;
         "#,
         ),
+        // Failure rules (lifecycle::rules): relaunches an Ignore decided, each ended attempt's
+        // record (JSON, as `status.attempts[]`), what a Pod showed that a rule reads (JSON,
+        // lifecycle::Evidence), and the attempts decided per action and source since the store
+        // began (the `managedjobs_attempts_total` counter).
+        M::up(
+            r#"
+        ALTER TABLE jobs ADD COLUMN ignored_count INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE pod_observations ADD COLUMN evidence TEXT NOT NULL DEFAULT '{}';
+        CREATE TABLE attempt_actions (
+            action TEXT NOT NULL,
+            decided_by TEXT NOT NULL,
+            count INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (action, decided_by)
+        );
+        "#,
+        ),
         // Queues for teams (crate::queues): each job's queue and why it waits; each queue's
         // waiting jobs in admission order, and its jobs holding slots, indexed (a scheduling
         // pass reads a few queues' heads and every queue's usage).

@@ -30,7 +30,8 @@ pub use state::{PodObservation, PodState};
 
 /// Label with the ManagedJob's name on each Pod (for `kubectl get pods -l`).
 pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
-/// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never.
+/// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never
+/// (and the job's `terminationGracePeriodSeconds`, when it sets one).
 pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     let task = crate::lifecycle::tasks::current_task(row);
     let template = task.template.cloned().unwrap_or_default();
@@ -46,6 +47,10 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     labels.insert(LABEL_JOB_NAME.into(), job_name_label);
     let mut spec: PodSpec = template.spec.unwrap_or_default();
     spec.restart_policy = Some("Never".into());
+    // The job's grace period, for every stop of the Pod (a delete, an eviction, a preemption).
+    if let Some(secs) = row.spec.termination_grace_period_seconds {
+        spec.termination_grace_period_seconds = Some(secs);
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(attempt_pod_name(row, attempt)),
@@ -281,8 +286,15 @@ impl Executor for PodExecutor {
             grace_period_seconds: Some(0),
             ..Default::default()
         };
+        // A job's own grace overrides its Pods' (they were created with it, unless made
+        // before an upgrade); otherwise each Pod's own applies.
         let params = if grace.is_zero() {
             force.clone()
+        } else if job.spec.termination_grace_period_seconds.is_some() {
+            kube::api::DeleteParams {
+                grace_period_seconds: Some(grace.as_secs() as u32),
+                ..Default::default()
+            }
         } else {
             kube::api::DeleteParams::default()
         };
@@ -331,7 +343,11 @@ impl Executor for PodExecutor {
                         }
                     }
                     all_gone = false;
-                    waiting_on.get_or_insert(format!("{on} to terminate"));
+                    let grace = pod
+                        .metadata
+                        .deletion_grace_period_seconds
+                        .map_or(String::new(), |g| format!(" (grace period {g} s)"));
+                    waiting_on.get_or_insert(format!("{on} to terminate{grace}"));
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {

@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 pub use crate::lifecycle::pod::{PodObservation, PodState, TERMINATING_MARGIN, observed};
+use crate::lifecycle::{Evidence, PartExit};
 
 /// The node `pod` is bound to (`spec.nodeName`), empty before it is scheduled.
 pub fn node_name(pod: &Pod) -> String {
@@ -34,6 +35,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         node: node_name(pod),
         terminating_since_ms: None,
         grace_seconds: None,
+        evidence: Evidence::default(),
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
     // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
@@ -133,7 +135,14 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     }
     if deleted && !o.state.is_final_exit() {
         o.state = PodState::Lost;
-        if o.reason.is_empty() || o.reason == "Terminating" {
+        if let Some(c) = disruption.filter(|_| o.reason.is_empty() || o.reason == "Terminating") {
+            // Deleted by a disruption (an eviction, a preemption, the pod GC): that is the cause.
+            o.reason = c
+                .reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into());
+            o.message = c.message.clone().unwrap_or_default();
+        } else if o.reason.is_empty() || o.reason == "Terminating" {
             o.reason = "PodDeleted".into();
             o.message = "the Pod was deleted".into();
         }
@@ -155,7 +164,59 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         o.terminating_since_ms = Some(at.0.as_millisecond() - grace * 1000);
         o.grace_seconds = Some(grace);
     }
+    // What failure rules read, once the attempt's fate is known (not before: a live Pod's
+    // conditions change often, and each change would wake its job controller).
+    if o.state.is_final_exit() || o.state == PodState::Lost {
+        o.evidence = evidence(&status);
+    }
     o
+}
+
+/// What failure rules read of a Pod's status (`lifecycle::rules`): every terminated container,
+/// init containers first; every condition as (type, status); the Pod's reason and the reasons
+/// of its True conditions (e.g. a `DisruptionTarget`'s `EvictionByEvictionAPI`).
+pub fn evidence(status: &k8s_openapi::api::core::v1::PodStatus) -> Evidence {
+    let exits = [
+        (&status.init_container_statuses, true),
+        (&status.container_statuses, false),
+    ]
+    .into_iter()
+    .flat_map(|(s, init)| s.iter().flatten().map(move |cs| (cs, init)))
+    .filter_map(|(cs, init)| {
+        let t = cs.state.as_ref()?.terminated.as_ref()?;
+        Some(PartExit {
+            name: cs.name.clone(),
+            init,
+            code: t.exit_code,
+            reason: t.reason.clone().unwrap_or_else(|| {
+                if t.exit_code == 0 {
+                    "Completed"
+                } else {
+                    "Error"
+                }
+                .into()
+            }),
+        })
+    })
+    .collect();
+    let conditions = status.conditions.iter().flatten();
+    Evidence {
+        exits,
+        conditions: conditions
+            .clone()
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect(),
+        reasons: status
+            .reason
+            .iter()
+            .cloned()
+            .chain(
+                conditions
+                    .filter(|c| c.status == "True")
+                    .filter_map(|c| c.reason.clone()),
+            )
+            .collect(),
+    }
 }
 
 /// The kubelet's reason for a container whose end it could not observe (its node restarted, its
@@ -454,5 +515,118 @@ mod tests {
             observe(&finished_pod("Failed", 3, 1_000), 1, 1, false).state,
             PodState::Failed
         );
+    }
+
+    /// A Pod deleted while it ran exited 137 or 143 because of the deletion: failure rules read
+    /// no exit code of it (a `NotIn` rule meant for the workload's own errors must not fail a
+    /// job whose Pod someone deleted), only its cause; a Pod that failed on its own keeps its
+    /// exit codes for the rules.
+    #[test]
+    fn a_lost_pods_exits_are_not_the_workloads_for_failure_rules() {
+        use crate::api::{ExitCodeOperator, FailureAction, FailureRule, OnExitCodes};
+        use crate::lifecycle::rules::matches;
+        let not_75 = FailureRule {
+            action: FailureAction::FailJob,
+            on_exit_codes: Some(OnExitCodes {
+                container_name: Some("main".into()),
+                operator: ExitCodeOperator::NotIn,
+                values: vec![75],
+            }),
+            ..Default::default()
+        };
+        let on_reason = |r: &str| FailureRule {
+            action: FailureAction::Recover,
+            on_reasons: Some(vec![r.into()]),
+            ..Default::default()
+        };
+        for code in [137, 143] {
+            let mut pod = finished_pod("Failed", code, 100_400);
+            pod.metadata.deletion_timestamp = Some(time(130_000));
+            pod.metadata.deletion_grace_period_seconds = Some(30);
+            let Observed::Ended(lost) = observed(&observe(&pod, 1, 1, false)) else {
+                panic!("{code}")
+            };
+            assert!(matches!(lost, crate::lifecycle::Outcome::Lost { .. }));
+            assert!(lost.evidence().unwrap().exits.is_empty(), "{code}");
+            assert!(!matches(&not_75, &lost), "{code}");
+            assert!(!matches(&on_reason("Error"), &lost), "{code}");
+            assert!(matches(&on_reason("PodDeleted"), &lost), "{code}");
+            let own = finished_pod("Failed", code, 100_400);
+            let Observed::Ended(failed) = observed(&observe(&own, 1, 1, false)) else {
+                panic!("{code}")
+            };
+            assert!(matches(&not_75, &failed), "{code}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod evidence_tests {
+    use super::*;
+    use crate::lifecycle::{Observed, Outcome};
+
+    /// What failure rules read of an ended Pod: every container's exit (a sidecar's too, not
+    /// only the first that failed), its conditions, its reasons; nothing while it runs.
+    #[test]
+    fn an_ended_pod_gives_every_containers_exit_and_its_conditions() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "sidecar"}, {"name": "main"}]},
+            "status": {
+                "phase": "Failed",
+                "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+                "containerStatuses": [
+                    {"name": "sidecar", "state": {"terminated": {"exitCode": 2, "reason": "Error"}}},
+                    {"name": "main", "state": {"terminated": {"exitCode": 75}}}
+                ]
+            }
+        }))
+        .unwrap();
+        let o = observe(&pod, 1, 1, false);
+        let Observed::Ended(Outcome::Failed { evidence, .. }) = observed(&o) else {
+            panic!("{o:?}")
+        };
+        let exits: Vec<(&str, i32, &str)> = evidence
+            .exits
+            .iter()
+            .map(|p| (p.name.as_str(), p.code, p.reason.as_str()))
+            .collect();
+        assert_eq!(exits, [("sidecar", 2, "Error"), ("main", 75, "Error")]);
+        assert_eq!(evidence.conditions, [("Ready".into(), "False".into())]);
+        assert!(
+            evidence.reasons.is_empty(),
+            "a False condition gives no reason"
+        );
+        // Evicted: the disruption's condition and reason, the cause first.
+        let evicted: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "DisruptionTarget", "status": "True",
+                    "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}]
+            }
+        }))
+        .unwrap();
+        assert!(
+            observe(&evicted, 1, 1, false).evidence.is_empty(),
+            "still running"
+        );
+        let gone = observe(&evicted, 1, 1, true);
+        let Observed::Ended(lost @ Outcome::Lost { .. }) = observed(&gone) else {
+            panic!("{gone:?}")
+        };
+        let evidence = lost.evidence().unwrap();
+        assert_eq!(
+            lost.reason(),
+            "EvictionByEvictionAPI",
+            "the disruption is the cause"
+        );
+        assert!(
+            evidence
+                .conditions
+                .contains(&("DisruptionTarget".into(), "True".into()))
+        );
+        assert!(evidence.reasons.contains(&"EvictionByEvictionAPI".into()));
     }
 }
