@@ -727,6 +727,54 @@ async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
             "two rules",
         ),
         (
+            "a containerName naming no container of the template",
+            pod("      - action: FailJob\n        onExitCodes: {containerName: trainer, operator: In, values: [3]}\n"),
+            "spec.failurePolicy",
+            "spec.failurePolicy.rules[].onExitCodes.containerName names no container or initContainer of spec.template",
+        ),
+        (
+            "a task's containerName naming no container of its template",
+            "  tasks:\n    - name: a\n      template:\n        spec:\n          containers: [{name: main, image: busybox}]\n      failurePolicy:\n        rules:\n          - action: FailJob\n            onExitCodes: {containerName: trainer, operator: In, values: [3]}\n".to_string(),
+            "spec.tasks[0].failurePolicy",
+            "spec.tasks[].failurePolicy.rules[].onExitCodes.containerName names no container or initContainer of the task template",
+        ),
+        (
+            "a pipeline's containerName naming no container of any task",
+            "  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {containerName: trainer, operator: In, values: [3]}\n  tasks:\n    - name: a\n      template:\n        spec:\n          containers: [{name: main, image: busybox}]\n    - name: b\n      template:\n        spec:\n          containers: [{name: eval, image: busybox}]\n".to_string(),
+            "spec.failurePolicy",
+            "spec.failurePolicy.rules[].onExitCodes.containerName names no container or initContainer of any task template",
+        ),
+        (
+            "a local job's containerName naming no script",
+            "  run: \"true\"\n  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {containerName: trainer, operator: In, values: [3]}\n".to_string(),
+            "spec.failurePolicy",
+            "spec.failurePolicy.rules[].onExitCodes.containerName names no part of a local job (spec.run): a local workload has no containers; containerName is setup or run",
+        ),
+        (
+            "a local task's containerName naming no script",
+            "  tasks:\n    - name: a\n      run: \"true\"\n      failurePolicy:\n        rules:\n          - action: FailJob\n            onExitCodes: {containerName: trainer, operator: In, values: [3]}\n".to_string(),
+            "spec.tasks[0].failurePolicy",
+            "containerName names no part of a local task (run): a local workload has no containers; containerName is setup or run",
+        ),
+        (
+            "a rule for one container after a rule for any listing the same code",
+            "  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {operator: In, values: [4, 3]}\n      - action: Restart\n        onExitCodes: {containerName: main, operator: In, values: [3]}\n  template:\n    spec:\n      containers: [{name: main, image: busybox}]\n".to_string(),
+            "spec.failurePolicy.rules",
+            "an exit code listed with operator In by a rule without containerName (any container) is listed again by a later rule",
+        ),
+        (
+            "a negative exit code",
+            pod("      - action: FailJob\n        onExitCodes: {operator: In, values: [2, -1]}\n"),
+            "spec.failurePolicy.rules[0].onExitCodes.values[1]",
+            "greater than or equal to 0",
+        ),
+        (
+            "an exit code above 255",
+            pod("      - action: Restart\n        onExitCodes: {operator: NotIn, values: [256]}\n"),
+            "spec.failurePolicy.rules[0].onExitCodes.values[0]",
+            "less than or equal to 255",
+        ),
+        (
             "maxIgnored out of range",
             "  run: \"true\"\n  recovery:\n    maxIgnored: 5000\n".to_string(),
             "spec.recovery.maxIgnored",
@@ -751,12 +799,46 @@ async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
             "{what}: the error does not name {field} ({says}): {out}"
         );
     }
+    // Containers and init containers the templates name, in any order, are fine (a pipeline's
+    // own rules may name a container of any one task); so are a local job's scripts.
+    for (what, body) in [
+        (
+            "an init container and a container of the template",
+            "  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {containerName: prepare, operator: In, values: [3, 255]}\n      - action: Restart\n        onExitCodes: {containerName: main, operator: In, values: [3]}\n      - action: Ignore\n        onExitCodes: {operator: In, values: [3]}\n  template:\n    spec:\n      initContainers: [{name: prepare, image: busybox}]\n      containers: [{name: main, image: busybox}]\n".to_string(),
+        ),
+        (
+            "a pipeline's rule naming one task's container",
+            "  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {containerName: eval, operator: In, values: [3]}\n  tasks:\n    - name: a\n      template:\n        spec:\n          containers: [{name: main, image: busybox}]\n    - name: b\n      template:\n        spec:\n          containers: [{name: eval, image: busybox}]\n".to_string(),
+        ),
+        (
+            "a local job's scripts",
+            "  run: \"true\"\n  setup: \"true\"\n  failurePolicy:\n    rules:\n      - action: FailJob\n        onExitCodes: {containerName: setup, operator: In, values: [3]}\n      - action: Restart\n        onExitCodes: {containerName: run, operator: In, values: [3]}\n".to_string(),
+        ),
+    ] {
+        std::fs::write(&path, format!("{}{body}", head("fine"))).unwrap();
+        let (ok, out) = support::kubectl(
+            cp,
+            &[
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &ns.name,
+                "-f",
+                path.to_str().unwrap(),
+            ],
+        );
+        assert!(ok, "{what} was refused: {out}");
+    }
     // One code for two containers, and NotIn with 0, are fine; the rules are immutable.
     let good = format!(
         "{}{}",
         head("good"),
         pod(
             "      - action: FailJob\n        onExitCodes: {containerName: main, operator: In, values: [2]}\n      - action: Ignore\n        onExitCodes: {containerName: sidecar, operator: In, values: [2]}\n      - action: Restart\n        onExitCodes: {operator: NotIn, values: [0, 1]}\n"
+        )
+        .replace(
+            "        - name: main\n",
+            "        - name: sidecar\n          image: busybox\n        - name: main\n",
         )
     );
     std::fs::write(&path, &good).unwrap();

@@ -13,8 +13,8 @@ use super::failure::{
 use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
-    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_SCRIPT_BYTES,
-    MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
+    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_POD_CONTAINERS,
+    MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
 };
 
 /// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
@@ -140,13 +140,27 @@ fn refine_spec_schema(spec: &mut Value) {
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
     ));
-    rules.push(policy_rule(
-        &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
-        "a local job (spec.run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+    rules.extend(local_policy_rules(
+        "has(self.run)",
+        "a local job (spec.run)",
+        "spec.failurePolicy",
     ));
-    rules.push(policy_rule(
-        &format!("!has(self.tasks) || !self.tasks.all(t, has(t.run)) || {LOCAL_RULES_ONLY}"),
-        "the tasks of a local pipeline (tasks[].run) have no Pod: their rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
+    rules.extend(local_policy_rules(
+        "has(self.tasks) && self.tasks.all(t, has(t.run))",
+        "a local pipeline (tasks[].run)",
+        "spec.failurePolicy",
+    ));
+    rules.push(container_rule(
+        "has(self.template)",
+        "self.template.spec.containers.exists(c, c.name == NAME) || (has(self.template.spec.initContainers) && self.template.spec.initContainers.exists(c, c.name == NAME))",
+        "spec.failurePolicy",
+        "names no container or initContainer of spec.template",
+    ));
+    rules.push(container_rule(
+        "has(self.tasks) && self.tasks.all(t, has(t.template))",
+        "self.tasks.exists(t, t.template.spec.containers.exists(c, c.name == NAME) || (has(t.template.spec.initContainers) && t.template.spec.initContainers.exists(c, c.name == NAME)))",
+        "spec.failurePolicy",
+        "names no container or initContainer of any task template (spec.tasks[].template)",
     ));
     spec["x-kubernetes-validations"] = Value::Array(rules);
     spec["required"] = json!([]);
@@ -235,14 +249,53 @@ fn policy_rule(rule: &str, message: &str) -> Value {
     json!({ "rule": rule, "message": message, "fieldPath": ".failurePolicy" })
 }
 
-/// The CEL condition that `self.failurePolicy`, when set, holds only rules a local workload
-/// can meet: none on Pod conditions, and exit codes only of its `setup` and `run` scripts.
-const LOCAL_RULES_ONLY: &str = "!has(self.failurePolicy) || self.failurePolicy.rules.all(r, !has(r.onPodConditions) && (!has(r.onExitCodes) || !has(r.onExitCodes.containerName) || r.onExitCodes.containerName in ['setup', 'run']))";
+/// The rules on an object holding `failurePolicy` (the spec, a task) that, when `when` holds
+/// (the workload is local: `what` names it), its rules are ones a local workload can meet:
+/// none on Pod conditions, and exit codes only of its `setup` and `run` scripts (`field`
+/// names the policy in messages).
+fn local_policy_rules(when: &str, what: &str, field: &str) -> [Value; 2] {
+    [
+        policy_rule(
+            &format!(
+                "!({when}) || !has(self.failurePolicy) || self.failurePolicy.rules.all(r, !has(r.onPodConditions))"
+            ),
+            &format!(
+                "{what} has no Pod: its rules match exit codes or reasons, not onPodConditions"
+            ),
+        ),
+        container_rule(
+            when,
+            "NAME in ['setup', 'run']",
+            field,
+            &format!(
+                "names no part of {what}: a local workload has no containers; containerName is setup or run (its scripts), or unset (either)"
+            ),
+        ),
+    ]
+}
+
+/// A rule on an object holding `failurePolicy` (the spec, a task): when `when` holds, every
+/// `onExitCodes.containerName` of its rules satisfies `known` (`NAME` stands for the name).
+/// The message names the field and `says` why (a messageExpression naming the rule's index and
+/// the name would exceed the API server's cost estimate).
+fn container_rule(when: &str, known: &str, field: &str, says: &str) -> Value {
+    let name = "r.onExitCodes.containerName";
+    let bad = format!(
+        "has(r.onExitCodes) && has(r.onExitCodes.containerName) && !({})",
+        known.replace("NAME", name)
+    );
+    json!({
+        "rule": format!("!({when}) || !has(self.failurePolicy) || !self.failurePolicy.rules.exists(r, {bad})"),
+        "message": format!("{field}.rules[].onExitCodes.containerName {says}"),
+        "fieldPath": ".failurePolicy",
+    })
+}
 
 /// `failurePolicy` (the job's or a task's; `field` names it in messages): 1..`max_rules` rules, each
 /// with exactly one of onExitCodes, onPodConditions and onReasons and a known action (the
-/// schema's enum); no exit code listed `In` by two rules of the list for the same container
-/// (the second could never match), 0 never listed `In` (a success never matches a rule,
+/// schema's enum); no exit code listed `In` by two rules of the list for the same container,
+/// nor by a rule for any container and a later rule (the later could never match), codes 0 to
+/// 255, 0 never listed `In` (a success never matches a rule,
 /// whatever its action); rule names unique DNS labels, never `default`.
 fn refine_failure_policy(policy: &mut Value, field: &str, max_rules: usize) {
     let rules = &mut policy["properties"]["rules"];
@@ -260,6 +313,14 @@ fn refine_failure_policy(policy: &mut Value, field: &str, max_rules: usize) {
             ),
             &format!(
                 "{field}.rules: an exit code is listed with operator In by two rules for the same container; the first would always win (list each code once)"
+            ),
+        ),
+        // Listed in order, the rules listing a code `In` are sorted when the one for any
+        // container (none twice: the rule above) comes after those for one container.
+        rule(
+            "self.all(a, !has(a.onExitCodes) || a.onExitCodes.operator != 'In' || has(a.onExitCodes.containerName) || a.onExitCodes.values.all(v, self.filter(b, has(b.onExitCodes) && b.onExitCodes.operator == 'In' && v in b.onExitCodes.values).map(b, has(b.onExitCodes.containerName) ? 0 : 1).isSorted()))",
+            &format!(
+                "{field}.rules: an exit code listed with operator In by a rule without containerName (any container) is listed again by a later rule, which could never match it (put the rules for one container first)"
             ),
         ),
         rule(
@@ -297,6 +358,8 @@ fn refine_failure_policy(policy: &mut Value, field: &str, max_rules: usize) {
     codes["values"]["minItems"] = json!(1);
     codes["values"]["maxItems"] = json!(MAX_RULE_EXIT_CODES);
     codes["values"]["x-kubernetes-list-type"] = json!("set");
+    codes["values"]["items"]["minimum"] = json!(0);
+    codes["values"]["items"]["maximum"] = json!(255);
     let conditions = &mut props["onPodConditions"];
     conditions["minItems"] = json!(1);
     conditions["maxItems"] = json!(MAX_RULE_ITEMS);
@@ -328,14 +391,24 @@ fn refine_tasks(tasks: &mut Value) {
         ));
     let item = &mut tasks["items"];
     item["required"] = json!(["name"]);
+    let [conditions, containers] = local_policy_rules(
+        "has(self.run)",
+        "a local task (run)",
+        "spec.tasks[].failurePolicy",
+    );
+    let template = container_rule(
+        "has(self.template)",
+        "self.template.spec.containers.exists(c, c.name == NAME) || (has(self.template.spec.initContainers) && self.template.spec.initContainers.exists(c, c.name == NAME))",
+        "spec.tasks[].failurePolicy",
+        "names no container or initContainer of the task template (spec.tasks[].template)",
+    );
     item["x-kubernetes-validations"] = json!([
+        conditions,
+        containers,
+        template,
         rule(
             "has(self.run) != has(self.template)",
             "each of spec.tasks must set exactly one of run (local executor) and template (pod executor)",
-        ),
-        policy_rule(
-            &format!("!has(self.run) || {LOCAL_RULES_ONLY}"),
-            "a local task (run) has no Pod: its rules match exit codes (onExitCodes.containerName setup or run) or reasons, not onPodConditions",
         ),
         rule(
             "!has(self.setup) || has(self.run)",
@@ -388,7 +461,18 @@ fn refine_tasks(tasks: &mut Value) {
 /// A trimmed PodTemplateSpec schema: the full upstream schema would push the CRD past the 256 KiB
 /// client-side-apply annotation limit, so the Pod spec is kept open (`x-kubernetes-preserve-unknown-fields`)
 /// and only what the operator relies on is checked here; the rest is checked when the Pod is created.
+/// Containers and init containers are at most [`MAX_POD_CONTAINERS`] each, named (at most 63 characters):
+/// the failure rules' `containerName` is checked against the template's containers by CEL
+/// rules whose cost the API server estimates from the lists' bounds.
 fn pod_template_schema(field: &str) -> Value {
+    let container = json!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "required": ["name"],
+        "properties": {
+            "name": { "type": "string", "maxLength": 63 },
+        },
+    });
     json!({
         "description": "Pod template run by the pod executor, one Pod per attempt (restartPolicy Never). Exactly one of run, template and tasks is set.",
         "type": "object",
@@ -409,14 +493,17 @@ fn pod_template_schema(field: &str) -> Value {
                 "required": ["containers"],
                 "properties": {
                     "containers": {
-                        "description": "The Pod's containers; at least one.",
+                        "description": format!("The Pod's containers; 1 to {MAX_POD_CONTAINERS}."),
                         "type": "array",
                         "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": true,
-                            "required": ["name"],
-                        },
+                        "maxItems": MAX_POD_CONTAINERS,
+                        "items": container,
+                    },
+                    "initContainers": {
+                        "description": format!("The Pod's init containers; at most {MAX_POD_CONTAINERS}."),
+                        "type": "array",
+                        "maxItems": MAX_POD_CONTAINERS,
+                        "items": container,
                     },
                     "restartPolicy": {
                         "description": "Must be Never (or unset): the operator restarts and recovers the job itself.",

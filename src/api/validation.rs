@@ -39,6 +39,9 @@ pub const MAX_TASK_ENV_VALUE_BYTES: usize = 8_192;
 /// environment together (so it could never start). 256 KiB leaves room for the scripts, the
 /// status and the finalizer. Enforced by a CEL rule at the API, and by [`validate_spec`].
 pub const MAX_ENV_BYTES: usize = 262_144;
+/// Most containers, and most init containers, in a pod template: the CEL rule that each
+/// failure rule's `onExitCodes.containerName` names one of them is costed from this bound.
+pub const MAX_POD_CONTAINERS: usize = 64;
 
 /// Validates what the API schema cannot: returns a sentence naming the field, or `Ok(())`.
 ///
@@ -148,23 +151,50 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
                     MAX_TASK_FAILURE_RULES,
                 )?;
             }
-            validate_task(&spec.task(i), &format!("spec.tasks[{i}]"))?;
+            let names = task.failure_policy.is_some() || task.template.is_none();
+            validate_task(&spec.task(i), &format!("spec.tasks[{i}]"), names)?;
         }
         if let Some(policy) = &spec.failure_policy {
             validate_policy(policy, "spec.failurePolicy", MAX_FAILURE_RULES)?;
+            // A pod pipeline's job-level rules apply to each task without its own: a name
+            // must be a container (or init container) of some task's template.
+            let pods: Vec<_> = spec
+                .tasks
+                .iter()
+                .filter_map(|t| t.template.as_ref()?.spec.as_ref())
+                .collect();
+            for (i, rule) in policy.rules.iter().enumerate() {
+                if let Some(name) = rule
+                    .on_exit_codes
+                    .as_ref()
+                    .and_then(|o| o.container_name.as_ref())
+                    && !pods.is_empty()
+                    && !pods.iter().any(|pod| {
+                        pod.containers
+                            .iter()
+                            .chain(pod.init_containers.iter().flatten())
+                            .any(|c| c.name == *name)
+                    })
+                {
+                    return Err(format!(
+                        "spec.failurePolicy.rules[{i}].onExitCodes.containerName {name:?} names no container or initContainer of any task template (spec.tasks[].template)"
+                    ));
+                }
+            }
         }
         return Ok(());
     }
     if let Some(policy) = &spec.failure_policy {
         validate_policy(policy, "spec.failurePolicy", MAX_FAILURE_RULES)?;
     }
-    validate_task(&spec.task(0), "spec")
+    validate_task(&spec.task(0), "spec", true)
 }
 
 /// The checks of a failure policy at `at` (the API's CEL rules, [`super::schema`]): 1 to
 /// `max_rules` rules, each matching on exactly one of exit codes, Pod conditions and reasons;
-/// no exit code 0 listed `In`; no code listed `In` by two rules for the same container; names
-/// unique DNS labels other than `default`.
+/// exit codes 0 to 255, no 0 listed `In`; no code listed `In` by two rules for the same
+/// container, nor by a rule for any container and a later one; names unique DNS labels other
+/// than `default`.
 pub fn validate_policy(policy: &FailurePolicy, at: &str, max_rules: usize) -> Result<(), String> {
     if policy.rules.is_empty() || policy.rules.len() > max_rules {
         return Err(format!(
@@ -206,6 +236,11 @@ pub fn validate_policy(policy: &FailurePolicy, at: &str, max_rules: usize) -> Re
                     "{field}.onExitCodes.values: exit code 0 is a success and never matches a rule; it cannot be listed with operator In"
                 ));
             }
+            if let Some(code) = on.values.iter().find(|c| !(0..=255).contains(*c)) {
+                return Err(format!(
+                    "{field}.onExitCodes.values: {code} is not an exit code (0 to 255)"
+                ));
+            }
             if on
                 .container_name
                 .as_deref()
@@ -218,13 +253,22 @@ pub fn validate_policy(policy: &FailurePolicy, at: &str, max_rules: usize) -> Re
             if on.operator == ExitCodeOperator::In {
                 let earlier = policy.rules[..i]
                     .iter()
-                    .filter_map(|r| r.on_exit_codes.as_ref());
-                for other in earlier.filter(|o| {
-                    o.operator == ExitCodeOperator::In && o.container_name == on.container_name
+                    .enumerate()
+                    .filter_map(|(j, r)| Some((j, r.on_exit_codes.as_ref()?)));
+                // An earlier rule for the same container, or for any container, matches the
+                // code first: this rule never would.
+                for (j, other) in earlier.filter(|(_, o)| {
+                    o.operator == ExitCodeOperator::In
+                        && (o.container_name == on.container_name || o.container_name.is_none())
                 }) {
                     if let Some(code) = on.values.iter().find(|c| other.values.contains(c)) {
+                        let whose = if other.container_name == on.container_name {
+                            "the same container"
+                        } else {
+                            "any container (it has no containerName)"
+                        };
                         return Err(format!(
-                            "{field}.onExitCodes.values: exit code {code} is listed by an earlier rule for the same container"
+                            "{field}.onExitCodes.values: exit code {code} is listed with operator In by {at}.rules[{j}] for {whose}, which matches first: this rule would never match it"
                         ));
                     }
                 }
@@ -251,7 +295,9 @@ pub fn validate_policy(policy: &FailurePolicy, at: &str, max_rules: usize) -> Re
 
 /// The checks of one task (or of a job of one task), naming fields under `at` (`spec` or
 /// `spec.tasks[i]`).
-fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
+/// `names`: whether to check the containerName of the task's rules against its own parts (not
+/// for a pod pipeline's task under the job's rules: those name any task's containers).
+fn validate_task(task: &TaskView<'_>, at: &str, names: bool) -> Result<(), String> {
     if task.run.is_some_and(str::is_empty) {
         return Err(format!("{at}.run must not be empty"));
     }
@@ -270,6 +316,21 @@ fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
     }
     // What the task's rules may name: a local workload has no Pod, and only its two scripts;
     // a Pod's containers and init containers.
+    if let Some(pod) = task.template.and_then(|t| t.spec.as_ref()) {
+        for (list, len) in [
+            ("containers", pod.containers.len()),
+            (
+                "initContainers",
+                pod.init_containers.as_ref().map_or(0, Vec::len),
+            ),
+        ] {
+            if len > MAX_POD_CONTAINERS {
+                return Err(format!(
+                    "{at}.template.spec.{list} holds {len}, more than {MAX_POD_CONTAINERS}"
+                ));
+            }
+        }
+    }
     if let Some(policy) = task.failure_policy {
         let parts: Vec<String> = match task.template.and_then(|t| t.spec.as_ref()) {
             Some(pod) => pod
@@ -291,10 +352,16 @@ fn validate_task(task: &TaskView<'_>, at: &str) -> Result<(), String> {
                 .on_exit_codes
                 .as_ref()
                 .and_then(|o| o.container_name.as_ref())
+                && names
                 && !parts.contains(name)
             {
+                let what = if task.template.is_some() {
+                    "no container or initContainer of the template"
+                } else {
+                    "no part of a local workload (containerName is setup or run, its scripts, or unset)"
+                };
                 return Err(format!(
-                    "{at}: the failurePolicy's rules[{i}].onExitCodes.containerName {name:?} names no part of the workload (it has {})",
+                    "{at}: the failurePolicy's rules[{i}].onExitCodes.containerName {name:?} names {what}; it has {}",
                     parts.join(", ")
                 ));
             }
@@ -413,6 +480,127 @@ mod tests {
             validate_spec(&spec)
                 .unwrap_err()
                 .contains("spec.env[0].name")
+        );
+    }
+
+    fn spec(json: serde_json::Value) -> ManagedJobSpec {
+        serde_json::from_value(json).expect("a spec")
+    }
+
+    fn codes(container: Option<&str>, values: &[i32]) -> serde_json::Value {
+        let mut on = serde_json::json!({"operator": "In", "values": values});
+        if let Some(c) = container {
+            on["containerName"] = c.into();
+        }
+        serde_json::json!({"action": "FailJob", "onExitCodes": on})
+    }
+
+    fn pod(containers: &[&str]) -> serde_json::Value {
+        let list: Vec<_> = containers
+            .iter()
+            .map(|c| serde_json::json!({"name": c, "image": "busybox"}))
+            .collect();
+        serde_json::json!({"spec": {"containers": list}})
+    }
+
+    #[test]
+    fn container_names_must_name_a_part_of_the_workload() {
+        let job = |rules: serde_json::Value| {
+            validate_spec(&spec(serde_json::json!({
+                "template": pod(&["c"]),
+                "failurePolicy": {"rules": rules},
+            })))
+        };
+        let err = job(serde_json::json!([codes(Some("trainer"), &[3])])).unwrap_err();
+        assert!(
+            err.contains("rules[0].onExitCodes.containerName \"trainer\" names no container or initContainer of the template; it has c"),
+            "{err}"
+        );
+        assert!(job(serde_json::json!([codes(Some("c"), &[3])])).is_ok());
+        let local = validate_spec(&spec(serde_json::json!({
+            "run": "true",
+            "failurePolicy": {"rules": [codes(Some("trainer"), &[3])]},
+        })))
+        .unwrap_err();
+        assert!(
+            local.contains("containerName \"trainer\" names no part of a local workload (containerName is setup or run"),
+            "{local}"
+        );
+        // A pipeline's own rules name a container of any task; a task's, of its template.
+        let pipeline = |rules: serde_json::Value, own: Option<serde_json::Value>| {
+            let mut a = serde_json::json!({"name": "a", "template": pod(&["main"])});
+            if let Some(own) = own {
+                a["failurePolicy"] = serde_json::json!({"rules": own});
+            }
+            validate_spec(&spec(serde_json::json!({
+                "tasks": [a, {"name": "b", "template": pod(&["eval"])}],
+                "failurePolicy": {"rules": rules},
+            })))
+        };
+        assert!(pipeline(serde_json::json!([codes(Some("eval"), &[3])]), None).is_ok());
+        let err = pipeline(serde_json::json!([codes(Some("trainer"), &[3])]), None).unwrap_err();
+        assert!(
+            err.contains("spec.failurePolicy.rules[0].onExitCodes.containerName \"trainer\" names no container or initContainer of any task template"),
+            "{err}"
+        );
+        let err = pipeline(
+            serde_json::json!([codes(Some("eval"), &[3])]),
+            Some(serde_json::json!([codes(Some("eval"), &[4])])),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains(
+                "spec.tasks[0]: the failurePolicy's rules[0].onExitCodes.containerName \"eval\""
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn exit_codes_are_0_to_255_and_a_rule_for_any_container_shadows_later_ones() {
+        let job = |rules: serde_json::Value| {
+            validate_spec(&spec(serde_json::json!({
+                "template": pod(&["run", "side"]),
+                "failurePolicy": {"rules": rules},
+            })))
+        };
+        for bad in [-1, 256] {
+            let err = job(serde_json::json!([codes(None, &[3, bad])])).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "spec.failurePolicy.rules[0].onExitCodes.values: {bad} is not an exit code (0 to 255)"
+                )),
+                "{err}"
+            );
+        }
+        assert!(job(serde_json::json!([codes(None, &[1, 255])])).is_ok());
+        let err = job(serde_json::json!([
+            codes(None, &[3]),
+            codes(Some("run"), &[3])
+        ]))
+        .unwrap_err();
+        assert!(
+            err.contains("spec.failurePolicy.rules[1].onExitCodes.values: exit code 3 is listed with operator In by spec.failurePolicy.rules[0] for any container (it has no containerName)"),
+            "{err}"
+        );
+        let err = job(serde_json::json!([
+            codes(Some("run"), &[3]),
+            codes(Some("run"), &[4, 3])
+        ]))
+        .unwrap_err();
+        assert!(
+            err.contains("rules[1].onExitCodes.values: exit code 3"),
+            "{err}"
+        );
+        assert!(err.contains("for the same container"), "{err}");
+        // A rule for one container before a rule for any: each matches what the other does not.
+        assert!(
+            job(serde_json::json!([
+                codes(Some("run"), &[3]),
+                codes(Some("side"), &[3]),
+                codes(None, &[3])
+            ]))
+            .is_ok()
         );
     }
 }
