@@ -947,3 +947,83 @@ async fn only_session_leaders_are_taken_for_job_controllers() {
         "a session leader with a job controller's command line was not seen: {seen:?}"
     );
 }
+
+/// A wrapper killed alone (not its group): what the attempt started runs on, and must be
+/// stopped before the attempt is taken as lost, whether the job is relaunched (a recovery) or
+/// ends (a failure rule on `ProcessLost`). Counted over the whole run: the attempt's processes
+/// never outlive it, and the next attempt never runs beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_wrappers_processes_are_stopped_before_the_job_goes_on() {
+    use managed_jobs::api::{FailureAction, FailurePolicy, FailureRule};
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let recovered = ManagedJobSpec {
+        run: Some("if [ \"$MANAGEDJOB_ATTEMPT\" = 1 ]; then sleep 300; fi".into()),
+        recovery: RecoverySpec {
+            max_restarts_on_errors: 0,
+            max_recoveries: Some(1),
+            max_ignored: None,
+        },
+        ..Default::default()
+    };
+    let mut failed = spec("sleep 301; exit 0");
+    failed.failure_policy = Some(FailurePolicy {
+        rules: vec![FailureRule {
+            name: Some("vanished".into()),
+            action: FailureAction::FailJob,
+            on_reasons: Some(vec!["ProcessLost".into(), "WorkloadVanished".into()]),
+            ..Default::default()
+        }],
+    });
+    for (name, spec, phase, attempts) in [
+        ("recovered", recovered, JobPhase::Succeeded, 2),
+        ("failed", failed, JobPhase::Failed, 1),
+    ] {
+        let id = submit(&engine, name, &spec);
+        let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+            r.phase == JobPhase::Running
+        })
+        .await;
+        let wrapper: i32 = row
+            .workload
+            .unwrap()
+            .to_string()
+            .trim_start_matches("pid/")
+            .parse()
+            .unwrap();
+        // The attempt's script runs under the wrapper.
+        let start = Instant::now();
+        while marked(dir.path(), id, 1).len() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(10), "{name}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(wrapper),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        // Over the whole run: attempt 1's processes are gone before attempt 2 is launched.
+        loop {
+            let row = engine.store().get(id).unwrap();
+            if row.launched_attempt >= 2 || row.schedule_state == ScheduleState::Done {
+                assert_eq!(
+                    marked(dir.path(), id, 1),
+                    Vec::<i32>::new(),
+                    "{name}: attempt 1's processes outlived it ({:?}, {})",
+                    row.phase,
+                    row.message
+                );
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let row = wait_done(&engine, id).await;
+        assert_eq!(row.phase, phase, "{name}: {}", row.message);
+        assert_eq!(row.attempt, attempts, "{name}");
+        if name == "failed" {
+            assert!(row.message.contains("vanished"), "{}", row.message);
+            assert!(row.message.contains("ProcessLost"), "{}", row.message);
+        }
+        assert_eq!(marked(dir.path(), id, 1), Vec::<i32>::new(), "{name}");
+    }
+}

@@ -289,9 +289,12 @@ impl Executor for LocalExecutor {
                 });
             }
             // Ended: kept (its group and child) for the stop that sweeps what it left behind.
-            if *a != attempt {
-                self.current = None;
+            if *a == attempt {
+                // Its exit file, or lost: the wrapper was killed before it recorded one
+                // (`ProcessLost`; its children may run on, and the stop that follows ends them).
+                return Ok(Observed::Ended(w.outcome()));
             }
+            self.current = None;
         }
         if job.launched_attempt < attempt {
             return Ok(Observed::NotFound);

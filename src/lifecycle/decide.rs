@@ -254,16 +254,26 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
                 until_ms: sooner(earliest(Some(*retry_at_ms), launch_deadline)),
             }
         }
-        Observed::NotFound => Action::Apply(t::after_outcome(
-            row,
-            attempt,
-            &Outcome::lost(
-                "the workload vanished before it recorded an exit code",
-                "WorkloadVanished",
-            ),
-            cx.now_ms,
-            cx.backoff_base,
-        )),
+        // Its wrapper vanished (killed) but what it started may run on: a local attempt's
+        // processes are stopped before the attempt is taken as lost, or it would run beside the
+        // next attempt (or after the job ended).
+        Observed::NotFound => {
+            let t = t::after_outcome(
+                row,
+                attempt,
+                &Outcome::lost(
+                    "the workload vanished before it recorded an exit code",
+                    "WorkloadVanished",
+                ),
+                cx.now_ms,
+                cx.backoff_base,
+            );
+            if cx.stop_after_exit {
+                Action::StopThen(t)
+            } else {
+                Action::Apply(t)
+            }
+        }
         Observed::Running { workload } => {
             if launching || row.phase != JobPhase::Running {
                 Action::Apply(t::running(row, attempt, workload.clone()))
@@ -478,12 +488,14 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_launched_attempt_not_found_is_lost_locally_and_created_again_for_pods() {
+    fn a_launched_attempt_not_found_is_stopped_and_lost_locally_and_created_again_for_pods() {
         let mut r = row(JobPhase::Starting, ScheduleState::Launching);
         r.attempt = 1;
         r.launched_attempt = 1;
         let local = next_action(&r, Some(&Observed::NotFound), &cx(false));
         assert_eq!(reason(&local), Some(Reason::Recovering));
+        // What the vanished wrapper started is stopped before the job goes on.
+        assert!(matches!(local, Action::StopThen(_)), "{local:?}");
         let pod = next_action(&r, Some(&Observed::NotFound), &cx(true));
         assert_eq!(
             pod,
