@@ -23,6 +23,14 @@ echo "==> installing the CRD" >&2
 k apply -f crds/ >/dev/null
 k wait --for=condition=Established crd/managedjobs.managedjobs.dev --timeout=60s >/dev/null
 k create namespace "$NS" --dry-run=client -o yaml | k apply -f - >/dev/null
+# A moment after Established, the API still refuses creates of the new kind (ServiceUnavailable:
+# the finalizer policy, a MutatingAdmissionPolicy, cannot type it yet): wait until a server-side
+# dry run of a create passes.
+for i in $(seq 150); do
+  k -n "$NS" apply --dry-run=server -f examples/hello.yaml >/dev/null 2>&1 && break
+  if ((i == 150)); then k -n "$NS" apply --dry-run=server -f examples/hello.yaml; exit 1; fi
+  sleep 0.2
+done
 
 STATE="${MJ_CACHE_DIR:-$HOME/.cache/managed-jobs}/demo-state"
 rm -rf "$STATE" && mkdir -p "$STATE"

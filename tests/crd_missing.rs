@@ -80,7 +80,12 @@ fn delete_crd(cp: &support::ControlPlane) {
     let (ok, out) = support::kubectl(cp, &["delete", "crd", CRD, "--timeout=120s"]);
     assert!(ok, "deleting the CRD: {out}");
     let start = Instant::now();
-    while support::kubectl(cp, &["get", "--raw", "/apis/managedjobs.dev/v1alpha1"]).0 {
+    // The group stays served while the queue CRD (managedjobqueues) is installed: wait until
+    // its resource list no longer names managedjobs.
+    while {
+        let (ok, list) = support::kubectl(cp, &["get", "--raw", "/apis/managedjobs.dev/v1alpha1"]);
+        ok && list.contains(r#""name":"managedjobs""#)
+    } {
         assert!(start.elapsed() < Duration::from_secs(60), "still served");
         std::thread::sleep(Duration::from_millis(200));
     }

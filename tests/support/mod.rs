@@ -7,7 +7,8 @@
 //!   `MJ_KUBECONFIG`. When the binaries were never built, tests print a loud SKIPPED line and
 //!   return, except under `CI=true`, where that is a failure.
 //! - [`TestNamespace`] gives each test its own namespace, deleted afterwards.
-//! - The CRDs from `crds/` are installed once and waited for (Established and served).
+//! - The CRDs from `crds/` are installed once and waited for (Established, served, and a create
+//!   accepted by admission).
 //! - [`OperatorProcess`] runs the real `managed-jobs run` binary scoped to one namespace with its
 //!   own state dir, and kills it and every process it started when dropped.
 
@@ -123,6 +124,32 @@ fn install_crds(kubeconfig: &Path) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "CRD never served"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Served is not yet accepted: a create is refused (ServiceUnavailable) until the finalizer
+    // policy (a MutatingAdmissionPolicy) can type the new kind. A server-side dry run passes
+    // through admission like a create.
+    let hello = root().join("examples/hello.yaml");
+    let start = Instant::now();
+    loop {
+        let (ok, out) = kubectl(
+            &cp,
+            &[
+                "apply",
+                "--dry-run=server",
+                "-n",
+                "default",
+                "-f",
+                hello.to_str().unwrap(),
+            ],
+        );
+        if ok {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the API never accepted a ManagedJob create: {out}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
