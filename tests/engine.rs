@@ -284,13 +284,7 @@ async fn cancel_while_running_stops_the_process_group() {
         r.phase == JobPhase::Running
     })
     .await;
-    let pgid: i32 = row
-        .workload
-        .unwrap()
-        .to_string()
-        .trim_start_matches("pid/")
-        .parse()
-        .unwrap();
+    let pgid = wrapper_pid(&row);
     assert!(process::group_exists(pgid));
     let row = engine.store().get(id).unwrap();
     engine.cancel(row, false).unwrap();
@@ -359,13 +353,7 @@ async fn killed_workload_is_recovered_within_max_recoveries() {
         r.phase == JobPhase::Running
     })
     .await;
-    let pgid: i32 = row
-        .workload
-        .unwrap()
-        .to_string()
-        .trim_start_matches("pid/")
-        .parse()
-        .unwrap();
+    let pgid = wrapper_pid(&row);
     // Preemption: the whole group goes at once, before the wrapper can record an exit code.
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(pgid),
@@ -549,6 +537,15 @@ async fn a_job_that_ends_at_once_still_records_that_it_ran() {
 }
 
 /// Processes still marked as `job`'s `attempt` (its environment mark, executor::contain).
+/// The pid of a running local attempt's wrapper (`status.workload` is `pid/<pid>`), which leads
+/// the attempt's process group.
+fn wrapper_pid(row: &JobRow) -> i32 {
+    match &row.workload {
+        Some(managed_jobs::lifecycle::Workload::Process(pid)) => *pid,
+        other => panic!("not a local workload: {other:?}"),
+    }
+}
+
 fn marked(dir: &Path, job: i64, attempt: i32) -> Vec<i32> {
     let scope = managed_jobs::state_dir::StateDir::new(dir).exit_file(job, attempt);
     managed_jobs::executor::contain::with_scope(&scope.to_string_lossy())
@@ -984,13 +981,7 @@ async fn a_killed_wrappers_processes_are_stopped_before_the_job_goes_on() {
             r.phase == JobPhase::Running
         })
         .await;
-        let wrapper: i32 = row
-            .workload
-            .unwrap()
-            .to_string()
-            .trim_start_matches("pid/")
-            .parse()
-            .unwrap();
+        let wrapper = wrapper_pid(&row);
         // The attempt's script runs under the wrapper.
         let start = Instant::now();
         while marked(dir.path(), id, 1).len() < 2 {
