@@ -124,10 +124,13 @@ pub struct RunArgs {
     /// Hold a Lease before acting, so a second replica only stands by.
     #[arg(long, env = "MJ_LEADER_ELECTION")]
     pub leader_election: bool,
-    /// Namespace of the Lease (default: `$POD_NAMESPACE`, else `default`).
+    /// Namespace of the leader-election Lease (default: `$POD_NAMESPACE`, else the watched
+    /// `--namespace`, else `default`).
     #[arg(long, env = "MJ_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
-    /// Lease duration in seconds: a dead leader is replaced within it.
+    /// Lease duration in seconds, of the leader-election Lease and of the claims on namespaces
+    /// (one owner per job): a dead leader, or a dead owner of a namespace's jobs, is replaced
+    /// within about it.
     #[arg(long, env = "MJ_LEASE_DURATION_SECONDS", default_value_t = defaults::LEASE_DURATION_SECONDS)]
     pub lease_duration_seconds: u64,
     /// Own only the ManagedJobs labelled `managedjobs.dev/shard=NAME` (and their Pods), with a
@@ -229,31 +232,51 @@ impl RunArgs {
         })?))
     }
 
-    /// Leader election settings, when switched on.
+    /// Leader election settings, when switched on: the replicas of one operator (same shard,
+    /// same watched namespace) share one Lease, so that one acts and the others stand by. Its
+    /// namespace: `--leader-election-namespace`, else `$POD_NAMESPACE` (in a cluster: the
+    /// release's), else the watched namespace (`--namespace`), else `default`. Its name:
+    /// `managed-jobs` (`managed-jobs-<shard>` for a shard), with `-for-<namespace>` when the
+    /// operator watches one namespace other than the Lease's: operators of different
+    /// namespaces never stand by for each other. (Which jobs each acts on is its claims':
+    /// `docs/design.md#one-owner-per-job`.)
     pub fn leader_election(&self) -> Option<crate::operator::LeaderElection> {
-        self.leader_election
-            .then(|| crate::operator::LeaderElection {
-                namespace: self
-                    .leader_election_namespace
-                    .clone()
-                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                    .unwrap_or_else(|| "default".into()),
-                // One leader per shard.
-                lease_name: match self.shard.as_deref() {
-                    Some(shard) => format!("managed-jobs-{shard}"),
-                    None => "managed-jobs".into(),
-                },
-                identity: std::env::var("POD_NAME").unwrap_or_else(|_| {
-                    format!(
-                        "{}-{}",
-                        std::fs::read_to_string("/proc/sys/kernel/hostname")
-                            .unwrap_or_default()
-                            .trim(),
-                        std::process::id()
-                    )
-                }),
-                duration_seconds: self.lease_duration_seconds.max(2),
+        if !self.leader_election {
+            return None;
+        }
+        let namespace = self
+            .leader_election_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
             })
+            .or_else(|| self.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        let mut lease_name = match self.shard.as_deref() {
+            Some(shard) => format!("managed-jobs-{shard}"),
+            None => "managed-jobs".into(),
+        };
+        if let Some(watched) = &self.namespace
+            && *watched != namespace
+        {
+            lease_name.push_str(&format!("-for-{watched}"));
+        }
+        Some(crate::operator::LeaderElection {
+            namespace,
+            lease_name,
+            identity: std::env::var("POD_NAME").unwrap_or_else(|_| {
+                format!(
+                    "{}-{}",
+                    std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .unwrap_or_default()
+                        .trim(),
+                    std::process::id()
+                )
+            }),
+            duration_seconds: self.lease_duration_seconds.max(2),
+        })
     }
 
     /// Cap overrides from the flags.

@@ -65,6 +65,10 @@ pub struct Config {
     /// The queues come from the API (the operator): nothing is admitted until they are known
     /// ([`Engine::set_queues`]). False: one pool, no queue objects (the engine alone).
     pub queues_from_api: bool,
+    /// Claims are in force (the operator, `lifecycle::claim`): job controllers launch only
+    /// under a claim on their job's namespace that the operator renewed lately. False: the
+    /// engine alone, without an API.
+    pub claims: bool,
 }
 
 /// Shared state of the engine's tasks.
@@ -231,6 +235,7 @@ impl Engine {
             max_launch_timeouts: cfg.max_launch_timeouts,
             capacity: Some(cfg.capacity.to_string()),
             shard: cfg.shard.clone(),
+            claims: cfg.claims,
         });
         match shared {
             Ok(()) => {}
@@ -752,6 +757,33 @@ impl Engine {
         rest
     }
 
+    /// Leaves every job of `namespace` to the operator that now owns them
+    /// ([`leave_jobs`]); returns how many.
+    pub fn leave_namespace(&self, namespace: &str, why: &str) -> usize {
+        let rows = match self.store().in_namespace(namespace) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(namespace, error = %e, "reading the jobs to leave failed");
+                return 0;
+            }
+        };
+        self.leave(rows, why)
+    }
+
+    /// Leaves `rows` to the operator that now owns them ([`leave_jobs`]); returns how many.
+    pub fn leave(&self, rows: Vec<JobRow>, why: &str) -> usize {
+        let n = rows.len();
+        leave_jobs(
+            &self.dir,
+            &mut self.store(),
+            rows,
+            self.cfg.cancel_grace,
+            why,
+        );
+        self.wake_all();
+        n
+    }
+
     fn count_exit(&self, reason: &str) {
         self.metrics
             .controller_exits_total
@@ -801,6 +833,47 @@ impl Engine {
         }
         self.wake_all();
         Ok(())
+    }
+}
+
+/// Leaves `rows` to the operator that owns them now (`lifecycle::claim`: another instance
+/// holds the claim on their namespace, or wrote their status under a later claim): each row is
+/// forgotten first (so that nothing here resumes it), then its job controller is killed (it
+/// holds nothing the store does not), and a local attempt's processes, which the new owner
+/// cannot adopt (they are this state dir's), are stopped with the job's grace; a Pod is left
+/// as it is, for the new owner to adopt. `why` is logged.
+pub fn leave_jobs(
+    dir: &StateDir,
+    store: &mut Store,
+    rows: Vec<JobRow>,
+    default_grace: Duration,
+    why: &str,
+) {
+    for row in rows {
+        if let Err(e) = store.delete(row.id) {
+            tracing::error!(job_id = row.id, error = %e, "forgetting a job left to another owner failed");
+            continue;
+        }
+        tracing::warn!(job_id = row.id, job = %row.key(), phase = %row.phase, "leaving the job to its owner: {why}");
+        if let Some((pid, start)) = row.controller() {
+            process::signal_if_alive(pid, start, nix::sys::signal::Signal::SIGKILL);
+        }
+        let local = row.executor == ExecutorKind::Local
+            && row.schedule_state.holds_run_slot()
+            && row.launched_attempt > 0;
+        if local {
+            let grace = lifecycle::stop_grace(&row, default_grace);
+            let dir = dir.clone();
+            tokio::spawn(async move {
+                let mut executor = LocalExecutor::new(&dir);
+                executor
+                    .stop_attempt(row.id, row.current_attempt(), grace)
+                    .await;
+                dir.forget_job(row.id, row.attempts());
+            });
+        } else {
+            dir.forget_job(row.id, row.attempts());
+        }
     }
 }
 

@@ -121,6 +121,11 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "Requeued",
                 t.message.as_str().into(),
             )),
+            (Reason::ClaimLapsed, _) => events.push(event(
+                EventType::Warning,
+                "ClaimLapsed",
+                t.message.as_str().into(),
+            )),
             (_, Some(JobPhase::Running)) if entered => {
                 let note = match waited_ms.take() {
                     Some(ms) => format!("{} (waited {} in the queue)", t.message, seconds(ms)),

@@ -85,6 +85,9 @@ struct JobController<E: Executor> {
     launch_timeout: Duration,
     max_launch_timeouts: i32,
     executors: Vec<ExecutorKind>,
+    /// Claims are in force (the operator runs with an API): each turn reads the claim on the
+    /// job's namespace before deciding (`docs/design.md#one-owner-per-job`).
+    claims: bool,
 }
 
 /// Entry point of `managed-jobs job-controller`. Returns when the job is Done.
@@ -137,6 +140,7 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
                 launch_timeout: Duration::from_millis(settings.launch_timeout_ms),
                 max_launch_timeouts: settings.max_launch_timeouts,
                 executors: settings.executors,
+                claims: settings.claims,
             }
             .drive()
             .await
@@ -211,6 +215,8 @@ impl<E: Executor> JobController<E> {
                     Some(lifecycle::Observed::Unschedulable { .. })
                 ) && self.store.run_slot_wanted(now_ms())?,
                 stop_grace: self.grace,
+                // One small indexed read: launch only under a claim renewed lately.
+                claim: self.store.gate(&row.namespace, self.claims)?,
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             let grace = lifecycle::action_grace(&action, &row, self.grace);

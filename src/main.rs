@@ -48,6 +48,7 @@ fn main() -> anyhow::Result<()> {
                 self_exe: std::env::current_exe()?,
                 shard: args.shard()?,
                 queues_from_api: true,
+                claims: true,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -62,6 +63,9 @@ fn main() -> anyhow::Result<()> {
                         metrics_addr: args.metrics_addr()?,
                         leader_election: args.leader_election(),
                         events: args.events,
+                        claim_duration: std::time::Duration::from_secs(
+                            args.lease_duration_seconds.max(2),
+                        ),
                     };
                     operator::run(client, cfg, options).await
                 })

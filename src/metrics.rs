@@ -97,6 +97,9 @@ pub struct Metrics {
     /// Attempts that ended, by what was decided and whether a failure rule decided it
     /// (refreshed from the store at each scrape: job controllers count them there).
     pub attempts_total: Family<AttemptLabels, Counter>,
+    /// Namespaces whose claim this operator wants, by where it stands (`held`, `paused`: its
+    /// renewal is overdue, `elsewhere`: another operator owns their jobs; `lifecycle::claim`).
+    pub claims: Family<StateLabel, Gauge>,
     ready: AtomicBool,
     /// Why the operator is not ready although started, by what fails (e.g. `crd`,
     /// `state-dir`): one sentence each.
@@ -145,6 +148,7 @@ impl Metrics {
             controller_spawns_deferred_total: Counter::default(),
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             attempts_total: Family::default(),
+            claims: Family::default(),
             ready: AtomicBool::new(false),
             problems: Default::default(),
             registry: Registry::default(),
@@ -225,6 +229,11 @@ impl Metrics {
             "attempts",
             "Attempts that ended, by the action decided (Succeeded, FailJob, Restart, Recover, Ignore) and whether a failure rule or the default decided it",
             m.attempts_total.clone(),
+        );
+        registry.register(
+            "claims",
+            "Namespaces whose claim this operator wants, by state: held, paused (renewal overdue), elsewhere (another operator owns their jobs)",
+            m.claims.clone(),
         );
         Metrics { registry, ..m }
     }

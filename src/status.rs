@@ -126,13 +126,32 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         current_task: row.spec.is_pipeline().then_some(row.task_index),
         task_progress: tasks::progress(row),
         tasks: row.tasks.clone(),
+        owner: None,
+        owner_epoch: None,
     }
 }
 
+/// Who writes a status: the holder identity of the claim on the job's namespace and its epoch
+/// (`lifecycle::claim`), written as `status.owner` and `status.ownerEpoch`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The claim's holder identity.
+    pub identity: String,
+    /// The claim's epoch (its Lease's `leaseTransitions`).
+    pub epoch: i64,
+}
+
 /// A JSON merge patch that replaces the whole status (absent fields become null, so a value of an
-/// earlier attempt never lingers) and fails unless the object still has the row's uid.
-pub fn merge_patch(row: &JobRow) -> Value {
-    let mut status = serde_json::to_value(status(row)).expect("a status serializes");
+/// earlier attempt never lingers) and fails unless the object still has the row's uid. `owner`
+/// (None: claims are not in force) is written with it: the API refuses it when the job's
+/// status was written under a later claim ([`crate::api`]'s owner rule).
+pub fn merge_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
+    let mut status = status(row);
+    if let Some(owner) = owner {
+        status.owner = Some(owner.identity.clone());
+        status.owner_epoch = Some(owner.epoch);
+    }
+    let mut status = serde_json::to_value(status).expect("a status serializes");
     let obj = status.as_object_mut().expect("status is an object");
     for field in [
         "queuePosition",

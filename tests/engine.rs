@@ -27,6 +27,7 @@ fn config(dir: &Path, caps: Caps) -> Config {
         self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
         shard: None,
         queues_from_api: false,
+        claims: false,
     }
 }
 

@@ -110,8 +110,25 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         // Leader election (kube-lease-manager): get, create, and patches to take or renew.
         ("patch", "leases.coordination.k8s.io", "yes"),
         ("create", "leases.coordination.k8s.io", "yes"),
-        ("update", "leases.coordination.k8s.io", "no"),
         ("delete", "leases.coordination.k8s.io", "no"),
+        // The claims (one owner per job): the claim Leases are watched, created, and taken or
+        // renewed by update, by name only.
+        ("watch", "leases.coordination.k8s.io", "yes"),
+        (
+            "update",
+            "leases.coordination.k8s.io/managed-jobs-owner",
+            "yes",
+        ),
+        (
+            "update",
+            "leases.coordination.k8s.io/kube-controller-manager",
+            "no",
+        ),
+        (
+            "get",
+            "leases.coordination.k8s.io/managed-jobs-owner",
+            "yes",
+        ),
         // Queues: watched, their status applied; never created, changed or deleted.
         ("watch", "managedjobqueues.managedjobs.dev", "yes"),
         ("create", "managedjobqueues.managedjobs.dev", "no"),

@@ -491,6 +491,7 @@ impl Model {
             max_launch_timeouts: defaults::MAX_LAUNCH_TIMEOUTS,
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
+            claim: managed_jobs::lifecycle::claim::Gate::OPEN,
         }
     }
 

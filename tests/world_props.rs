@@ -19,7 +19,10 @@
 //!    and a Done one forgotten; with the objects unknown, or for a job of another namespace,
 //!    none;
 //! 4. a job controller is woken iff it is not the recorded controller of a live job;
-//! 5. nothing is decided twice for one job, Pod or process.
+//! 5. nothing is decided twice for one job, Pod or process;
+//! 6. (issue 30, one owner per job) with the owned namespaces known (the operator's claims),
+//!    no Pod, job or object of another namespace is deleted, cancelled or forgotten, whatever
+//!    the store holds: those are another operator's; 1 and 3 hold within the owned ones.
 //!
 //! The runner uses a fixed seed (override with `PROPTEST_RNG_SEED`) and persists nothing; 2,000
 //! cases.
@@ -136,11 +139,16 @@ fn world(jobs: &[Job]) -> impl Strategy<Value = World> + use<> {
         prop::collection::vec((100i32..104, 1u64..3, 1i64..12), 0..4),
         prop::sample::subsequence(recorded.clone(), 0..=recorded.len()),
         prop::option::of(prop::sample::select(NAMESPACES.to_vec())),
+        prop::option::of(prop::sample::subsequence(
+            NAMESPACES.to_vec(),
+            0..=NAMESPACES.len(),
+        )),
     )
         .prop_map(
-            |(objects, pods, processes, controllers, recorded, scope)| World {
+            |(objects, pods, processes, controllers, recorded, scope, cells)| World {
                 objects: objects.map(|o| o.into_iter().chain(["stranger".to_string()]).collect()),
                 objects_namespace: scope.map(str::to_string),
+                cells: cells.map(|c| c.into_iter().map(str::to_string).collect()),
                 pods,
                 processes: processes
                     .into_iter()
@@ -235,10 +243,12 @@ proptest! {
         {
             prop_assert_eq!(*n, 1);
         }
-        // 1. Pods.
+        let owned = |ns: &str| world.cells.as_ref().is_none_or(|c| c.contains(ns));
+        // 1. Pods (6: only in the owned namespaces).
         let pods = world.pods.clone().unwrap_or_default();
         for pod in &pods {
-            let orphan = pod.alive && !pod.terminating && !model_pod_owned(&jobs, pod);
+            let orphan = owned(&pod.namespace)
+                && pod.alive && !pod.terminating && !model_pod_owned(&jobs, pod);
             prop_assert_eq!(deleted.contains_key(&pod.uid), orphan, "{:?}", pod);
             if model_pod_owned(&jobs, pod) {
                 prop_assert!(!deleted.contains_key(&pod.uid), "a live attempt's Pod was deleted");
@@ -247,7 +257,9 @@ proptest! {
         prop_assert_eq!(deleted.len(), pods.iter().filter(|p| deleted.contains_key(&p.uid)).count());
         // After the fixes, no Pod of a Done job runs.
         let done: HashSet<i64> = jobs.iter().filter(|j| j.done).map(|j| j.id).collect();
-        for pod in pods.iter().filter(|p| p.alive && !p.terminating && !deleted.contains_key(&p.uid)) {
+        for pod in pods.iter().filter(|p| {
+            owned(&p.namespace) && p.alive && !p.terminating && !deleted.contains_key(&p.uid)
+        }) {
             prop_assert!(!done.contains(&pod.job_id), "{:?} runs for a Done job", pod);
         }
         // 2. Processes.
@@ -257,7 +269,8 @@ proptest! {
         }
         // 3. Objects.
         for j in &jobs {
-            let in_scope = world.objects_namespace.as_ref().is_none_or(|ns| *ns == j.namespace);
+            let in_scope = world.objects_namespace.as_ref().is_none_or(|ns| *ns == j.namespace)
+                && owned(&j.namespace);
             let gone = in_scope && world.objects.as_ref().is_some_and(|o| !o.contains(&j.uid));
             prop_assert_eq!(cancelled.contains_key(&j.id), gone && !j.done && !j.deleting, "{:?}", j);
             prop_assert_eq!(forgotten.contains_key(&j.id), gone && j.done, "{:?}", j);

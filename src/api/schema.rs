@@ -49,6 +49,10 @@ pub fn crd() -> CustomResourceDefinition {
          (kstatus, Argo CD) read as in progress."
     );
     root["properties"]["status"]["default"] = status_default();
+    root["properties"]["status"]["x-kubernetes-validations"] = json!([owner_rule()]);
+    // A holder identity: a Pod or host name (a DNS subdomain, 253) and a 12-digit store id.
+    root["properties"]["status"]["properties"]["owner"]["maxLength"] = json!(MAX_OWNER_BYTES);
+    root["properties"]["status"]["properties"]["ownerEpoch"]["minimum"] = json!(0);
     refine_spec_schema(&mut root["properties"]["spec"]);
     root["x-kubernetes-validations"] = json!([cancel_rule()]);
     crd = serde_json::from_value(value).expect("the refined CRD deserializes");
@@ -94,6 +98,23 @@ fn cancel_rule() -> Value {
             (has(oldSelf.status) && has(oldSelf.status.phase) ? oldSelf.status.phase : 'not yet seen by its operator') + \
             ': a cancel is final until the job has finished (then it may return to false, with no effect)'",
         "fieldPath": ".spec.cancel",
+        "reason": "FieldValueForbidden",
+    })
+}
+
+/// The longest `status.owner`: a holder identity, `<pod or host name>/<store id>`.
+pub const MAX_OWNER_BYTES: usize = 320;
+
+/// The status rule of one owner per job (`lifecycle::claim`): a status carries its owner and
+/// the epoch of the owner's claim, and the API refuses one written under a lower epoch, or
+/// under the same epoch by another owner. A status without them (an operator of an older
+/// version, which writes neither) leaves them as they are.
+fn owner_rule() -> Value {
+    json!({
+        "rule": "!has(oldSelf.ownerEpoch) || !has(self.ownerEpoch) || self.ownerEpoch > oldSelf.ownerEpoch \
+            || (self.ownerEpoch == oldSelf.ownerEpoch && (!has(oldSelf.owner) || (has(self.owner) && self.owner == oldSelf.owner)))",
+        "message": "the job is owned by another operator under a later claim (status.owner, status.ownerEpoch): only its current owner writes its status",
+        "fieldPath": ".ownerEpoch",
         "reason": "FieldValueForbidden",
     })
 }

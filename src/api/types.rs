@@ -53,6 +53,7 @@ pub fn shard_selector(shard: Option<&str>) -> String {
     printcolumn = r#"{"name":"Task","type":"string","jsonPath":".status.taskProgress","description":"A pipeline's current task: <number>/<count> <name>"}"#,
     printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.recoveryCount","description":"Relaunches after preemption or node loss"}"#,
     printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue","priority":1,"description":"The ManagedJobQueue the job waits in"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".status.owner","priority":1,"description":"The operator instance that owns the job"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Latest status message"}"#
 )]
@@ -310,6 +311,16 @@ pub struct ManagedJobStatus {
     /// counts the attempts of every task.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskStatus>,
+    /// The operator instance that owns the job, the only one that acts on it: the holder
+    /// identity of its claim on the job's namespace (the Lease `managed-jobs-owner`, or
+    /// `managed-jobs-owner-<shard>`, in that namespace), `<pod or host name>/<store id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The epoch of the owner's claim (its Lease's `leaseTransitions`, raised at every change
+    /// of owner). The API refuses a status written under a lower epoch, or under the same epoch
+    /// by another owner: a former owner that has not yet seen its claim taken cannot write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_epoch: Option<i64>,
 }
 
 /// How one task of a pipeline runs or ended (`status.tasks[]`).

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::api::{JobPhase, ScheduleState, validate_spec};
 
 use super::change::Transition;
+use super::claim::{GATE_RECHECK, Gate};
 use super::clock::earliest;
 use super::deadlines::{
     deadline_ms, launch_deadline_ms, launch_timeout, node_wait_deadline_ms, stop_grace,
@@ -44,6 +45,9 @@ pub struct Context {
     /// A local workload's stop grace, SIGTERM to SIGKILL (`--cancel-grace-seconds`), unless
     /// its spec says otherwise ([`stop_grace`]).
     pub stop_grace: Duration,
+    /// What the operator's claim on the job's namespace allows (`super::claim`, read from the
+    /// store each turn): [`Gate::OPEN`] when claims are not in force.
+    pub claim: Gate,
 }
 
 /// How long a launched Pod may wait without a reason (its node has not reported yet) before
@@ -99,8 +103,47 @@ pub fn in_backoff(row: &JobRow) -> bool {
 }
 
 /// The job controller's decision for `row` as read, given `observed` (the current attempt's
-/// workload, when [`observes`] asked for it).
+/// workload, when [`observes`] asked for it), under its claim (`docs/design.md#one-owner-per-job`):
+///
+/// - past the claim's renew deadline nothing new touches the world: no launch (a Pod create, a
+///   local process), and for a pod job no Pod deleted either (another operator may own it and
+///   its Pod by now); it waits for the claim to be renewed (or for the operator to leave the
+///   job to its new owner), looking again every [`GATE_RECHECK`];
+/// - once the claim lapsed (its full duration without renewal), a local attempt still running
+///   is stopped ([`t::claim_lapsed`]): its processes belong to this state dir, so an operator
+///   taking the job over could not adopt them and would relaunch it beside them.
 pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
+    let action = decide(row, observed, cx);
+    let gate = cx.claim;
+    let local_running = !cx.create_is_idempotent
+        && matches!(observed, Some(Observed::Running { .. }))
+        && !row.cancel_requested;
+    if local_running && gate.lapsed(cx.now_ms) {
+        return Action::StopThen(t::claim_lapsed(row, row.current_attempt()));
+    }
+    if gate.may_launch(cx.now_ms) {
+        return match action {
+            // A local workload that runs on is looked at again when its claim would lapse.
+            Action::Wait { until_ms } if local_running => Action::Wait {
+                until_ms: earliest(until_ms, gate.lapse_at_ms),
+            },
+            other => other,
+        };
+    }
+    let recheck = Some(cx.now_ms + GATE_RECHECK.as_millis() as i64);
+    match action {
+        Action::Launch { .. } => Action::Wait { until_ms: recheck },
+        Action::StopThen(_) | Action::RemoveThen(_) if cx.create_is_idempotent => {
+            Action::Wait { until_ms: recheck }
+        }
+        Action::Wait { until_ms } if local_running => Action::Wait {
+            until_ms: earliest(until_ms, gate.lapse_at_ms),
+        },
+        other => other,
+    }
+}
+
+fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
     if row.schedule_state == ScheduleState::Done {
         return Action::Exit;
     }
@@ -468,6 +511,7 @@ pub(crate) mod tests {
             max_launch_timeouts: DEFAULT_MAX_LAUNCH_TIMEOUTS,
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
+            claim: Gate::OPEN,
         }
     }
 

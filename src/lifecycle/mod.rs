@@ -6,6 +6,8 @@
 //! using only those listed before it:
 //!
 //! - [`clock`]: time in ms since the epoch, the back-off between attempts;
+//! - [`claim`]: one owner per job: the claim an operator holds on a namespace's jobs (when to
+//!   take, renew or leave it, what it allows its job controllers, when a row is stale);
 //! - [`reason`]: why a transition happened ([`Reason`]) and why a job failed ([`Failure`]:
 //!   the operator's [`FailureReason`] or the workload's text);
 //! - [`outcome`]: what executors report ([`Workload`], [`Observed`], [`Outcome`] and the
@@ -36,6 +38,7 @@
 //! [`ScheduleState`]: crate::api::ScheduleState
 
 pub mod change;
+pub mod claim;
 pub mod clock;
 pub mod deadlines;
 pub mod decide;
@@ -78,9 +81,9 @@ pub use supervise::{
     needs_controller, stop_after_give_up,
 };
 pub use transitions::{
-    admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, controller_gave_up,
-    controller_resumed, controller_start_failed, controller_started, current_attempt,
-    deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out, node_wait_timed_out,
-    queued, queued_message, reason_and_message, running, starting, stopping, terminating,
-    unschedulable, waiting_to_start,
+    admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, claim_lapsed,
+    controller_gave_up, controller_resumed, controller_start_failed, controller_started,
+    current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out,
+    node_wait_timed_out, queued, queued_message, reason_and_message, running, starting, stopping,
+    terminating, unschedulable, waiting_to_start,
 };

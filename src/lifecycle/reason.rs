@@ -63,11 +63,15 @@ pub enum Reason {
     Requeued,
     /// A queued job's message now says what it waits for.
     Queued,
+    /// A local attempt was stopped because its operator's claim on the job's namespace lapsed
+    /// (another operator may own the job now, `lifecycle::claim`): -> Recovering, a relaunch
+    /// counted in no budget, once the claim is renewed.
+    ClaimLapsed,
 }
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -94,6 +98,7 @@ impl Reason {
         Reason::Cancelled,
         Reason::Requeued,
         Reason::Queued,
+        Reason::ClaimLapsed,
     ];
 
     /// The CamelCase name stored in the history.
@@ -125,6 +130,7 @@ impl Reason {
             Reason::Cancelled => "Cancelled",
             Reason::Requeued => "Requeued",
             Reason::Queued => "Queued",
+            Reason::ClaimLapsed => "ClaimLapsed",
         }
     }
 

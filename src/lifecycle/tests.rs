@@ -188,6 +188,7 @@ fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
         max_launch_timeouts: 3,
         run_slot_wanted: false,
         stop_grace: Duration::from_secs(5),
+        claim: crate::lifecycle::claim::Gate::OPEN,
     };
     let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
         panic!("the first sight of the wait is written");
@@ -585,6 +586,7 @@ mod failure_rules_model {
             max_launch_timeouts: 3,
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
+            claim: crate::lifecycle::claim::Gate::OPEN,
         }
     }
 

@@ -671,6 +671,25 @@ fn relaunch(
     c
 }
 
+/// The operator's claim on the job's namespace lapsed (`super::claim`: no renewal for the
+/// claim's duration; another operator may own the job now and relaunch it) while `attempt`'s
+/// local workload ran: its processes were stopped (a workload of this state dir, which another
+/// operator could not adopt, must not run beside its relaunch). Recovering + AliveWaiting: a
+/// relaunch counted in no budget (the workload did not fail, its owner's claim did), launched
+/// once the claim is renewed; if another operator took the job, this row is left to it.
+pub fn claim_lapsed(row: &JobRow, attempt: i32) -> Transition {
+    let shown = task_attempt(row, attempt);
+    let mut change = Change::because(Reason::ClaimLapsed)
+        .to(JobPhase::Recovering, ScheduleState::AliveWaiting)
+        .message(format!(
+            "attempt {shown} was stopped: this operator's claim on namespace {} lapsed (not renewed within its duration: the API unreachable, or the operator gone), so another operator may own the job; relaunched, counted in no budget, once the claim is renewed",
+            row.namespace
+        ));
+    change.attempt = Some(attempt + 1);
+    change.workload = Some(None);
+    Transition::new(Expect::unchanged(row), change)
+}
+
 /// Ends the job in failure `phase` (a terminal failure phase) for `reason`.
 pub fn fail(row: &JobRow, phase: JobPhase, reason: FailureReason, message: String) -> Transition {
     debug_assert!(phase.is_failure(), "{phase} is not a failure phase");

@@ -190,6 +190,11 @@ pub struct World {
     /// of another namespace (an operator restarted on its state dir with a narrower
     /// `--namespace`) is no concern of the object check: its object is merely not watched.
     pub objects_namespace: Option<String>,
+    /// The namespaces whose jobs this operator owns now (its claims, [`super::claim`]); None:
+    /// every namespace (no claims in force). The objects, rows and Pods of another namespace
+    /// are another operator's (or nobody's yet): no concern of this check, which never
+    /// cancels, forgets or deletes anything there.
+    pub cells: Option<HashSet<String>>,
     /// Every Pod with our marks, when known completely (None: the pod executor is off or the
     /// Pods are not listed yet).
     pub pods: Option<Vec<PodSeen>>,
@@ -268,6 +273,7 @@ pub fn process_is_live_attempt(job: &Job, process: &ProcessSeen) -> bool {
 /// documentation for the rules). Pure; cost linear in the jobs, Pods and processes given.
 pub fn check(jobs: &[Job], world: &World) -> Vec<Fix> {
     let by_id: HashMap<i64, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    let owned = |namespace: &str| world.cells.as_ref().is_none_or(|c| c.contains(namespace));
     let mut fixes = Vec::new();
     if let Some(objects) = &world.objects {
         let in_scope = |j: &&Job| {
@@ -275,6 +281,7 @@ pub fn check(jobs: &[Job], world: &World) -> Vec<Fix> {
                 .objects_namespace
                 .as_ref()
                 .is_none_or(|ns| *ns == j.namespace)
+                && owned(&j.namespace)
         };
         for job in jobs
             .iter()
@@ -292,7 +299,7 @@ pub fn check(jobs: &[Job], world: &World) -> Vec<Fix> {
         }
     }
     for pod in world.pods.iter().flatten() {
-        if !pod.alive || pod.terminating {
+        if !pod.alive || pod.terminating || !owned(&pod.namespace) {
             continue;
         }
         let why = match by_id.get(&pod.job_id) {
@@ -477,6 +484,7 @@ mod tests {
         let world = World {
             objects: Some(HashSet::from(["u1".to_string(), "u2".to_string()])),
             objects_namespace: None,
+            cells: None,
             pods: Some(vec![
                 pod(1, 1),
                 PodSeen {
@@ -508,5 +516,28 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(check(&jobs, &scoped), vec![]);
+    }
+
+    /// Issue 30: a standby operator (another instance holds the claim on the namespace) never
+    /// deletes the owner's Pods nor cancels its jobs, whatever its own store holds.
+    #[test]
+    fn nothing_in_a_namespace_another_operator_owns_is_touched() {
+        let mine = job(1, ExecutorKind::Pod);
+        let world = World {
+            objects: Some(HashSet::new()),
+            cells: Some(HashSet::from(["mine".to_string()])),
+            pods: Some(vec![pod(7, 1), pod(1, 2)]),
+            ..Default::default()
+        };
+        assert_eq!(check(std::slice::from_ref(&mine), &world), vec![]);
+        let owned = World {
+            cells: Some(HashSet::from(["ns".to_string()])),
+            ..world
+        };
+        assert_eq!(
+            check(&[mine], &owned).len(),
+            3,
+            "cancel, and two stray Pods"
+        );
     }
 }

@@ -11,6 +11,7 @@
 //!   (a failure also regarding the Flux Kustomization that applied the job).
 //!
 //! Submodules: [`status_writer`] (status writes and Events), [`lease`] (leader election),
+//! [`claims`] and [`ownership`] (one owner per job: the claims on namespaces),
 //! [`pod_watch`] (the one shared Pod watch), [`rebuild`] (a lost store), [`world`] (the world
 //! check's observations and fixes), [`budget`] (the API budget), [`queues`] (the queues and
 //! namespaces watched, the queues' status).
@@ -35,16 +36,20 @@ use crate::store::StoreError;
 use shared::EventWork;
 
 pub mod budget;
+pub mod claims;
 pub mod lease;
+pub mod ownership;
 pub mod pod_watch;
 pub mod queues;
 pub mod rebuild;
+pub mod retry;
 pub mod shared;
 pub mod status_writer;
 pub mod world;
 
 pub use budget::RequestBudget;
 pub use lease::LeaderElection;
+pub use retry::{WATCH_RETRY_FIRST, WATCH_RETRY_MAX, WatchBackoff, watch_backoff};
 pub use shared::{EVENT_QUEUE, EVENT_WORKERS, Operator};
 pub use status_writer::{FIRST_STATUS_DELAY, STATUS_COALESCE, STATUS_WRITERS, slot_rank, writable};
 
@@ -74,6 +79,9 @@ pub struct Options {
     pub leader_election: Option<LeaderElection>,
     /// Publish Kubernetes Events (events.k8s.io) on the transitions a user cares about.
     pub events: bool,
+    /// The duration of the claims on namespaces (`--lease-duration-seconds`): an owner that
+    /// dies hands its jobs over within about this.
+    pub claim_duration: Duration,
 }
 
 /// Errors of a reconcile.
@@ -134,9 +142,28 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
     let lock = crate::engine::lock_state_dir(&dir)?;
     ensure_crd_served(&client, namespace.as_deref()).await?;
-    let rebuilt =
-        rebuild::rebuild_if_empty(&client, &dir, namespace.as_deref(), cfg.shard.as_deref())
-            .await?;
+    // One owner per job: the namespaces this operator may act in are claimed, and the rows of
+    // those another operator owns are left to it, before anything is rebuilt, adopted or
+    // resumed.
+    let timing = crate::lifecycle::claim::Timing::new(options.claim_duration);
+    let (claims, claim_events) = ownership::claim_at_start(
+        &client,
+        &dir,
+        namespace.as_deref(),
+        cfg.shard.as_deref(),
+        timing,
+        cfg.cancel_grace,
+    )
+    .await?;
+    let owned = claims.held();
+    let rebuilt = rebuild::rebuild_if_empty(
+        &client,
+        &dir,
+        namespace.as_deref(),
+        cfg.shard.as_deref(),
+        Some(&owned),
+    )
+    .await?;
     if rebuilt.jobs > 0 {
         tracing::info!(
             jobs = rebuilt.jobs,
@@ -146,8 +173,14 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         );
     }
     // Before anything is adopted, resumed or admitted: jobs whose object vanished meanwhile.
-    world::check_objects_at_start(&client, &dir, namespace.as_deref(), cfg.shard.as_deref())
-        .await?;
+    world::check_objects_at_start(
+        &client,
+        &dir,
+        namespace.as_deref(),
+        cfg.shard.as_deref(),
+        Some(&owned),
+    )
+    .await?;
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
     let budget = options.budget;
@@ -172,6 +205,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         events_tx,
         failures: Default::default(),
         jobs: reader.clone(),
+        claims,
     });
     for mut rx in events_rx {
         let op = op.clone();
@@ -226,6 +260,14 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         objects_deleted.clone(),
         objects_listed.clone(),
     ));
+    // A namespace's jobs to act on again (a claim acquired or renewed again): all reconciled.
+    let (reconcile_all, reconcile_all_rx) = futures::channel::mpsc::unbounded::<()>();
+    tokio::spawn(ownership::handle(
+        op.clone(),
+        claim_events,
+        reconcile_all,
+        objects_listed.clone(),
+    ));
     // This shard's jobs only (the default instance: the jobs without a shard label).
     let selector = crate::api::shard_selector(op.engine.config().shard.as_deref());
     let watched = op.clone();
@@ -233,7 +275,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         jobs,
         watcher::Config::default().any_semantic().labels(&selector),
     )
-    .default_backoff()
+    .backoff(watch_backoff())
     .modify(|mj: &mut ManagedJob| {
         mj.managed_fields_mut().clear();
         mj.annotations_mut()
@@ -257,6 +299,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     })
     .touched_objects();
     Controller::for_stream(stream, reader)
+        .reconcile_all_on(reconcile_all_rx)
         .shutdown_on_signal()
         .run(reconcile, error_policy, op)
         .for_each(|res| async move {
@@ -312,6 +355,12 @@ async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Err
     let ns = mj
         .namespace()
         .ok_or(Error::MissingField("metadata.namespace"))?;
+    // Another operator's job (it holds the claim on the namespace), or one this operator may
+    // not act on now (its claim overdue): left alone, reconciled again once it may
+    // (`ownership::handle`). No finalizer is added, no status written, nothing submitted.
+    if !op.acts_on(&ns) {
+        return Ok(Action::await_change());
+    }
     let uid = mj.uid();
     let api: Api<ManagedJob> = Api::namespaced(op.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, mj, |event| async {
@@ -416,6 +465,29 @@ impl Operator {
             spec: &mj.spec,
             created_at_ms,
         };
+        // A job this store lacks whose status names a job: another operator (or a lost store)
+        // drove it. Taken over from its status, its Pod adopted; never run again as new.
+        if mj.status.as_ref().and_then(|s| s.job_id).is_some()
+            && self.engine.store().find_by_uid(&uid)?.is_none()
+        {
+            match rebuild::restore_one(&self.client, &self.engine, mj).await {
+                Ok(Some(row)) => {
+                    let from = mj
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.owner.clone())
+                        .unwrap_or_else(|| "a store that is gone".into());
+                    tracing::info!(job_id = row.id, job = %row.key(), phase = %row.phase, attempt = row.attempt, from = %from, "took the job over from its status");
+                    self.engine.wake_all();
+                    return Ok(Action::await_change());
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(job = %name, error = %e, "taking a job over from its status failed; retrying");
+                    return Ok(Action::requeue(FIRST_RETRY_DELAY));
+                }
+            }
+        }
         let up = self.engine.store().submit(&object, mj.status.as_ref())?;
         let mut row = up.row;
         if up.inserted {

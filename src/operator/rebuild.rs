@@ -33,11 +33,15 @@ pub struct Rebuilt {
 /// Rebuilds the store of `dir` from the API when it holds no job; does nothing otherwise.
 /// `namespace` limits it as the operator's watch is limited. Errors: the store or the API
 /// failed (the operator then exits and is restarted, before admitting anything).
+///
+/// Only the jobs of `owned` namespaces are restored (None: every namespace): another
+/// operator's are its own (`docs/design.md#one-owner-per-job`).
 pub async fn rebuild_if_empty(
     client: &Client,
     dir: &StateDir,
     namespace: Option<&str>,
     shard: Option<&str>,
+    owned: Option<&std::collections::HashSet<String>>,
 ) -> anyhow::Result<Rebuilt> {
     dir.create()?;
     let mut store = Store::open(&dir.store(), 1024)?;
@@ -59,6 +63,7 @@ pub async fn rebuild_if_empty(
     let now = now_ms();
     let restorable: Vec<JobRow> = objects
         .iter()
+        .filter(|mj| owned.is_none_or(|o| mj.namespace().is_some_and(|ns| o.contains(&ns))))
         .filter_map(|mj| {
             let (uid, ns) = (mj.uid()?, mj.namespace()?);
             let name = mj.name_any();
@@ -106,39 +111,12 @@ pub async fn rebuild_if_empty(
     for record in restorable {
         let row = store.restore(&record)?;
         out.jobs += 1;
-        let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
-        if row.executor != ExecutorKind::Pod || !live {
-            continue;
-        }
         let Some(pods) = &pods else { continue };
-        let found = pods
-            .get(&(row.id, row.attempt))
-            .filter(|p| pod::is_attempt_pod(p, &row, row.attempt));
-        let observation = match found {
-            Some(p) => {
-                out.pods_adopted += 1;
-                pod::state::observe(p, row.id, row.attempt, false)
-            }
-            None => {
-                out.pods_missing += 1;
-                PodObservation {
-                    job_id: row.id,
-                    attempt: row.attempt,
-                    pod_name: pod::attempt_pod_name(&row, row.attempt),
-                    state: PodState::Lost,
-                    exit_code: None,
-                    reason: "PodMissing".into(),
-                    message: "no Pod of this attempt was found when the lost store was rebuilt"
-                        .into(),
-                    deleted: true,
-                    node: String::new(),
-                    terminating_since_ms: None,
-                    grace_seconds: None,
-                    evidence: Default::default(),
-                }
-            }
-        };
-        store.record_pod(&observation)?;
+        match adopt_pod(&mut store, &row, pods.get(&(row.id, row.attempt)))? {
+            Some(true) => out.pods_adopted += 1,
+            Some(false) => out.pods_missing += 1,
+            None => {}
+        }
     }
     tracing::warn!(
         jobs = out.jobs,
@@ -148,4 +126,91 @@ pub async fn rebuild_if_empty(
         "the store held no job: rebuilt it from the ManagedJobs' status"
     );
     Ok(out)
+}
+
+/// For a live pod job just restored from its status (`row`): records what its current
+/// attempt's Pod shows (`pod`, as listed or read, if it is the attempt's by every mark), or that
+/// it is gone (counted lost, never launched again as a fresh attempt). Returns Some(true) when
+/// adopted, Some(false) when missing, None when the job has no Pod to look for (not a live pod
+/// job, or its current attempt was not launched).
+pub fn adopt_pod(
+    store: &mut Store,
+    row: &JobRow,
+    pod: Option<&Pod>,
+) -> anyhow::Result<Option<bool>> {
+    let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
+    if row.executor != ExecutorKind::Pod || !live {
+        return Ok(None);
+    }
+    let found = pod.filter(|p| pod::is_attempt_pod(p, row, row.attempt));
+    let observation = match found {
+        Some(p) => pod::state::observe(p, row.id, row.attempt, false),
+        None => PodObservation {
+            job_id: row.id,
+            attempt: row.attempt,
+            pod_name: pod::attempt_pod_name(row, row.attempt),
+            state: PodState::Lost,
+            exit_code: None,
+            reason: "PodMissing".into(),
+            message: "no Pod of this attempt was found when the job was rebuilt from its status"
+                .into(),
+            deleted: true,
+            node: String::new(),
+            terminating_since_ms: None,
+            grace_seconds: None,
+            evidence: Default::default(),
+        },
+    };
+    store.record_pod(&observation)?;
+    Ok(Some(found.is_some()))
+}
+
+/// Restores one job from its object's status into `store` (a job another operator drove, or
+/// that a lost store had): [`lifecycle::restore()`], then its current Pod looked up by name
+/// ([`adopt_pod`]). Returns the row, or None when the status names no job.
+pub async fn restore_one(
+    client: &Client,
+    engine: &crate::engine::Engine,
+    mj: &ManagedJob,
+) -> anyhow::Result<Option<JobRow>> {
+    let (Some(uid), Some(ns), Some(status)) = (mj.uid(), mj.namespace(), mj.status.as_ref()) else {
+        return Ok(None);
+    };
+    let now = now_ms();
+    let name = mj.name_any();
+    let object = Object {
+        uid: &uid,
+        namespace: &ns,
+        name: &name,
+        generation: mj.metadata.generation.unwrap_or(0),
+        spec: &mj.spec,
+        created_at_ms: mj
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond())
+            .unwrap_or(now),
+    };
+    let Some(record) = lifecycle::restore(&object, status, now) else {
+        return Ok(None);
+    };
+    let row = engine.store().restore(&record)?;
+    let live_pod = row.executor == ExecutorKind::Pod
+        && row.schedule_state.holds_run_slot()
+        && row.launched_attempt >= row.attempt;
+    if live_pod {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let mut found = None;
+        for candidate in [
+            pod::attempt_pod_name(&row, row.attempt),
+            crate::lifecycle::pod::legacy_attempt_pod_name(&row, row.attempt),
+        ] {
+            if let Some(p) = api.get_opt(&candidate).await? {
+                found = Some(p);
+                break;
+            }
+        }
+        adopt_pod(&mut engine.store(), &row, found.as_ref())?;
+    }
+    Ok(Some(row))
 }

@@ -40,4 +40,7 @@ pub struct Operator {
     /// The watched ManagedJobs (the controller's cache): the labels of a job whose Events are
     /// published, to tell its Flux Kustomization why it failed.
     pub(super) jobs: kube::runtime::reflector::Store<ManagedJob>,
+    /// Its claims on namespaces: it acts only on the jobs of those it holds
+    /// (`docs/design.md#one-owner-per-job`).
+    pub(super) claims: Arc<super::claims::Claims>,
 }

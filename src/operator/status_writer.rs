@@ -42,6 +42,10 @@ pub const STATUS_FAILURES_REPORTED: u32 = 2;
 pub enum WriteOutcome {
     /// Written (or there is nothing to write to any more).
     Done,
+    /// Not written: this operator does not act on the job's namespace now (another owns it,
+    /// or its claim is overdue; `docs/design.md#one-owner-per-job`). Tried again later, with no
+    /// Warning Event: the job is left to its owner, or written once the claim is renewed.
+    NotOwner,
     /// Failed; retry this job after its back-off. `error`: what the API said. `global`: the
     /// API could not be reached at all (every write would fail: pause them all briefly).
     Failed {
@@ -162,6 +166,12 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
                 flying.remove(&id);
                 match outcome {
                     WriteOutcome::Done => retries.succeeded(id),
+                    WriteOutcome::NotOwner => {
+                        let (_, wait) = retries.failed(id, now_ms());
+                        let at = Instant::now() + wait.min(STATUS_RETRY_BASE);
+                        refill_at = Some(at);
+                        continue;
+                    }
                     WriteOutcome::Failed { error, global } => {
                         op.engine.metrics.status_write_failures_total.inc();
                         let (failures, wait) = retries.failed(id, now_ms());
@@ -385,9 +395,13 @@ impl Operator {
 
     /// Writes one row's status.
     async fn write_status(&self, row: &JobRow) -> WriteOutcome {
+        // Only the owner writes, with its claim (the API refuses it under an older one).
+        let Some(owner) = self.claims.owner(&row.namespace) else {
+            return WriteOutcome::NotOwner;
+        };
         self.budget.for_status().await;
         let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &row.namespace);
-        let patch = crate::status::merge_patch(row);
+        let patch = crate::status::merge_patch(row, Some(&owner));
         let result = api
             .patch_status(&row.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await;
@@ -430,6 +444,17 @@ impl Operator {
                         global: !matches!(e, kube::Error::Api(_)),
                     },
                 }
+            }
+            // Written under an older claim: another operator took the job's namespace over (the
+            // claim's watch says so soon); never a Warning Event of ours.
+            Err(kube::Error::Api(e))
+                if e.code == 422
+                    && e.message
+                        .contains("only its current owner writes its status") =>
+            {
+                tracing::warn!(job_id = row.id, job = %row.key(), error = %e.message, "the API refused the status as written under an older claim: another operator owns the job");
+                self.claims.nudge(&row.namespace);
+                WriteOutcome::NotOwner
             }
             Err(kube::Error::Api(e)) => WriteOutcome::Failed {
                 error: format!("{} ({})", e.message, e.code),

@@ -32,12 +32,16 @@ pub const WORLD_CHECK_DEBOUNCE: Duration = Duration::from_millis(500);
 /// watched, its finalizer removed by hand) gets a persisted cancel (the engine finishes it at
 /// start: no workload is relaunched for it); a finished one whose object is gone is forgotten.
 ///
+/// Only the rows of `owned` namespaces are checked (None: every namespace): another
+/// operator's jobs are its own (`docs/design.md#one-owner-per-job`).
+///
 /// Errors: the API or the store failed (the operator then exits and is restarted).
 pub async fn check_objects_at_start(
     client: &Client,
     dir: &StateDir,
     namespace: Option<&str>,
     shard: Option<&str>,
+    owned: Option<&HashSet<String>>,
 ) -> anyhow::Result<()> {
     let mut store = Store::open(&dir.store(), 1024)?;
     // The rows first, then the objects (see lifecycle::world).
@@ -55,6 +59,7 @@ pub async fn check_objects_at_start(
         &World {
             objects: Some(objects),
             objects_namespace: namespace.map(str::to_string),
+            cells: owned.cloned(),
             ..Default::default()
         },
     );
@@ -140,6 +145,9 @@ pub(super) async fn world_loop(
                 let world = World {
                     objects: Some(objects()),
                     objects_namespace: op.engine.config().namespace.clone(),
+                    // Only the namespaces this operator owns now: nothing of another's is
+                    // cancelled, forgotten or deleted.
+                    cells: Some(op.claims.held()),
                     pods: pods_seen,
                     processes: if full { processes } else { Vec::new() },
                     controllers: if full { controllers } else { Vec::new() },

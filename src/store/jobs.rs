@@ -486,6 +486,20 @@ impl Store {
             .query_row([], |r| r.get::<_, i64>(0))? as usize)
     }
 
+    /// Every job of `namespace`, by id (the `jobs_by_name` index).
+    pub fn in_namespace(&self, namespace: &str) -> Result<Vec<JobRow>> {
+        self.select("namespace = ?1 ORDER BY id", [namespace])
+    }
+
+    /// The namespaces that hold a job of this store.
+    pub fn namespaces(&self) -> Result<Vec<String>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT DISTINCT namespace FROM jobs ORDER BY namespace")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Jobs holding a run slot (Launching, Alive, AliveWaiting).
     pub fn live_jobs(&self) -> Result<Vec<JobRow>> {
         self.select(

@@ -13,13 +13,16 @@
 //! - [`history`]: each job's transitions;
 //! - [`pods`]: what the Pod watch saw of each attempt's Pod;
 //! - [`queues`]: the queues' queries (each queue's slots, head and counts);
-//! - [`settings`]: the configuration the operator shares with its job controllers.
+//! - [`settings`]: the configuration the operator shares with its job controllers;
+//! - [`claims`]: the store's identity and its operator's claims on namespaces (one owner per
+//!   job), which its job controllers read before launching.
 
 use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::Connection;
 
+pub mod claims;
 pub mod history;
 pub mod jobs;
 pub mod pods;
@@ -28,6 +31,7 @@ pub mod row;
 pub mod schema;
 pub mod settings;
 
+pub use claims::ClaimRow;
 pub use jobs::{Cas, Upserted};
 pub use queues::{QueueCounts, Queued};
 pub use settings::Settings;

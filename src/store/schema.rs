@@ -159,5 +159,20 @@ pub(super) fn migrations() -> Migrations<'static> {
             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
         "#,
         ),
+        // One owner per job (lifecycle::claim): this store's claim on each namespace it acts in,
+        // as its operator last held it (the epoch, the holder identity, when its last renewal
+        // was sent: NULL when it no longer holds it), which its job controllers read before
+        // launching anything.
+        M::up(
+            r#"
+        CREATE TABLE claims (
+            namespace TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            renewed_at_ms INTEGER,
+            duration_ms INTEGER NOT NULL
+        );
+        "#,
+        ),
     ])
 }

@@ -38,6 +38,11 @@ pub struct Settings {
     /// controllers label their Pods with it, and another shard's operator refuses this store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// Claims are in force (`lifecycle::claim`): the operator holds a claim on each namespace it
+    /// acts in, and its job controllers launch only under a claim it renewed lately (their
+    /// [`crate::lifecycle::claim::Gate`]). False for an engine run without an API.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub claims: bool,
 }
 
 fn default_launch_timeout_ms() -> u64 {
@@ -61,6 +66,7 @@ impl Default for Settings {
             max_launch_timeouts: default_max_launch_timeouts(),
             capacity: None,
             shard: None,
+            claims: false,
         }
     }
 }
@@ -124,6 +130,7 @@ mod tests {
             max_launch_timeouts: 2,
             capacity: Some("launch cap 8".into()),
             shard: Some("a".into()),
+            claims: true,
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);
