@@ -421,6 +421,20 @@ impl Engine {
         Ok(row)
     }
 
+    /// A job restored from its status while the engine runs (taken over from another operator,
+    /// `docs/design.md#one-owner-per-job`): when it holds a run slot, its job controller is
+    /// started, as the start-up sweep does for a rebuilt store.
+    pub fn resume_restored(self: &Arc<Self>, row: &JobRow) {
+        if lifecycle::needs_controller(row) {
+            tracing::info!(
+                job_id = row.id,
+                "starting a job controller for a job taken over"
+            );
+            self.spawn_controller(row);
+        }
+        self.wake_all();
+    }
+
     /// Sends SIGUSR1 to the job's controller process, if it is the recorded one.
     pub fn wake_controller(&self, row: &JobRow) {
         if let (Some(pid), Some(start)) = (row.controller_pid, row.controller_start_time) {

@@ -77,6 +77,43 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
     })
 }
 
+/// How long after a take-over a local attempt of the former owner may still be stopping, on top
+/// of the job's stop grace: the former owner's job controller stops it once its claim lapsed,
+/// which is before anyone may take the claim (`super::claim`); this covers a process that is
+/// slow to go and the two machines' clocks.
+pub const TAKE_OVER_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A record restored from a status that another operator's store wrote (`from`, its holder
+/// identity), after this operator took the job's namespace over (`docs/design.md#one-owner-per-job`).
+/// A local attempt that may still run belongs to the former owner's state dir (this store can
+/// neither adopt nor stop it); its job controller stops it once its claim lapsed, within
+/// `grace` (the job's stop grace) plus [`TAKE_OVER_MARGIN`]. So the attempt is over for this
+/// store: the job waits that long (Recovering, a back-off), then relaunches its next attempt,
+/// counted in no budget (it did not fail; its owner changed). A pod job adopts its Pod by name
+/// and a job that launched nothing waits for its launch slot, unchanged.
+pub fn taken_over(mut row: JobRow, from: &str, grace: std::time::Duration, now_ms: i64) -> JobRow {
+    use crate::api::ExecutorKind;
+    let may_run = row.executor == ExecutorKind::Local
+        && row.schedule_state == ScheduleState::AliveWaiting
+        && row.attempt > 0
+        && row.launched_attempt >= row.attempt;
+    if !may_run {
+        return row;
+    }
+    let wait = grace + TAKE_OVER_MARGIN;
+    let shown = super::tasks::task_attempt(&row, row.attempt);
+    row.phase = JobPhase::Recovering;
+    row.schedule_state = ScheduleState::Alive;
+    row.attempt += 1;
+    row.workload = None;
+    row.backoff_until_ms = Some(now_ms + wait.as_millis() as i64);
+    row.message = format!(
+        "taken over from {from}: attempt {shown} ran in that operator's state dir, which stops it; relaunching in {:.1} s, counted in no budget",
+        wait.as_secs_f64()
+    );
+    row
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +154,33 @@ mod tests {
             (7, ScheduleState::AliveWaiting, 2, 2)
         );
         assert!(r.synced_version < r.status_version);
+    }
+
+    #[test]
+    fn a_local_job_taken_over_relaunches_after_the_former_owner_stopped_it() {
+        let r = restore(&status(JobPhase::Running, ScheduleState::Alive, 2), false).unwrap();
+        let t = taken_over(r.clone(), "a/x1", std::time::Duration::from_secs(5), 1_000);
+        assert_eq!(
+            (t.phase, t.schedule_state, t.attempt, t.launched_attempt),
+            (JobPhase::Recovering, ScheduleState::Alive, 3, 2)
+        );
+        assert_eq!(t.backoff_until_ms, Some(8_000));
+        assert_eq!(
+            (t.restart_count, t.recovery_count),
+            (r.restart_count, r.recovery_count)
+        );
+        assert!(crate::lifecycle::in_backoff(&t));
+        assert!(crate::lifecycle::legal_state(
+            t.phase,
+            t.schedule_state,
+            false
+        ));
+        // Queued, or never launched: unchanged.
+        let queued = restore(&status(JobPhase::Pending, ScheduleState::Waiting, 0), false).unwrap();
+        assert_eq!(
+            taken_over(queued.clone(), "a/x1", Default::default(), 0),
+            queued
+        );
     }
 
     #[test]

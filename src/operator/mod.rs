@@ -470,7 +470,8 @@ impl Operator {
         if mj.status.as_ref().and_then(|s| s.job_id).is_some()
             && self.engine.store().find_by_uid(&uid)?.is_none()
         {
-            match rebuild::restore_one(&self.client, &self.engine, mj).await {
+            match rebuild::restore_one(&self.client, &self.engine, mj, self.claims.identity()).await
+            {
                 Ok(Some(row)) => {
                     let from = mj
                         .status
@@ -478,7 +479,7 @@ impl Operator {
                         .and_then(|s| s.owner.clone())
                         .unwrap_or_else(|| "a store that is gone".into());
                     tracing::info!(job_id = row.id, job = %row.key(), phase = %row.phase, attempt = row.attempt, from = %from, "took the job over from its status");
-                    self.engine.wake_all();
+                    self.engine.resume_restored(&row);
                     return Ok(Action::await_change());
                 }
                 Ok(None) => {}

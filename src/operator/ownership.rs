@@ -206,6 +206,10 @@ pub(super) async fn handle(
     reconcile_all: futures::channel::mpsc::UnboundedSender<()>,
     objects_listed: Arc<std::sync::atomic::AtomicBool>,
 ) {
+    // The claims found held elsewhere at start were logged then; their Events go out now.
+    for (namespace, holder) in op.claims.elsewhere() {
+        op.event_left_to_owner(&namespace, &holder).await;
+    }
     let mut wanted_tick = tokio::time::interval(WANTED_PERIOD);
     loop {
         tokio::select! {
@@ -296,6 +300,11 @@ impl Operator {
     /// log line and a Normal Event `LeftToOwner` regarding the claim's Lease.
     async fn say_elsewhere(&self, namespace: &str, holder: &str) {
         say_elsewhere(namespace, holder, self.claims.lease_name());
+        self.event_left_to_owner(namespace, holder).await;
+    }
+
+    /// The Normal Event `LeftToOwner` regarding the claim's Lease of `namespace`.
+    async fn event_left_to_owner(&self, namespace: &str, holder: &str) {
         let Some(publisher) = &self.events else {
             return;
         };

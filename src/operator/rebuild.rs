@@ -165,13 +165,16 @@ pub fn adopt_pod(
     Ok(Some(found.is_some()))
 }
 
-/// Restores one job from its object's status into `store` (a job another operator drove, or
-/// that a lost store had): [`lifecycle::restore()`], then its current Pod looked up by name
-/// ([`adopt_pod`]). Returns the row, or None when the status names no job.
+/// Restores one job from its object's status into the engine's store (a job another operator
+/// drove, or that a lost store had): [`lifecycle::restore()`] (and, when another store wrote
+/// that status, [`lifecycle::restore::taken_over`]: a local attempt of that store's is over
+/// here), then its current Pod looked up by name ([`adopt_pod`]). `me` is this operator's
+/// holder identity. Returns the row, or None when the status names no job.
 pub async fn restore_one(
     client: &Client,
     engine: &crate::engine::Engine,
     mj: &ManagedJob,
+    me: &str,
 ) -> anyhow::Result<Option<JobRow>> {
     let (Some(uid), Some(ns), Some(status)) = (mj.uid(), mj.namespace(), mj.status.as_ref()) else {
         return Ok(None);
@@ -191,9 +194,15 @@ pub async fn restore_one(
             .map(|t| t.0.as_millisecond())
             .unwrap_or(now),
     };
-    let Some(record) = lifecycle::restore(&object, status, now) else {
+    let Some(mut record) = lifecycle::restore(&object, status, now) else {
         return Ok(None);
     };
+    if let Some(from) = status.owner.as_deref()
+        && !lifecycle::claim::same_holder(from, me)
+    {
+        let grace = lifecycle::stop_grace(&record, engine.config().cancel_grace);
+        record = lifecycle::restore::taken_over(record, from, grace, now);
+    }
     let row = engine.store().restore(&record)?;
     let live_pod = row.executor == ExecutorKind::Pod
         && row.schedule_state.holds_run_slot()

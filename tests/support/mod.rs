@@ -432,6 +432,13 @@ impl OperatorProcess {
         }
     }
 
+    /// SIGKILLs the operator, every job controller and every workload process it started (all
+    /// carry its state dir on their command line), as its container or node dying does.
+    pub fn kill_everything(&mut self) {
+        self.kill();
+        kill_all_of(&self.state_path());
+    }
+
     /// Starts it on the same state dir, without stopping anything first.
     pub fn start_again(&mut self) {
         self.spawn();
@@ -495,8 +502,16 @@ impl Drop for OperatorProcess {
                     .join("\n")
             );
         }
+        kill_all_of(&self.state_path());
+    }
+}
+
+/// SIGKILLs every process (and its process group) whose command line names `state_dir`:
+/// everything an operator on it started.
+fn kill_all_of(state_dir: &Path) {
+    {
         // Everything this operator started carries its state dir on its command line.
-        let dir = self.state_path().to_string_lossy().into_owned();
+        let dir = state_dir.to_string_lossy().into_owned();
         for pid in std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
