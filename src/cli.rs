@@ -351,7 +351,8 @@ pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<Stri
             .started_at_ms
             .map(|s| human_duration(r.finished_at_ms.unwrap_or(now) - s))
             .unwrap_or_else(|| "-".into());
-        let (restarts, recoveries) = crate::lifecycle::tasks::totals(&r);
+        let shown = crate::lifecycle::tasks::shown(&r);
+        let (restarts, recoveries) = (shown.restarts, shown.recoveries);
         out.push_str(&format!(
             "{:>6}  {:<40} {:<16} {:<12} {:<16} {:>4} {:>4}  {:<20} {:>8}  {}\n",
             r.id,

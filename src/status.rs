@@ -102,7 +102,8 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
 
 /// The status a row stands for.
 pub fn status(row: &JobRow) -> ManagedJobStatus {
-    let totals = tasks::totals(row);
+    // Only the attempts that started, and the budgets they spent (lifecycle::tasks::shown).
+    let shown = tasks::shown(row);
     ManagedJobStatus {
         job_id: Some(row.id),
         phase: Some(row.phase),
@@ -113,10 +114,10 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         submitted_at: Some(time(row.submitted_at_ms)),
         started_at: row.started_at_ms.map(time),
         finished_at: row.finished_at_ms.map(time),
-        attempt: row.attempt,
-        recovery_count: totals.1,
-        restart_count: totals.0,
-        ignored_count: tasks::ignored_total(row),
+        attempt: shown.attempt,
+        recovery_count: shown.recoveries,
+        restart_count: shown.restarts,
+        ignored_count: shown.ignored,
         attempts: row.attempts.clone(),
         exit_code: row.exit_code,
         failure_reason: row.failure_reason.as_ref().map(|f| f.to_string()),
@@ -125,7 +126,7 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         conditions: conditions(row),
         current_task: row.spec.is_pipeline().then_some(row.task_index),
         task_progress: tasks::progress(row),
-        tasks: row.tasks.clone(),
+        tasks: shown.tasks,
         owner: None,
         owner_epoch: None,
     }

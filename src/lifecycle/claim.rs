@@ -34,10 +34,38 @@ pub fn lease_name(shard: Option<&str>) -> String {
     }
 }
 
-/// A holder identity: `<pod or host name>/<store id>`, the store id made once per store
-/// (`store::Store::instance_id`).
+/// A holder identity: `<name>/<store id>`, the store id made once per store
+/// (`store::Store::instance_id`), the name [`instance_name`]'s.
 pub fn identity(name: &str, store_id: &str) -> String {
     format!("{name}/{store_id}")
+}
+
+/// The name part of a holder identity: `<pod or host name>.<path tag>`, where the path tag is
+/// 8 hex digits of the state dir's path (FNV-1a): on one host, one path is one operator at a
+/// time (its lock), so a store rebuilt there (lost, or new) succeeds the identity its
+/// predecessor at that place held ([`successor_store`]).
+pub fn instance_name(host: &str, state_dir: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in state_dir.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    format!("{host}.{hash:08x}")
+}
+
+/// The store id a fresh store (no job, no claim recorded) named `name` takes over from the
+/// holders of its scope's claims: a holder of the same name is its predecessor at the same
+/// host and state dir (a lost store), whose claims are its own; None when none is. Otherwise
+/// a store rebuilt after a loss would wait out its own former claims and take its jobs over
+/// as another operator's, instead of adopting them.
+pub fn successor_store<'a>(
+    name: &str,
+    holders: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
+    holders.into_iter().find_map(|h| {
+        let (n, store) = h.rsplit_once('/')?;
+        (n == name && !store.is_empty()).then(|| store.to_string())
+    })
 }
 
 /// True when holder identities `a` and `b` name the same store (the part after the last `/`):
@@ -454,6 +482,24 @@ mod tests {
         let none = Gate::of(None, &t);
         assert!(!none.may_launch(T0) && none.lapsed(T0));
         assert!(Gate::OPEN.may_launch(T0) && !Gate::OPEN.lapsed(i64::MAX));
+    }
+
+    #[test]
+    fn a_lost_store_succeeds_its_predecessor_at_the_same_place_only() {
+        let here = instance_name("vm", "/var/lib/managed-jobs");
+        assert_eq!(here, instance_name("vm", "/var/lib/managed-jobs"));
+        assert_ne!(here, instance_name("vm", "/var/lib/other"));
+        assert_ne!(here, instance_name("vm2", "/var/lib/managed-jobs"));
+        let other = instance_name("vm", "/var/lib/other");
+        let holders = [format!("{other}/aaa"), format!("{here}/bbb")];
+        assert_eq!(
+            successor_store(&here, holders.iter().map(String::as_str)),
+            Some("bbb".into())
+        );
+        assert_eq!(
+            successor_store(&here, [format!("{other}/aaa").as_str()]),
+            None
+        );
     }
 
     #[test]

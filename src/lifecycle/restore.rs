@@ -9,6 +9,7 @@ use super::clock::ms_of as ms;
 use super::outcome::Workload;
 use super::reason::Failure;
 use super::record::{JobRow, Object};
+use super::tasks::Pending;
 
 /// The record of `object` to rebuild from `status` at `now_ms`, or None when the status names
 /// no job (the operator never saw the object: it is submitted as new). Its id is
@@ -21,30 +22,53 @@ use super::record::{JobRow, Object};
 pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> Option<JobRow> {
     let job_id = status.job_id.filter(|id| *id > 0)?;
     let phase = status.phase.unwrap_or(JobPhase::Pending);
-    let attempt = status.attempt.max(0);
+    // The attempts that started (`super::tasks::shown`).
+    let started = status.attempt.max(0);
     let task_index = status.current_task.unwrap_or(0).max(0);
     // A pipeline's row holds its current task's counters; the job's are their sums.
     let task = status.tasks.get(task_index as usize);
     let task_launched = task.is_none_or(|t| t.phase != TaskPhase::Pending);
+    let last = status.attempts.last();
+    // A relaunch decided whose attempt had not started: the last started attempt's end is
+    // recorded while the job goes on. It is decided again as it was: the next attempt, its
+    // budget spent.
+    let pending = (!phase.is_terminal() && started > 0)
+        .then(|| last.filter(|r| r.attempt == started))
+        .flatten()
+        .map(|r| Pending::of_action(&r.action));
     let (schedule, attempt, launched_attempt) = if phase.is_terminal() {
-        (ScheduleState::Done, attempt, attempt)
+        (ScheduleState::Done, started, started)
     } else if phase == JobPhase::Pending {
         (ScheduleState::Waiting, 0, 0)
+    } else if pending.is_some() {
+        (ScheduleState::AliveWaiting, started + 1, started)
     } else {
-        let attempt = attempt.max(1);
-        // Submitted never launched; a recovery or restart queued for its launch slot has not
-        // launched its new attempt. Anything else may have a workload to adopt.
+        let attempt = started.max(1);
+        // Submitted never launched. A status written before statuses counted only attempts
+        // that started shows a relaunch queued for its launch slot (Recovering) or a
+        // pipeline's next task (its record Pending) as the attempt itself: not launched. A
+        // Pod that exists after all is adopted by its name when it is created again.
         let launched = match (phase, status.schedule_state) {
             (JobPhase::Submitted, _) => 0,
             (JobPhase::Recovering, Some(ScheduleState::Launching)) => attempt,
             (JobPhase::Recovering, _) => attempt - 1,
-            // The next task of a pipeline waits for its launch slot: not launched yet.
             _ if !task_launched => attempt - 1,
             _ => attempt,
         };
         (ScheduleState::AliveWaiting, attempt, launched)
     };
+    let more = |kind: Pending| i32::from(pending == Some(kind));
     let done = schedule == ScheduleState::Done;
+    let mut tasks = status.tasks.clone();
+    if let (Some(_), Some(t)) = (pending, tasks.get_mut(task_index as usize))
+        && t.attempt > 0
+    {
+        t.attempt += 1;
+        t.restart_count += more(Pending::Restart);
+        t.recovery_count += more(Pending::Recovery);
+        t.ignored_count += more(Pending::Ignored);
+    }
+    let task = tasks.get(task_index as usize);
     Some(JobRow {
         id: job_id,
         phase,
@@ -52,9 +76,15 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
         message: status.message.clone().unwrap_or_default(),
         attempt,
         launched_attempt,
-        recovery_count: task.map_or(status.recovery_count, |t| t.recovery_count),
-        restart_count: task.map_or(status.restart_count, |t| t.restart_count),
-        ignored_count: task.map_or(status.ignored_count, |t| t.ignored_count),
+        recovery_count: task.map_or(status.recovery_count + more(Pending::Recovery), |t| {
+            t.recovery_count
+        }),
+        restart_count: task.map_or(status.restart_count + more(Pending::Restart), |t| {
+            t.restart_count
+        }),
+        ignored_count: task.map_or(status.ignored_count + more(Pending::Ignored), |t| {
+            t.ignored_count
+        }),
         attempts: status.attempts.clone(),
         exit_code: status.exit_code,
         failure_reason: status.failure_reason.as_deref().map(Failure::parse),
@@ -72,7 +102,7 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
             None => 1,
         },
         task_started_at_ms: task.and_then(|t| ms(&t.started_at)),
-        tasks: status.tasks.clone(),
+        tasks,
         ..JobRow::new(object, now_ms)
     })
 }

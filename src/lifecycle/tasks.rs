@@ -155,6 +155,112 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
     }
 }
 
+/// A relaunch decided whose attempt has not started yet (a restart's back-off, a relaunch
+/// waiting for its launch slot, a pipeline's next task), by the budget it counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// A restart (`maxRestartsOnErrors`).
+    Restart,
+    /// A recovery (`maxRecoveries`).
+    Recovery,
+    /// A relaunch a rule's `Ignore` decided (`maxIgnored`).
+    Ignored,
+    /// Counted in no budget: a pipeline's next task, a launch timed out, a claim that lapsed.
+    Uncounted,
+}
+
+impl Pending {
+    /// The relaunch decided by the action `action` of an ended attempt's record
+    /// (`status.attempts[].action`).
+    pub fn of_action(action: &str) -> Pending {
+        match action {
+            "Restart" => Pending::Restart,
+            "Recover" => Pending::Recovery,
+            "Ignore" => Pending::Ignored,
+            _ => Pending::Uncounted,
+        }
+    }
+}
+
+/// The relaunch `row` decided whose attempt has not started (None: its current attempt
+/// started, or it never launched one): the row counts an attempt, and its budget, when it is
+/// decided, and its status shows them once it starts ([`shown`]). Which budget: the action of
+/// the record of the attempt before it (`attempts[]`), when that is the one that ended.
+pub fn pending_relaunch(row: &JobRow) -> Option<Pending> {
+    if row.attempt <= 0 || row.launched_attempt >= row.attempt {
+        return None;
+    }
+    Some(match row.attempts.last() {
+        Some(r) if r.attempt == row.attempt - 1 => Pending::of_action(&r.action),
+        _ => Pending::Uncounted,
+    })
+}
+
+/// What a job's status shows of its attempts and budgets ([`shown`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shown {
+    /// Attempts that started, over the whole job (`status.attempt`).
+    pub attempt: i32,
+    /// Restarts whose attempt started (`status.restartCount`; a pipeline's: over its tasks).
+    pub restarts: i32,
+    /// Recoveries whose attempt started (`status.recoveryCount`).
+    pub recoveries: i32,
+    /// Ignored relaunches whose attempt started (`status.ignoredCount`).
+    pub ignored: i32,
+    /// A pipeline's task records, the current one's counts likewise (`status.tasks[]`).
+    pub tasks: Vec<crate::api::TaskStatus>,
+}
+
+/// What `row`'s status shows (issue 30): only attempts that started. A relaunch decided but
+/// not launched yet ([`pending_relaunch`]: a restart waiting out its back-off, a recovery
+/// waiting for its launch slot) counts once its attempt starts, so a job that ends meanwhile
+/// (its deadline, a cancel) shows the attempts that ran: `run: exit 1` with
+/// `maxRestartsOnErrors: 10` and a 5 s deadline that ran three times shows attempt 3 and
+/// restartCount 2, not the fourth attempt decided during the back-off. The store keeps the
+/// decision (its budget is spent when decided, so a restart of the operator never repeats it).
+pub fn shown(row: &JobRow) -> Shown {
+    let pending = pending_relaunch(row);
+    let less = |kind: Pending| i32::from(pending == Some(kind));
+    let mut tasks = row.tasks.clone();
+    let index = row.task_index.max(0) as usize;
+    // The pending attempt is the current task's when the task already launched one.
+    if pending.is_some()
+        && row.launched_attempt >= row.task_first_attempt
+        && let Some(t) = tasks.get_mut(index)
+    {
+        t.attempt = (t.attempt - 1).max(0);
+        t.restart_count -= less(Pending::Restart);
+        t.recovery_count -= less(Pending::Recovery);
+        t.ignored_count -= less(Pending::Ignored);
+    }
+    let (restarts, recoveries, ignored) = if tasks.is_empty() {
+        (
+            row.restart_count - less(Pending::Restart),
+            row.recovery_count - less(Pending::Recovery),
+            row.ignored_count - less(Pending::Ignored),
+        )
+    } else {
+        tasks.iter().fold((0, 0, 0), |(r, c, i), t| {
+            (
+                r + t.restart_count,
+                c + t.recovery_count,
+                i + t.ignored_count,
+            )
+        })
+    };
+    Shown {
+        attempt: if pending.is_some() {
+            row.launched_attempt.max(0)
+        } else {
+            row.attempt
+        },
+        restarts,
+        recoveries,
+        ignored,
+        tasks,
+    }
+}
+
 /// The job-wide count of relaunches decided by a rule's `Ignore`: the sum over a pipeline's
 /// tasks, or the row's own.
 pub fn ignored_total(row: &JobRow) -> i32 {

@@ -58,6 +58,119 @@ fn apply(before: &JobRow, t: &crate::lifecycle::Transition, now: i64) -> JobRow 
     crate::lifecycle::change::apply(before, &t.change, now).expect("a legal change")
 }
 
+/// Drives a local job of `spec`, running attempt 1 from `now`, through its job controller's
+/// decisions until it is Done or `until` passes; every attempt's workload ends with `end`.
+/// Returns the row and the workloads launched (the first included).
+fn drive(spec: ManagedJobSpec, end: Outcome, until: i64) -> (JobRow, i32) {
+    use super::decide::{Action, Context, next_action};
+    let object = crate::lifecycle::record::Object {
+        uid: "u",
+        namespace: "ns",
+        name: "j",
+        generation: 1,
+        spec: &spec,
+        created_at_ms: 0,
+    };
+    let mut row = JobRow::new(&object, 0);
+    row.id = 1;
+    row.phase = JobPhase::Running;
+    row.schedule_state = ScheduleState::Alive;
+    row.attempt = 1;
+    row.launched_attempt = 1;
+    row.started_at_ms = Some(0);
+    row.controller_pid = Some(10);
+    let (mut now, mut launched, mut running_since) = (0, 1, Some(0));
+    while row.schedule_state != ScheduleState::Done && now < until {
+        let cx = Context {
+            now_ms: now,
+            executor_enabled: true,
+            create_is_idempotent: false,
+            backoff_base: Duration::from_secs(1),
+            stop_after_exit: false,
+            launch_timeout: Duration::from_secs(600),
+            max_launch_timeouts: 3,
+            run_slot_wanted: false,
+            stop_grace: Duration::from_secs(5),
+            claim: crate::lifecycle::claim::Gate::OPEN,
+        };
+        if row.schedule_state == ScheduleState::AliveWaiting {
+            row = apply(&row, &crate::lifecycle::admit(&row), now);
+            continue;
+        }
+        let attempt = row.current_attempt();
+        // A workload runs 100 ms, then ends with `end`.
+        let observed = if !crate::lifecycle::observes(&row) {
+            None
+        } else if row.launched_attempt < attempt {
+            Some(Observed::NotFound)
+        } else if running_since.is_some_and(|t| now >= t + 100) {
+            Some(Observed::Ended(end.clone()))
+        } else {
+            Some(Observed::Running {
+                workload: super::outcome::Workload::Process(100 + attempt),
+            })
+        };
+        match next_action(&row, observed.as_ref(), &cx) {
+            Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => {
+                row = apply(&row, &t, now)
+            }
+            Action::Launch { intent, .. } => {
+                if let Some(t) = intent {
+                    row = apply(&row, &t, now);
+                }
+                launched += 1;
+                running_since = Some(now);
+            }
+            Action::Wait { until_ms } => {
+                now =
+                    until_ms.unwrap_or(now + 100).min(
+                        running_since
+                            .map_or(i64::MAX, |t| if t + 100 > now { t + 100 } else { i64::MAX }),
+                    );
+            }
+            Action::Exit => break,
+        }
+    }
+    (row, launched)
+}
+
+/// Issue 30, class 3: `run: 'exit 1'`, `maxRestartsOnErrors: 10`, `activeDeadlineSeconds: 5`.
+/// Three attempts ran (back-offs of 1 s and 2 s), the fourth was decided (a back-off of 4 s)
+/// when the deadline came: the job fails DeadlineExceeded on time, and its status says attempt 3
+/// and restartCount 2, the attempts that ran (before: attempt 4, restartCount 3).
+#[test]
+fn a_deadline_during_a_back_off_shows_only_the_attempts_that_ran() {
+    let spec = ManagedJobSpec {
+        run: Some("exit 1".into()),
+        recovery: RecoverySpec {
+            max_restarts_on_errors: 10,
+            max_recoveries: None,
+            max_ignored: None,
+        },
+        active_deadline_seconds: Some(5),
+        ..Default::default()
+    };
+    let exit1 = Outcome::Failed {
+        code: 1,
+        reason: "ExitCode".into(),
+        detail: None,
+        evidence: Evidence::exit("run", false, 1, "ExitCode"),
+    };
+    let (row, launched) = drive(spec, exit1, 60_000);
+    assert_eq!(row.phase, JobPhase::Failed);
+    assert_eq!(
+        row.failure_reason.as_ref().map(|f| f.as_str()),
+        Some("DeadlineExceeded")
+    );
+    assert_eq!(launched, 3, "three workloads ran");
+    // The store keeps the restart decided during the back-off (its budget spent)...
+    assert_eq!((row.attempt, row.restart_count), (4, 3));
+    // ... the status shows what ran.
+    let shown = super::tasks::shown(&row);
+    assert_eq!((shown.attempt, shown.restarts), (3, 2), "{}", row.message);
+    assert_eq!(row.attempts.len(), 3, "each attempt that ran ended once");
+}
+
 #[test]
 fn a_task_environment_is_merged_over_the_jobs() {
     let mut row = pipeline_row();
@@ -662,6 +775,75 @@ mod failure_rules_model {
         Err(TestCaseError::fail("no progress towards Running"))
     }
 
+    /// 6. (issue 30) The status shows only attempts that started: `launched` of them, and the
+    /// budgets those spent; a store rebuilt from it decides the pending relaunch again as it
+    /// was (same attempt, same launch, same counts).
+    fn shows_what_started(row: &JobRow, launched: i32) -> Result<(), TestCaseError> {
+        let shown = crate::lifecycle::tasks::shown(row);
+        prop_assert_eq!(shown.attempt, launched, "{}", row.message);
+        let pending = crate::lifecycle::tasks::pending_relaunch(row);
+        prop_assert_eq!(pending.is_some(), row.launched_attempt < row.attempt);
+        let (r, c, i) = if row.tasks.is_empty() {
+            (row.restart_count, row.recovery_count, row.ignored_count)
+        } else {
+            (
+                crate::lifecycle::tasks::totals(row).0,
+                crate::lifecycle::tasks::totals(row).1,
+                crate::lifecycle::tasks::ignored_total(row),
+            )
+        };
+        let less = i32::from(matches!(
+            pending,
+            Some(
+                crate::lifecycle::tasks::Pending::Restart
+                    | crate::lifecycle::tasks::Pending::Recovery
+                    | crate::lifecycle::tasks::Pending::Ignored
+            )
+        ));
+        prop_assert_eq!(
+            shown.restarts + shown.recoveries + shown.ignored + less,
+            r + c + i
+        );
+        if row.schedule_state == ScheduleState::Done {
+            return Ok(());
+        }
+        let status = crate::api::ManagedJobStatus {
+            job_id: Some(row.id),
+            phase: Some(row.phase),
+            schedule_state: Some(row.schedule_state),
+            attempt: shown.attempt,
+            restart_count: shown.restarts,
+            recovery_count: shown.recoveries,
+            ignored_count: shown.ignored,
+            attempts: row.attempts.clone(),
+            current_task: row.spec.is_pipeline().then_some(row.task_index),
+            tasks: shown.tasks.clone(),
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "u",
+            namespace: "ns",
+            name: "j",
+            generation: 1,
+            spec: &row.spec,
+            created_at_ms: 0,
+        };
+        let back = crate::lifecycle::restore(&object, &status, 0).expect("a job id");
+        if pending.is_some() {
+            prop_assert_eq!(
+                (back.attempt, back.launched_attempt),
+                (row.attempt, row.launched_attempt)
+            );
+        } else {
+            prop_assert_eq!(back.attempt, row.attempt);
+        }
+        prop_assert_eq!(
+            (back.restart_count, back.recovery_count, back.ignored_count),
+            (row.restart_count, row.recovery_count, row.ignored_count)
+        );
+        Ok(())
+    }
+
     fn run(
         spec: ManagedJobSpec,
         ends: Vec<End>,
@@ -685,8 +867,8 @@ mod failure_rules_model {
         row.task_started_at_ms = Some(0);
         let mut now = 1_000;
         let mut ends = ends.into_iter();
-        // Attempts, and losses drawn, in the current task.
-        let (mut attempts, mut losses) = (1, 0);
+        // Attempts, and losses drawn, in the current task; workloads launched in the job.
+        let (mut attempts, mut losses, mut launched) = (1, 0, 1);
         for step in 0.. {
             prop_assert!(step < 200, "the job never ended");
             let end = ends.next().unwrap_or(End::Succeeded);
@@ -750,6 +932,7 @@ mod failure_rules_model {
             prop_assert_eq!(&record.rule, &rule);
             let before = row.clone();
             row = write(&row, &tr, now)?;
+            shows_what_started(&row, launched)?;
             if row.schedule_state == ScheduleState::Done
                 && row
                     .failure_reason
@@ -804,8 +987,17 @@ mod failure_rules_model {
                 (attempts, losses) = (0, 0);
             }
             let handover = handovers.get(step).copied().unwrap_or(false);
+            // Sometimes the deadline comes while the relaunch waits (its back-off, its launch
+            // slot): the job ends showing only the attempts that ran.
+            if step % 7 == 3 {
+                let ended = write(&row, &t::deadline_exceeded(&row), now)?;
+                shows_what_started(&ended, launched)?;
+                REACHED.with(|r| r.borrow_mut().insert("deadline-while-pending".into()));
+            }
             (row, now) = relaunch(row, now, handover)?;
             attempts += 1;
+            launched += 1;
+            shows_what_started(&row, launched)?;
             // 3. Attempts within what the task allows.
             let task = current_task(&row);
             let allowed = 1
@@ -876,6 +1068,7 @@ mod failure_rules_model {
             "ignore-spent",
             "recoveries-spent",
             "handover",
+            "deadline-while-pending",
         ] {
             assert!(reached.contains(want), "never reached {want}: {reached:?}");
         }

@@ -115,6 +115,10 @@ struct Cell {
     prepared: Option<i64>,
     /// Renewals are overdue (told once).
     paused: bool,
+    /// The namespace is being deleted and its Lease went with it: nobody can create one there
+    /// any more, so nobody else can own its jobs; the last holder finishes them (cancels them
+    /// as the deletion asks, releases their finalizers) without a Lease.
+    terminating: bool,
     /// The epoch the store last held, and the highest epoch known.
     previous: Option<i64>,
     floor: i64,
@@ -136,6 +140,7 @@ impl Cell {
             held: None,
             prepared: None,
             paused: false,
+            terminating: false,
             previous,
             floor: previous.unwrap_or(0),
             told: None,
@@ -300,7 +305,7 @@ impl Claims {
         };
         match &cell.held {
             Some(h) if cell.prepared == Some(h.epoch) => {
-                if now < claim::valid_until(h.renewed_ms, &self.cfg.timing) {
+                if cell.terminating || now < claim::valid_until(h.renewed_ms, &self.cfg.timing) {
                     CellState::Held(Owner {
                         identity: self.cfg.identity.clone(),
                         epoch: h.epoch,
@@ -473,7 +478,10 @@ impl Claims {
             .as_ref()
             .and_then(|l| l.holder())
             .is_some_and(|h| claim::same_holder(h, &self.cfg.identity));
-        if cell.held.is_some() && !ours && !cell.busy {
+        // A Lease deleted while held is no loss yet: it is created again at once (if another
+        // instance creates it first, that is seen then), or, in a namespace being deleted,
+        // cannot be created by anyone (see `terminating`).
+        if cell.held.is_some() && !ours && !cell.busy && lease.is_some() {
             let holder = lease.as_ref().and_then(|l| l.holder()).map(str::to_string);
             cell.held = None;
             cell.prepared = None;
@@ -653,6 +661,18 @@ impl Claims {
                     });
                 }
             }
+            Err(kube::Error::Api(r))
+                if matches!(step, Step::Create { .. })
+                    && r.code == 403
+                    && r.message.contains("being terminated")
+                    && cell.held.is_some() =>
+            {
+                if !cell.terminating {
+                    tracing::info!(namespace = %namespace, "namespace {namespace} is being deleted and its claim's Lease with it: nobody can claim it any more, so this operator, its last owner, finishes its jobs");
+                }
+                cell.terminating = true;
+                self.record_in_store(&namespace, cell, Some(started));
+            }
             Err(e) => {
                 let message = match &e {
                     kube::Error::Api(r) => format!("{} ({})", r.message, r.code),
@@ -689,6 +709,15 @@ impl Claims {
             let mut cells = self.cells();
             for (ns, cell) in cells.iter_mut() {
                 if cell.busy {
+                    continue;
+                }
+                if cell.terminating {
+                    // No Lease can be made there: the last holder goes on acting on its own
+                    // word, and its job controllers on its store's.
+                    if let Some(h) = cell.held.as_mut() {
+                        h.renewed_ms = now;
+                    }
+                    self.record_in_store(ns, cell, Some(now));
                     continue;
                 }
                 if let Some(h) = &cell.held

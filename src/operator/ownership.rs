@@ -97,7 +97,29 @@ pub async fn claim_at_start(
 ) -> anyhow::Result<(Arc<Claims>, UnboundedReceiver<ClaimEvent>)> {
     let mut store = Store::open(&dir.store(), 1024)?;
     crate::engine::claim_for_shard(&mut store, dir.root(), shard)?;
-    let identity = claim::identity(&instance_name(), &store.instance_id()?);
+    let name = claim::instance_name(&instance_name(), &dir.root().to_string_lossy());
+    if store.job_count()? == 0 && store.claims()?.is_empty() {
+        // A fresh or lost store: the claims its predecessor here held are its own.
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let listed = leases
+            .list(&ListParams::default().labels(&format!("{}=true", claim::LEASE_LABEL)))
+            .await?;
+        let lease_name = claim::lease_name(shard);
+        let holders: Vec<String> = listed
+            .items
+            .into_iter()
+            .filter(|l| l.metadata.name.as_deref() == Some(lease_name.as_str()))
+            .filter_map(|l| l.spec?.holder_identity)
+            .collect();
+        if let Some(id) = claim::successor_store(&name, holders.iter().map(String::as_str)) {
+            tracing::info!(store = %id, "this store is new here: it succeeds the claims its predecessor at this host and state dir held");
+            store.set_instance_id(&id)?;
+        }
+    }
+    let identity = claim::identity(&name, &store.instance_id()?);
     let (claims, mut events) = Claims::start(
         client.clone(),
         ClaimConfig {

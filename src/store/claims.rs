@@ -59,6 +59,18 @@ impl Store {
             .query_row([], |r| r.get(0))?)
     }
 
+    /// Sets this store's identity (a store rebuilt where its predecessor ran succeeds its
+    /// identity: `lifecycle::claim::successor_store`).
+    pub fn set_instance_id(&mut self, id: &str) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO settings (key, value) VALUES ('instance', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([id])?;
+        Ok(())
+    }
+
     /// The claim on `namespace`, if this store ever held it.
     pub fn claim(&self, namespace: &str) -> Result<Option<ClaimRow>> {
         Ok(self
