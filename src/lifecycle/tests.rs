@@ -122,11 +122,10 @@ fn drive(spec: ManagedJobSpec, end: Outcome, until: i64) -> (JobRow, i32) {
                 running_since = Some(now);
             }
             Action::Wait { until_ms } => {
-                now =
-                    until_ms.unwrap_or(now + 100).min(
-                        running_since
-                            .map_or(i64::MAX, |t| if t + 100 > now { t + 100 } else { i64::MAX }),
-                    );
+                now = until_ms.unwrap_or(now + 100).min(
+                    running_since
+                        .map_or(i64::MAX, |t| if t + 100 > now { t + 100 } else { i64::MAX }),
+                );
             }
             Action::Exit => break,
         }
@@ -775,7 +774,7 @@ mod failure_rules_model {
         Err(TestCaseError::fail("no progress towards Running"))
     }
 
-    /// 6. (issue 30) The status shows only attempts that started: `launched` of them, and the
+    /// Invariant 6 (issue 30): the status shows only attempts that started, `launched` of them, and the
     /// budgets those spent; a store rebuilt from it decides the pending relaunch again as it
     /// was (same attempt, same launch, same counts).
     fn shows_what_started(row: &JobRow, launched: i32) -> Result<(), TestCaseError> {
