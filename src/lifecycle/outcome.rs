@@ -116,6 +116,10 @@ impl Evidence {
     }
 }
 
+/// The kubelet's reason for a Pod it ended because it ran past its `spec.activeDeadlineSeconds`
+/// (its `status.reason`), and the reason of [`Outcome::DeadlineExceeded`].
+pub const POD_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -142,6 +146,19 @@ pub enum Outcome {
         /// Which part failed, when the executor knows (e.g. "container sidecar was OOM-killed
         /// (exit code 0)").
         detail: Option<String>,
+        /// What failure rules read.
+        evidence: Evidence,
+    },
+    /// The workload ran past its own time limit and was stopped for it: a Pod's
+    /// `spec.activeDeadlineSeconds` (the kubelet ends it Failed, reason `DeadlineExceeded`,
+    /// with or without its containers' exits). A workload error, like [`Outcome::Failed`]: it
+    /// uses maxRestartsOnErrors and backs off (batch/v1 counts such a Pod failed); its reason is
+    /// `DeadlineExceeded` and its message names the deadline.
+    DeadlineExceeded {
+        /// Exit code of a container stopped for it (137 after SIGKILL), when one is known.
+        code: Option<i32>,
+        /// What happened: the deadline, the kubelet's message, the container stopped.
+        message: String,
         /// What failure rules read.
         evidence: Evidence,
     },
@@ -191,6 +208,7 @@ impl Outcome {
             Outcome::Succeeded | Outcome::Invalid { .. } => None,
             Outcome::SetupFailed { evidence, .. }
             | Outcome::Failed { evidence, .. }
+            | Outcome::DeadlineExceeded { evidence, .. }
             | Outcome::Refused { evidence, .. }
             | Outcome::Lost { evidence, .. } => Some(evidence),
         }
@@ -201,6 +219,7 @@ impl Outcome {
     pub fn reason(&self) -> &str {
         match self {
             Outcome::Succeeded => "Succeeded",
+            Outcome::DeadlineExceeded { .. } => POD_DEADLINE_EXCEEDED,
             Outcome::SetupFailed { reason, .. }
             | Outcome::Failed { reason, .. }
             | Outcome::Refused { reason, .. }
@@ -218,6 +237,7 @@ impl Outcome {
         match self {
             Outcome::Succeeded => Some(0),
             Outcome::SetupFailed { code, .. } | Outcome::Failed { code, .. } => Some(*code),
+            Outcome::DeadlineExceeded { code, .. } => *code,
             _ => None,
         }
     }

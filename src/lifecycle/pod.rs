@@ -105,6 +105,38 @@ fn with_suffix(job_name: &str, suffix: &str) -> String {
     format!("{base}{suffix}")
 }
 
+/// What a Pod that ended Failed with the kubelet's reason `DeadlineExceeded` (its
+/// `status.reason`: it ran past its own `spec.activeDeadlineSeconds`, `deadline_seconds`) means
+/// for its attempt (issue 30: before, such a Pod read as "refused by its node", or, with its
+/// container killed 137, as a plain `Error`): [`PodState::DeadlineExceeded`], the exit code of
+/// the container stopped for it when one is known (`stopped`: its name and code), and a
+/// message that names the deadline, the node's words (`kubelet_message`) and the container.
+/// Returns (state, exit code, reason, message).
+pub fn pod_deadline(
+    pod: &str,
+    deadline_seconds: Option<i64>,
+    kubelet_message: &str,
+    stopped: Option<(&str, i32)>,
+) -> (PodState, Option<i32>, String, String) {
+    let deadline = match deadline_seconds {
+        Some(s) => format!("its spec.activeDeadlineSeconds ({s} s)"),
+        None => "its spec.activeDeadlineSeconds".into(),
+    };
+    let mut message = format!("Pod {pod} ran past {deadline} and its node stopped it");
+    if !kubelet_message.is_empty() {
+        message.push_str(&format!(" ({kubelet_message})"));
+    }
+    if let Some((name, code)) = stopped {
+        message.push_str(&format!("; container {name} exited with code {code}"));
+    }
+    (
+        PodState::DeadlineExceeded,
+        stopped.map(|(_, code)| code),
+        super::outcome::POD_DEADLINE_EXCEEDED.to_string(),
+        message,
+    )
+}
+
 /// Where an attempt's Pod stands, as the job controller needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PodState {
@@ -122,6 +154,9 @@ pub enum PodState {
     SetupFailed,
     /// Phase Failed before any container ran: the node refused it (`OutOfcpu`...).
     Refused,
+    /// Phase Failed, reason `DeadlineExceeded`: it ran past its own
+    /// `spec.activeDeadlineSeconds` and its node stopped it ([`pod_deadline`]).
+    DeadlineExceeded,
     /// Pending with a container the kubelet can never start (`InvalidImageName`,
     /// `ErrImageNeverPull`, `CreateContainerConfigError`).
     Invalid,
@@ -140,7 +175,7 @@ pub const TERMINATING_MARGIN: std::time::Duration = std::time::Duration::from_se
 
 impl PodState {
     /// Every state.
-    pub const ALL: [PodState; 10] = [
+    pub const ALL: [PodState; 11] = [
         PodState::Pending,
         PodState::Unschedulable,
         PodState::Running,
@@ -148,6 +183,7 @@ impl PodState {
         PodState::Failed,
         PodState::SetupFailed,
         PodState::Refused,
+        PodState::DeadlineExceeded,
         PodState::Invalid,
         PodState::Terminating,
         PodState::Lost,
@@ -163,6 +199,7 @@ impl PodState {
             PodState::Failed => "failed",
             PodState::SetupFailed => "setup-failed",
             PodState::Refused => "refused",
+            PodState::DeadlineExceeded => "deadline-exceeded",
             PodState::Invalid => "invalid",
             PodState::Terminating => "terminating",
             PodState::Lost => "lost",
@@ -183,6 +220,7 @@ impl PodState {
                 | PodState::Failed
                 | PodState::SetupFailed
                 | PodState::Refused
+                | PodState::DeadlineExceeded
                 | PodState::Invalid
         )
     }
@@ -257,6 +295,11 @@ pub fn observed(o: &PodObservation) -> Observed {
         }),
         PodState::Refused => Observed::Ended(Outcome::Refused {
             reason: o.reason.clone(),
+            message: o.message.clone(),
+            evidence: o.evidence.clone(),
+        }),
+        PodState::DeadlineExceeded => Observed::Ended(Outcome::DeadlineExceeded {
+            code: o.exit_code,
             message: o.message.clone(),
             evidence: o.evidence.clone(),
         }),

@@ -66,9 +66,10 @@ impl Verdict {
     pub fn default_for(outcome: &Outcome) -> Verdict {
         match outcome {
             Outcome::Succeeded => Verdict::Succeeded,
-            Outcome::Failed { .. } | Outcome::SetupFailed { .. } | Outcome::Refused { .. } => {
-                Verdict::Restart
-            }
+            Outcome::Failed { .. }
+            | Outcome::SetupFailed { .. }
+            | Outcome::Refused { .. }
+            | Outcome::DeadlineExceeded { .. } => Verdict::Restart,
             Outcome::Lost { .. } => Verdict::Recover,
             Outcome::Invalid { .. } => Verdict::FailJob,
         }

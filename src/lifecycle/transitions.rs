@@ -490,6 +490,9 @@ pub fn after_outcome(
             reason.clone(),
             format!("was refused by its node: {reason} ({message})"),
         ),
+        Outcome::DeadlineExceeded { code, message, .. } => {
+            (*code, outcome.reason().to_string(), message.clone())
+        }
         Outcome::Lost { reason, .. } => (
             None,
             outcome.reason().to_string(),

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::lifecycle::outcome::POD_DEADLINE_EXCEEDED;
 pub use crate::lifecycle::pod::{PodObservation, PodState, TERMINATING_MARGIN, observed};
 use crate::lifecycle::{Evidence, PartExit};
 
@@ -84,6 +85,29 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
             o.state = PodState::Lost;
             o.reason = reason.unwrap_or_else(|| "Evicted".into());
             o.message = message.unwrap_or_default();
+        }
+        "Failed" if status.reason.as_deref() == Some(POD_DEADLINE_EXCEEDED) => {
+            // Past its own activeDeadlineSeconds, the kubelet ended it (issue 30: named as such,
+            // never "refused by its node" or a plain exit).
+            let stopped = [&status.init_container_statuses, &status.container_statuses]
+                .into_iter()
+                .flat_map(|s| s.iter().flatten())
+                .filter_map(|cs| {
+                    let t = cs.state.as_ref()?.terminated.as_ref()?;
+                    Some((cs.name.as_str(), t.exit_code))
+                })
+                .max_by_key(|(_, code)| *code != 0);
+            let deadline = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds);
+            let (state, code, reason, message) = crate::lifecycle::pod::pod_deadline(
+                &o.pod_name,
+                deadline,
+                status.message.as_deref().unwrap_or_default(),
+                stopped,
+            );
+            o.state = state;
+            o.exit_code = code;
+            o.reason = reason;
+            o.message = message;
         }
         "Failed" => {
             let terminated =
@@ -445,6 +469,58 @@ mod tests {
         }))
         .unwrap()]);
         pod
+    }
+
+    /// Issue 30, class 3: a Pod ended by its own `activeDeadlineSeconds` (phase Failed, reason
+    /// `DeadlineExceeded`) is named as such, with or without its container's 137: before, the
+    /// first read as "refused by its node" and the second as a plain `Error`.
+    #[test]
+    fn a_pod_past_its_own_deadline_is_named_as_such() {
+        let deadline = |mut pod: Pod| {
+            pod.spec.as_mut().unwrap().active_deadline_seconds = Some(30);
+            let status = pod.status.as_mut().unwrap();
+            status.phase = Some("Failed".into());
+            status.reason = Some("DeadlineExceeded".into());
+            status.message =
+                Some("Pod was active on the node longer than the specified deadline".into());
+            pod
+        };
+        // As the dev control plane's fake kubelet leaves it: no container status.
+        let bare = observe(&deadline(running_pod()), 1, 1, false);
+        assert_eq!(
+            (bare.state, bare.exit_code, bare.reason.as_str()),
+            (PodState::DeadlineExceeded, None, "DeadlineExceeded")
+        );
+        assert_eq!(
+            bare.message,
+            "Pod j-1-1 ran past its spec.activeDeadlineSeconds (30 s) and its node stopped it \
+             (Pod was active on the node longer than the specified deadline)"
+        );
+        // As a real kubelet leaves it: the container killed, 137.
+        let killed = observe(&deadline(finished_pod("Failed", 137, 100_000)), 1, 1, false);
+        assert_eq!(
+            (killed.state, killed.exit_code),
+            (PodState::DeadlineExceeded, Some(137))
+        );
+        assert!(
+            killed
+                .message
+                .ends_with("; container main exited with code 137"),
+            "{}",
+            killed.message
+        );
+        // What that means: the workload's own failure, a restart, naming the deadline.
+        match observed(&killed) {
+            Observed::Ended(outcome @ crate::lifecycle::Outcome::DeadlineExceeded { .. }) => {
+                assert_eq!(outcome.reason(), "DeadlineExceeded");
+                assert_eq!(outcome.exit_code(), Some(137));
+                assert_eq!(
+                    crate::lifecycle::Verdict::default_for(&outcome),
+                    crate::lifecycle::Verdict::Restart
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Deleted by someone else while it ran (a real kubelet then reports the exit the deletion
