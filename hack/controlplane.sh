@@ -13,6 +13,9 @@
 #                      (root only; installs containerd, runc, buildah and the CNI plugins from
 #                      Debian packages when missing; see hack/realnode.sh)
 #   down               stop everything (the real node first) and remove the instance's data
+#   kill-apiserver     SIGKILL the instance's kube-apiserver (an API outage, for fault tests;
+#                      give them an instance of their own: MJ_CACHE_DIR)
+#   start-apiserver    start it again as it was, and wait until it is ready
 #   load-image FILE... import image archives (docker-archive) into the real node's containerd
 #   status             show components, ports, health and nodes
 #   kubeconfig         print the kubeconfig path
@@ -595,6 +598,55 @@ cmd_up() {
 }
 
 # Starts a new instance (the caller holds the lock and has cleaned up); prints the kubeconfig path.
+# kube-apiserver, on the instance's ports and certificates ($RUN/ports, $RUN/pki); waits for /readyz.
+start_apiserver() {
+  local etcd_port api_port p="$RUN/pki"
+  etcd_port="$(awk '/^etcd /{print $2}' "$RUN/ports")"
+  api_port="$(awk '/^apiserver /{print $2}' "$RUN/ports")"
+  start_component kube-apiserver "$(bin_path kube-apiserver)" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+    --client-ca-file="$p/ca.crt" \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --api-audiences=https://kubernetes.default.svc.cluster.local \
+    --service-cluster-ip-range=10.96.0.0/16 \
+    --authorization-mode=Node,RBAC \
+    --allow-privileged=true --endpoint-reconciler-type=none \
+    --cert-dir="$RUN/data/apiserver-certs" \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname
+  wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
+}
+
+# An API server outage (fault tests): SIGKILL kube-apiserver as a crash would, and wait until it
+# is gone; the other components stay up and retry against it.
+cmd_kill_apiserver() {
+  local pid i
+  pid="$(component_pid kube-apiserver)" || die "no running kube-apiserver in this instance ($RUN)"
+  kill -KILL "$pid"
+  for ((i = 0; i < 100; i++)); do [[ -d "/proc/$pid" ]] || break; sleep 0.1; done
+  [[ ! -d "/proc/$pid" ]] || die "kube-apiserver (pid $pid) outlived SIGKILL for 10 s"
+  rm -f "$(pid_file kube-apiserver)" "$(cmd_file kube-apiserver)"
+  log "kube-apiserver (pid $pid) killed"
+}
+
+# The end of the outage: starts kube-apiserver again, as it was, and waits until it is ready.
+cmd_start_apiserver() {
+  local start
+  start="$(now_ms)"
+  [[ -f "$RUN/ports" && -d "$RUN/pki" ]] || die "no instance here ($RUN): run up first"
+  if component_pid kube-apiserver >/dev/null; then
+    log "kube-apiserver runs already"
+    return 0
+  fi
+  component_pid etcd >/dev/null || die "etcd is not running: the instance is gone (run up)"
+  start_apiserver
+  log "kube-apiserver ready again in $(elapsed "$start")"
+}
+
 start_instance() { # nodes start_ms
   local nodes="$1" start="$2"
   # A failed start must not leave half an instance behind (the logs are kept).
@@ -618,22 +670,7 @@ start_instance() { # nodes start_ms
     --unsafe-no-fsync=true --log-level=warn
   wait_component etcd "etcd /health" 30 etcd_healthy
 
-  start_component kube-apiserver "$(bin_path kube-apiserver)" \
-    --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
-    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
-    --client-ca-file="$p/ca.crt" \
-    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --api-audiences=https://kubernetes.default.svc.cluster.local \
-    --service-cluster-ip-range=10.96.0.0/16 \
-    --authorization-mode=Node,RBAC \
-    --allow-privileged=true --endpoint-reconciler-type=none \
-    --cert-dir="$RUN/data/apiserver-certs" \
-    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
-    --kubelet-client-key="$p/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=InternalIP,Hostname
-  wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
+  start_apiserver
   wait_component kube-apiserver "the default namespace" 30 default_ns_exists
 
   install_kwok_crds
@@ -722,6 +759,8 @@ main() {
       echo "export PATH=$(tool_bin_dir kubernetes):$(tool_bin_dir helm):\$PATH"
       ;;
     load-image) with_lock realnode load "$@" ;;
+    kill-apiserver) with_lock cmd_kill_apiserver ;;
+    start-apiserver) with_lock cmd_start_apiserver ;;
     kubectl) exec "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     helm) exec "$(bin_path helm)" --kubeconfig "$KUBECONFIG_PATH" "$@" ;;
     bin-dir) tool_bin_dir "${1:-kubernetes}"; echo ;;

@@ -270,6 +270,13 @@ impl Engine {
                 "the local executor is on, but /bin/sh does not exist here: every job with spec.run will fail to start (the operator's image has no shell; use spec.template)"
             );
         }
+        // Its job controllers tell from this whether their operator still runs.
+        let me = std::process::id() as i32;
+        if let Some(start) = process::start_time(me)
+            && let Err(e) = store.set_operator(me, start)
+        {
+            tracing::warn!(error = %e, "recording the operator process in the store failed");
+        }
         let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
         let metrics = Metrics::for_shard(cfg.shard.as_deref());

@@ -217,6 +217,11 @@ impl<E: Executor> JobController<E> {
                 stop_grace: self.grace,
                 // One small indexed read: launch only under a claim renewed lately.
                 claim: self.store.gate(&row.namespace, self.claims)?,
+                operator_alive: !self.claims
+                    || self
+                        .store
+                        .operator()?
+                        .is_some_and(|(pid, start)| crate::process::is_alive(pid, start)),
             };
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             let grace = lifecycle::action_grace(&action, &row, self.grace);

@@ -31,6 +31,13 @@ pub struct StateLabel {
     pub state: String,
 }
 
+/// Label set with one `watch` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabel {
+    /// Which watch: `ManagedJob`, `Pod`, `claim Lease`, `ManagedJobQueue`, `Namespace`.
+    pub watch: String,
+}
+
 /// Label set with one `verb` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerbLabel {
@@ -100,6 +107,9 @@ pub struct Metrics {
     /// Namespaces whose claim this operator wants, by where it stands (`held`, `paused`: its
     /// renewal is overdue, `elsewhere`: another operator owns their jobs; `lifecycle::claim`).
     pub claims: Family<StateLabel, Gauge>,
+    /// Watches that listed every object again after failing (an API outage, a broken
+    /// connection), by watch.
+    pub watch_relists_total: Family<WatchLabel, Counter>,
     ready: AtomicBool,
     /// Why the operator is not ready although started, by what fails (e.g. `crd`,
     /// `state-dir`): one sentence each.
@@ -149,6 +159,7 @@ impl Metrics {
             terminal_status_lag_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             attempts_total: Family::default(),
             claims: Family::default(),
+            watch_relists_total: Family::default(),
             ready: AtomicBool::new(false),
             problems: Default::default(),
             registry: Registry::default(),
@@ -234,6 +245,11 @@ impl Metrics {
             "claims",
             "Namespaces whose claim this operator wants, by state: held, paused (renewal overdue), elsewhere (another operator owns their jobs)",
             m.claims.clone(),
+        );
+        registry.register(
+            "watch_relists",
+            "Watches that listed every object again after failing, by watch",
+            m.watch_relists_total.clone(),
         );
         Metrics { registry, ..m }
     }

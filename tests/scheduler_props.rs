@@ -492,6 +492,7 @@ impl Model {
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
             claim: managed_jobs::lifecycle::claim::Gate::OPEN,
+            operator_alive: true,
         }
     }
 

@@ -48,6 +48,10 @@ pub struct Context {
     /// What the operator's claim on the job's namespace allows (`super::claim`, read from the
     /// store each turn): [`Gate::OPEN`] when claims are not in force.
     pub claim: Gate,
+    /// The operator process that drives the store still runs (its pid and start time, as the
+    /// store records them): a claim that lapsed while it runs lapsed because the API cannot be
+    /// reached (nobody can take the claim then), not because it died.
+    pub operator_alive: bool,
 }
 
 /// How long a launched Pod may wait without a reason (its node has not reported yet) before
@@ -109,16 +113,19 @@ pub fn in_backoff(row: &JobRow) -> bool {
 ///   local process), and for a pod job no Pod deleted either (another operator may own it and
 ///   its Pod by now); it waits for the claim to be renewed (or for the operator to leave the
 ///   job to its new owner), looking again every [`GATE_RECHECK`];
-/// - once the claim lapsed (its full duration without renewal), a local attempt still running
-///   is stopped ([`t::claim_lapsed`]): its processes belong to this state dir, so an operator
-///   taking the job over could not adopt them and would relaunch it beside them.
+/// - once the claim lapsed (its full duration without renewal) and the operator is gone (its
+///   job controllers outlive it outside a cluster), a local attempt still running is stopped
+///   ([`t::claim_lapsed`]): its processes belong to this state dir, so an operator taking the
+///   job over could not adopt them and would relaunch it beside them. While the operator runs,
+///   a lapse means the API cannot be reached, by it or by anyone who could take the claim: the
+///   workload runs on (an API outage never stops local workloads).
 pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
     let action = decide(row, observed, cx);
     let gate = cx.claim;
     let local_running = !cx.create_is_idempotent
         && matches!(observed, Some(Observed::Running { .. }))
         && !row.cancel_requested;
-    if local_running && gate.lapsed(cx.now_ms) {
+    if local_running && gate.lapsed(cx.now_ms) && !cx.operator_alive {
         return Action::StopThen(t::claim_lapsed(row, row.current_attempt()));
     }
     if gate.may_launch(cx.now_ms) {
@@ -512,6 +519,7 @@ pub(crate) mod tests {
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
             claim: Gate::OPEN,
+            operator_alive: true,
         }
     }
 
@@ -521,6 +529,70 @@ pub(crate) mod tests {
             Action::Launch { intent, .. } => intent.as_ref().map(|t| t.change.reason),
             _ => None,
         }
+    }
+
+    /// One owner per job (issue 30): past its claim's renew deadline a job controller creates
+    /// nothing and deletes no Pod; once the claim lapsed with its operator gone, a local
+    /// attempt still running is stopped (its new owner could not adopt it); while the operator
+    /// runs (an API outage: nobody can take the claim), it runs on.
+    #[test]
+    fn nothing_new_touches_the_world_without_a_claim_renewed_lately() {
+        use crate::lifecycle::claim::{Gate, Timing};
+        let t = Timing::new(Duration::from_secs(15));
+        let overdue = Gate::of(Some(-1_000), &t); // renewed 11 s before now (10_000)
+        let lapsed = Gate::of(Some(-6_000), &t); // 16 s before
+        let first = row(JobPhase::Submitted, ScheduleState::Launching);
+        let mut c = cx(false);
+        c.claim = overdue;
+        assert!(matches!(
+            next_action(&first, Some(&Observed::NotFound), &c),
+            Action::Wait {
+                until_ms: Some(11_000)
+            }
+        ));
+        c.claim = Gate::of(Some(1_000), &t);
+        assert!(matches!(
+            next_action(&first, Some(&Observed::NotFound), &c),
+            Action::Launch { .. }
+        ));
+        // A pod job's cancel deletes no Pod while the claim is overdue.
+        let mut cancelling = row(JobPhase::Cancelling, ScheduleState::Alive);
+        cancelling.cancel_requested = true;
+        let mut pods = cx(true);
+        pods.claim = overdue;
+        assert!(matches!(
+            next_action(&cancelling, None, &pods),
+            Action::Wait { .. }
+        ));
+        // A running local attempt: runs on while its operator runs, stopped once it is gone.
+        let mut running = row(JobPhase::Running, ScheduleState::Alive);
+        running.attempt = 1;
+        running.launched_attempt = 1;
+        let seen = Observed::Running {
+            workload: Workload::Process(5),
+        };
+        let mut local = cx(false);
+        local.claim = lapsed;
+        assert!(matches!(
+            next_action(&running, Some(&seen), &local),
+            Action::Wait { .. }
+        ));
+        local.operator_alive = false;
+        let a = next_action(&running, Some(&seen), &local);
+        assert_eq!(reason(&a), Some(Reason::ClaimLapsed));
+        assert!(matches!(a, Action::StopThen(_)), "{a:?}");
+        let Action::StopThen(t) = a else {
+            unreachable!()
+        };
+        check_edge(&running, &t.change).expect("a legal move");
+        // Before it lapses, it is looked at again when it would.
+        local.claim = overdue;
+        assert_eq!(
+            next_action(&running, Some(&seen), &local),
+            Action::Wait {
+                until_ms: Some(14_000)
+            }
+        );
     }
 
     #[test]

@@ -92,6 +92,7 @@ fn drive(spec: ManagedJobSpec, end: Outcome, until: i64) -> (JobRow, i32) {
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
             claim: crate::lifecycle::claim::Gate::OPEN,
+            operator_alive: true,
         };
         if row.schedule_state == ScheduleState::AliveWaiting {
             row = apply(&row, &crate::lifecycle::admit(&row), now);
@@ -301,6 +302,7 @@ fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
         run_slot_wanted: false,
         stop_grace: Duration::from_secs(5),
         claim: crate::lifecycle::claim::Gate::OPEN,
+        operator_alive: true,
     };
     let Action::Apply(t) = next_action(&row, Some(&observed), &cx) else {
         panic!("the first sight of the wait is written");
@@ -699,6 +701,7 @@ mod failure_rules_model {
             run_slot_wanted: false,
             stop_grace: Duration::from_secs(5),
             claim: crate::lifecycle::claim::Gate::OPEN,
+            operator_alive: true,
         }
     }
 

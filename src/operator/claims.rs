@@ -24,7 +24,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use tokio::sync::{Notify, mpsc};
 
 use crate::lifecycle::claim::{self, Held, LeaseRecord, Seen, Step, Timing};
@@ -822,10 +822,9 @@ async fn watch(claims: Arc<Claims>) {
         None => Api::all(claims.client.clone()),
     };
     let cfg = watcher::Config::default().labels(&format!("{}=true", claim::LEASE_LABEL));
-    let mut stream = watcher(api, cfg)
-        .backoff(super::retry::watch_backoff())
-        .boxed();
+    let mut stream = super::retry::relisting_watch(api, cfg);
     let mut relisted: HashMap<String, LeaseRecord> = HashMap::new();
+    let mut health = super::retry::WatchHealth::new("claim Lease");
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Init) => relisted.clear(),
@@ -847,6 +846,7 @@ async fn watch(claims: Arc<Claims>) {
                 }
                 claims.listed.store(true, Ordering::SeqCst);
                 claims.wake.notify_one();
+                health.listed(None);
             }
             Ok(Event::Apply(lease)) => {
                 if let Some((ns, record, acquired)) = claims.record(&lease) {
@@ -882,7 +882,7 @@ async fn watch(claims: Arc<Claims>) {
                 }
             }
             Err(e) => {
-                tracing::debug!(error = %e, "the claim Lease watch failed; retrying");
+                health.failed(&e);
                 for cell in claims.cells().values_mut() {
                     cell.reads_failed = true;
                 }

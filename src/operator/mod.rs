@@ -271,11 +271,11 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // This shard's jobs only (the default instance: the jobs without a shard label).
     let selector = crate::api::shard_selector(op.engine.config().shard.as_deref());
     let watched = op.clone();
-    let stream = watcher(
+    let mut health = retry::WatchHealth::new("ManagedJob");
+    let stream = retry::relisting_watch(
         jobs,
         watcher::Config::default().any_semantic().labels(&selector),
     )
-    .backoff(watch_backoff())
     .modify(|mj: &mut ManagedJob| {
         mj.managed_fields_mut().clear();
         mj.annotations_mut()
@@ -288,9 +288,18 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             // the job soon, before its workload is relaunched.
             Ok(watcher::Event::Delete(_)) => objects_deleted.notify_one(),
             Ok(watcher::Event::InitDone) => {
-                objects_listed.store(true, std::sync::atomic::Ordering::SeqCst)
+                objects_listed.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Back after a failure (an API outage): objects deleted meanwhile are found
+                // by the world check at once.
+                if health.listed(Some(&watched.engine.metrics)).is_some() {
+                    watched.engine.world_changed.notify_one();
+                }
             }
-            Err(e) => watched.watch_failed(e),
+            Err(e) => {
+                if !watched.watch_failed(e) {
+                    health.failed(e);
+                }
+            }
             Ok(_) => {}
         }
         if event.is_ok() {
@@ -298,7 +307,21 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         }
     })
     .touched_objects();
-    Controller::for_stream(stream, reader)
+    // The watch runs on its own task and hands the controller only objects: its failures and
+    // retries never wait on (or are held up by) the controller's queue, so after an API outage
+    // it lists again within its back-off (`retry::relisting_watch`).
+    let (objects_tx, objects_rx) = futures::channel::mpsc::unbounded::<ManagedJob>();
+    tokio::spawn(async move {
+        let mut stream = stream.boxed();
+        while let Some(item) = stream.next().await {
+            if let Ok(mj) = item
+                && objects_tx.unbounded_send(mj).is_err()
+            {
+                return;
+            }
+        }
+    });
+    Controller::for_stream(objects_rx.map(Ok::<_, watcher::Error>), reader)
         .reconcile_all_on(reconcile_all_rx)
         .shutdown_on_signal()
         .run(reconcile, error_policy, op)
@@ -413,9 +436,9 @@ fn error_policy(mj: Arc<ManagedJob>, error: &Error, op: Arc<Operator>) -> Action
 
 impl Operator {
     /// The ManagedJob watch failed: a 404 means the CRD is gone (deleted while the operator
-    /// runs), which makes the operator not ready and is logged once as an error; anything else
-    /// is retried with kube's back-off.
-    fn watch_failed(&self, e: &watcher::Error) {
+    /// runs), which makes the operator not ready and is logged once as an error (returns
+    /// true); anything else is retried with the watch's back-off ([`watch_backoff`]).
+    fn watch_failed(&self, e: &watcher::Error) -> bool {
         let not_found = match e {
             watcher::Error::InitialListFailed(e)
             | watcher::Error::WatchStartFailed(e)
@@ -423,17 +446,15 @@ impl Operator {
             watcher::Error::WatchError(r) => r.code == 404,
             _ => false,
         };
-        if not_found {
-            if self
+        if not_found
+            && self
                 .engine
                 .metrics
                 .set_problem("crd", Some(crd_missing_message()))
-            {
-                tracing::error!("{}; not ready until it is", crd_missing_message());
-            }
-        } else {
-            tracing::warn!(error = %e, "the ManagedJob watch failed; retrying");
+        {
+            tracing::error!("{}; not ready until it is", crd_missing_message());
         }
+        not_found
     }
 
     /// The ManagedJob watch works (again).

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 
 use crate::api::{ExecutorKind, LABEL_JOB_ID};
 use crate::engine::Engine;
@@ -75,7 +75,8 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>, cache: Arc<PodCache>) {
         crate::api::shard_selector(engine.config().shard.as_deref())
     );
     let cfg = watcher::Config::default().labels(&selector);
-    let mut stream = watcher(pods, cfg).default_backoff().boxed();
+    let mut stream = super::retry::relisting_watch(pods, cfg);
+    let mut health = super::retry::WatchHealth::new("Pod");
     let mut listed: HashSet<(i64, i32)> = HashSet::new();
     let mut relisted: HashMap<(String, String), PodSeen> = HashMap::new();
     while let Some(event) = stream.next().await {
@@ -95,7 +96,12 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>, cache: Arc<PodCache>) {
             Ok(Event::InitDone) => {
                 *cache.lock() = std::mem::take(&mut relisted);
                 cache.ready.store(true, std::sync::atomic::Ordering::SeqCst);
-                mark_vanished(&engine, &client, &listed).await
+                mark_vanished(&engine, &client, &listed).await;
+                // Back after a failure (an API outage): the store is checked against the
+                // world at once, not at the next period.
+                if health.listed(Some(&engine.metrics)).is_some() {
+                    engine.world_changed.notify_one();
+                }
             }
             Ok(Event::Apply(p)) => {
                 // The cache first: a job that ends on this Pod's news never finds the cache
@@ -121,7 +127,7 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>, cache: Arc<PodCache>) {
                 }
                 record(&engine, &p, true);
             }
-            Err(e) => tracing::warn!(error = %e, "Pod watch error; retrying"),
+            Err(e) => health.failed(&e),
         }
     }
 }

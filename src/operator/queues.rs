@@ -81,9 +81,9 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
         changed.clone(),
         op.engine.metrics.clone(),
     );
+    let mut queue_health = super::retry::WatchHealth::new("ManagedJobQueue");
     tokio::spawn(
-        watcher(api, watcher::Config::default().any_semantic())
-            .default_backoff()
+        super::retry::relisting_watch(api, watcher::Config::default().any_semantic())
             .modify(|q: &mut ManagedJobQueue| q.managed_fields_mut().clear())
             .reflect(queue_writer)
             .for_each(move |event| {
@@ -92,6 +92,7 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
                         missing.store(false, Ordering::SeqCst);
                         listed.store(true, Ordering::SeqCst);
                         metrics.set_problem("queues", None);
+                        queue_health.listed(Some(&metrics));
                     }
                     Ok(_) => {}
                     Err(e) if watch_not_found(e) => {
@@ -104,7 +105,7 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
                         listed.store(true, Ordering::SeqCst);
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "the ManagedJobQueue watch failed; retrying");
+                        queue_health.failed(e);
                         if !listed.load(Ordering::SeqCst) {
                             metrics.set_problem(
                                 "queues",
@@ -124,9 +125,10 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
         None => watcher::Config::default(),
     };
     let (listed, notify) = (namespaces_listed.clone(), changed.clone());
+    let mut ns_health = super::retry::WatchHealth::new("Namespace");
+    let ns_metrics = op.engine.metrics.clone();
     tokio::spawn(
-        watcher(namespaces, config.any_semantic())
-            .default_backoff()
+        super::retry::relisting_watch(namespaces, config.any_semantic())
             .modify(|ns: &mut Namespace| {
                 ns.managed_fields_mut().clear();
                 ns.annotations_mut().clear();
@@ -136,9 +138,12 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
             .reflect(ns_writer)
             .for_each(move |event| {
                 match &event {
-                    Ok(watcher::Event::InitDone) => listed.store(true, Ordering::SeqCst),
+                    Ok(watcher::Event::InitDone) => {
+                        listed.store(true, Ordering::SeqCst);
+                        ns_health.listed(Some(&ns_metrics));
+                    }
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "the Namespace watch failed; retrying"),
+                    Err(e) => ns_health.failed(e),
                 }
                 notify.notify_one();
                 async {}

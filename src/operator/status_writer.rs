@@ -118,6 +118,8 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
     let mut refill_at = Some(Instant::now());
     let mut paused_until = Instant::now();
     let mut retries = RetrySchedule::default();
+    // The last write failed because the API could not be reached (said once per outage).
+    let mut api_down = false;
     loop {
         let now = Instant::now();
         if refill_at.is_some_and(|t| t <= now) && paused_until <= now {
@@ -164,22 +166,38 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
         tokio::select! {
             Some((id, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 flying.remove(&id);
+                if outcome == WriteOutcome::Done && api_down {
+                    tracing::info!("the API is reached again: status writes go on");
+                    api_down = false;
+                }
                 match outcome {
                     WriteOutcome::Done => retries.succeeded(id),
                     WriteOutcome::NotOwner => {
-                        let (_, wait) = retries.failed(id, now_ms());
-                        let at = Instant::now() + wait.min(STATUS_RETRY_BASE);
-                        refill_at = Some(at);
+                        // Not this job's fault, nor the API's: looked at again in a second (an
+                        // in-memory check), never backed off, so that once the claim is renewed
+                        // (after an API outage) every status goes out at once.
+                        retries.succeeded(id);
+                        let at = Instant::now() + STATUS_RETRY_BASE;
+                        refill_at = Some(refill_at.map_or(at, |t| t.min(at)));
                         continue;
                     }
-                    WriteOutcome::Failed { error, global } => {
+                    WriteOutcome::Failed { error, global: true } => {
+                        // The API cannot be reached: every write would fail. Not this job's
+                        // fault, so no back-off of its own (after a long outage its status
+                        // would wait minutes more): all writes pause briefly and go out again
+                        // within about a second of the API's return.
+                        op.engine.metrics.status_write_failures_total.inc();
+                        if !api_down {
+                            tracing::warn!(job_id = id, %error, "the API cannot be reached: status writes pause and are tried again every {:?}", STATUS_RETRY_BASE);
+                            api_down = true;
+                        }
+                        paused_until = Instant::now() + STATUS_RETRY_BASE;
+                    }
+                    WriteOutcome::Failed { error, global: false } => {
                         op.engine.metrics.status_write_failures_total.inc();
                         let (failures, wait) = retries.failed(id, now_ms());
                         tracing::warn!(job_id = id, failures, retry_in = ?wait, %error, "status write failed; retrying after a back-off");
-                        if global {
-                            // Not in a tight loop against an API that cannot be reached.
-                            paused_until = Instant::now() + STATUS_RETRY_BASE;
-                        } else if failures == STATUS_FAILURES_REPORTED {
+                        if failures == STATUS_FAILURES_REPORTED {
                             let op = op.clone();
                             tokio::spawn(async move { op.report_status_failure(id, &error, wait).await });
                         }
@@ -455,6 +473,15 @@ impl Operator {
                 tracing::warn!(job_id = row.id, job = %row.key(), error = %e.message, "the API refused the status as written under an older claim: another operator owns the job");
                 self.claims.nudge(&row.namespace);
                 WriteOutcome::NotOwner
+            }
+            // The API server is not serving (starting, its etcd unreachable) or sheds load:
+            // nobody's status would be written now, and none is to blame. (A 500 is the
+            // object's: e.g. etcd's "request is too large".)
+            Err(kube::Error::Api(e)) if matches!(e.code, 429 | 502 | 503 | 504) => {
+                WriteOutcome::Failed {
+                    error: format!("{} ({})", e.message, e.code),
+                    global: true,
+                }
             }
             Err(kube::Error::Api(e)) => WriteOutcome::Failed {
                 error: format!("{} ({})", e.message, e.code),

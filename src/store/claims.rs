@@ -71,6 +71,31 @@ impl Store {
         Ok(())
     }
 
+    /// Records the operator process driving this store (pid, start time in clock ticks since
+    /// boot): its job controllers tell whether it still runs.
+    pub fn set_operator(&mut self, pid: i32, start_time: u64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO settings (key, value) VALUES ('operator', ?1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([format!("{pid} {start_time}")])?;
+        Ok(())
+    }
+
+    /// The operator process last recorded ([`Store::set_operator`]), if any.
+    pub fn operator(&self) -> Result<Option<(i32, u64)>> {
+        let text: Option<String> = self
+            .conn
+            .prepare_cached("SELECT value FROM settings WHERE key = 'operator'")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        Ok(text.and_then(|t| {
+            let (pid, start) = t.split_once(' ')?;
+            Some((pid.parse().ok()?, start.parse().ok()?))
+        }))
+    }
+
     /// The claim on `namespace`, if this store ever held it.
     pub fn claim(&self, namespace: &str) -> Result<Option<ClaimRow>> {
         Ok(self
@@ -161,5 +186,8 @@ mod tests {
             .unwrap();
         assert!(!store.gate("ns", true).unwrap().may_launch(0));
         assert_eq!(store.claims().unwrap().len(), 1);
+        assert_eq!(store.operator().unwrap(), None);
+        store.set_operator(42, 7).unwrap();
+        assert_eq!(store.operator().unwrap(), Some((42, 7)));
     }
 }

@@ -85,12 +85,105 @@ pub fn control_plane() -> Option<&'static ControlPlane> {
     .as_ref()
 }
 
-/// Runs the control plane's own kubectl with `args`; returns (success, stdout+stderr).
+/// A control plane of the calling test's own (`hack/controlplane.sh up` under a cache dir of its
+/// own, the binaries shared), for fault tests that kill and restart its API server: nothing
+/// else runs against it. Stopped (`down`) when dropped.
+pub struct OwnControlPlane {
+    /// Its kubeconfig, as [`ControlPlane`].
+    pub cp: ControlPlane,
+    cache: PathBuf,
+}
+
+impl OwnControlPlane {
+    /// Starts (or reuses) instance `name` with `nodes` kwok nodes, its CRDs installed; None
+    /// (after recording a skip) when the binaries were never built, outside CI.
+    pub fn start(name: &str, nodes: u32) -> Option<OwnControlPlane> {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty());
+        if !binaries_built() {
+            assert!(
+                !ci,
+                "CI is set but the control plane binaries are not built"
+            );
+            record_skip(name);
+            return None;
+        }
+        let base = std::env::var_os("MJ_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/managed-jobs")
+            });
+        let bin = base.join("controlplane/bin");
+        let cache = base.join("instances").join(name);
+        std::fs::create_dir_all(cache.join("controlplane")).unwrap();
+        let link = cache.join("controlplane/bin");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(std::fs::canonicalize(&bin).unwrap_or(bin), &link).unwrap();
+        let out = Command::new(script())
+            .args(["up", "--nodes", &nodes.to_string()])
+            .env("MJ_CACHE_DIR", &cache)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running hack/controlplane.sh up");
+        assert!(
+            out.status.success(),
+            "hack/controlplane.sh up ({name}) failed"
+        );
+        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        install_crds(&kubeconfig);
+        Some(OwnControlPlane {
+            cp: ControlPlane { kubeconfig },
+            cache,
+        })
+    }
+
+    fn run(&self, command: &str) {
+        let out = Command::new(script())
+            .arg(command)
+            .env("MJ_CACHE_DIR", &self.cache)
+            .output()
+            .expect("running hack/controlplane.sh");
+        assert!(
+            out.status.success(),
+            "hack/controlplane.sh {command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// SIGKILLs its kube-apiserver (an API outage begins).
+    pub fn kill_apiserver(&self) {
+        self.run("kill-apiserver");
+    }
+
+    /// Starts its kube-apiserver again and waits until it is ready (the outage ends).
+    pub fn start_apiserver(&self) {
+        self.run("start-apiserver");
+    }
+}
+
+impl Drop for OwnControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(script())
+            .arg("down")
+            .env("MJ_CACHE_DIR", &self.cache)
+            .output();
+    }
+}
+
+/// Runs the control plane's own kubectl with `args` against `cp` (its kubeconfig, whatever
+/// instance `MJ_CACHE_DIR` names); returns (success, stdout+stderr).
 pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
-    let out = Command::new(script())
-        .arg("kubectl")
+    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
+    let bin = KUBECTL.get_or_init(|| {
+        let out = Command::new(script())
+            .args(["bin-dir", "kubernetes"])
+            .output()
+            .expect("running hack/controlplane.sh bin-dir");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl")
+    });
+    let out = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
         .args(args)
-        .env("KUBECONFIG", &cp.kubeconfig)
         .output()
         .expect("running kubectl");
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -494,7 +587,12 @@ impl Drop for OperatorProcess {
                 self.log()
                     .lines()
                     .rev()
-                    .take(60)
+                    .take(
+                        std::env::var("MJ_LOG_LINES")
+                            .ok()
+                            .and_then(|n| n.parse().ok())
+                            .unwrap_or(60),
+                    )
                     .collect::<Vec<_>>()
                     .into_iter()
                     .rev()
