@@ -389,9 +389,10 @@ api_get() { # path -> body; fails unless HTTP 2xx
 wait_for() { # description timeout_s command...
   local what="$1" timeout="$2"; shift 2
   local deadline=$(($(date +%s) + timeout))
-  until "$@" >/dev/null 2>&1; do
+  local seen
+  until seen="$("$@" 2>&1)"; do
     if (($(date +%s) >= deadline)); then
-      log "timed out after ${timeout}s waiting for $what"
+      log "timed out after ${timeout}s waiting for $what (check: $*); its last output: ${seen:-nothing}"
       return 1
     fi
     sleep 0.2
@@ -401,7 +402,9 @@ wait_for() { # description timeout_s command...
 etcd_healthy() {
   local port
   port="$(awk '/^etcd /{print $2}' "$RUN/ports")"
-  curl -sf --max-time 2 "http://127.0.0.1:$port/health" | grep -q '"health":"true"'
+  local health
+  health="$(curl -sf --max-time 2 "http://127.0.0.1:$port/health")" || return 1
+  grep -q '"health":"true"' <<<"$health"
 }
 apiserver_ready() { [[ "$(api_get /readyz)" == ok ]]; }
 default_ns_exists() { api_get /api/v1/namespaces/default >/dev/null; }
@@ -431,9 +434,10 @@ instance_state() {
 wait_component() { # component description timeout_s command...
   local c="$1" what="$2" timeout="$3"; shift 3
   local deadline=$(($(date +%s) + timeout))
-  until "$@" >/dev/null 2>&1; do
+  local seen
+  until seen="$("$@" 2>&1)"; do
     component_pid "$c" >/dev/null || die_with_logs "$c" "$c exited while waiting for $what"
-    (($(date +%s) < deadline)) || die_with_logs "$c" "timed out after ${timeout}s waiting for $what"
+    (($(date +%s) < deadline)) || die_with_logs "$c" "timed out after ${timeout}s waiting for $what (check: $*); its last output: ${seen:-nothing}"
     sleep 0.2
   done
 }
@@ -484,7 +488,11 @@ install_kwok_crds() {
   kc wait --for=condition=Established --timeout=60s -f "$dir/kustomize/crd/bases/" >/dev/null
   wait_for "discovery of kwok.x-k8s.io/v1alpha1 stages" 30 stages_discoverable
 }
-stages_discoverable() { api_get /apis/kwok.x-k8s.io/v1alpha1 | grep -qE '"name": ?"stages"'; }
+stages_discoverable() {
+  local resources
+  resources="$(api_get /apis/kwok.x-k8s.io/v1alpha1)" || return 1
+  grep -qE '"name": ?"stages"' <<<"$resources"
+}
 
 apply_stages() {
   local f args=()

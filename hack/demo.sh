@@ -54,7 +54,10 @@ for _ in $(seq 1 150); do
   echo "managed-jobs demo: kubectl -n $NS get managedjobs   ($(date +%T))"
   k -n "$NS" get managedjobs -o wide
   echo
-  "$BIN" queue --state-dir "$STATE" | head -4
+  # The whole table is read, then its head printed (`queue | head` under pipefail fails when
+  # head exits first).
+  table="$("$BIN" queue --state-dir "$STATE")"
+  head -4 <<<"$table"
   phases=$(k -n "$NS" get managedjobs -o jsonpath='{range .items[*]}{.metadata.name}={.status.phase}{"\n"}{end}')
   if [[ $cancelled == 0 ]] && grep -q '^long-running=Running$' <<<"$phases"; then
     echo; echo "==> cancelling long-running: kubectl patch mj long-running --type merge -p '{\"spec\":{\"cancel\":true}}'"

@@ -164,7 +164,9 @@ component_pid() {
   [[ -f "$pf" ]] || return 1
   pid="$(<"$pf")"
   [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
-  { tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qxF -- "$(bin_path "$1")" || return 1
+  local cmdline
+  cmdline="$({ tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
+  grep -qxF -- "$(bin_path "$1")" <<<"$cmdline" || return 1
   printf '%s' "$pid"
 }
 

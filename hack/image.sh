@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # Builds the operator image from the repository's Dockerfile, without a registry:
-#   1. cargo build --release --locked --bin managed-jobs
-#   2. target/image/rootfs: the binary, the shared libraries `ldd` lists and the loader, an
+#   1. cargo build --release --locked --bin managed-jobs (or --binary FILE)
+#   2. target/image/<tag>/rootfs: the binary, the shared libraries `ldd` lists and the loader, an
 #      /etc/passwd with nonroot (65532), /tmp (see the Dockerfile)
 #   3. `buildah bud` (or `podman build`, or `docker build`: the first one found) of the Dockerfile
-#      with target/image as the context, tagged managed-jobs:dev (or --tag)
+#      with target/image/<tag> as the context, tagged managed-jobs:<version> (Cargo.toml's; or --tag)
 #
-# usage: hack/image.sh [--tag NAME] [--archive FILE] [--load]
-#   --tag NAME      image name (default managed-jobs:dev, i.e. docker.io/library/managed-jobs:dev)
+# usage: hack/image.sh [--tag NAME] [--binary FILE] [--archive FILE] [--load]
+#   --tag NAME      image name (default managed-jobs:<version>, the chart's appVersion, i.e.
+#                   docker.io/library/managed-jobs:<version>)
+#   --binary FILE   put FILE in the image instead of building the release binary (the
+#                   backward-compatibility test's previous release: hack/previous-release.sh)
 #   --archive FILE  also write the image as a docker-archive to FILE
 #   --load          import it into the dev control plane's real node (hack/controlplane.sh
-#                   load-image), with the archive at target/image/managed-jobs.tar unless --archive
+#                   load-image), with the archive at target/image/<tag>/managed-jobs.tar unless --archive
 # Prints the image's name, then its size, on stderr; the archive path (if any) on stdout.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-tag=managed-jobs:dev archive="" load=0
+version="$(awk -F'"' '/^version *=/ { print $2; exit }' "$ROOT/Cargo.toml")"
+tag="managed-jobs:$version" archive="" load=0 binary=""
 while (($#)); do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
+    --binary) binary="$2"; shift 2 ;;
     --archive) archive="$2"; shift 2 ;;
     --load) load=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; exit 0 ;;
@@ -30,12 +35,19 @@ log() { printf '[image] %s\n' "$*" >&2; }
 die() { printf '[image] error: %s\n' "$*" >&2; exit 1; }
 
 start=$SECONDS
-cargo build --release --locked --bin managed-jobs >&2
-bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/managed-jobs"
-[[ -x "$bin" ]] || die "no binary at $bin"
-log "binary built in $((SECONDS - start)) s ($(du -h "$bin" | cut -f1))"
+if [[ -n "$binary" ]]; then
+  bin="$binary"
+  [[ -x "$bin" ]] || die "no executable at $bin (--binary)"
+else
+  cargo build --release --locked --bin managed-jobs >&2
+  bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/managed-jobs"
+  [[ -x "$bin" ]] || die "no binary at $bin"
+  log "binary built in $((SECONDS - start)) s ($(du -h "$bin" | cut -f1))"
+fi
 
-ctx="$ROOT/target/image"
+# One build context per tag: two images may be built one after another (the previous release's
+# and this one's) without one's files in the other.
+ctx="$ROOT/target/image/$(tr '/:' '__' <<<"$tag")"
 rootfs="$ctx/rootfs"
 rm -rf "$rootfs"
 mkdir -p "$rootfs/etc" "$rootfs/tmp"
@@ -73,7 +85,8 @@ fi
 if [[ "${builder[*]}" == *buildah* ]]; then
   env STORAGE_DRIVER=vfs buildah --storage-driver vfs rmi --prune >/dev/null 2>&1 || true
 fi
-log "built $tag in $((SECONDS - start)) s: $("${size_cmd[@]}" 2>/dev/null | head -1)"
+size="$("${size_cmd[@]}" 2>/dev/null || true)"
+log "built $tag in $((SECONDS - start)) s: ${size%%$'\n'*}"
 
 if ((load)) && [[ -z "$archive" ]]; then archive="$ctx/managed-jobs.tar"; fi
 if [[ -n "$archive" ]]; then

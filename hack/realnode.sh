@@ -63,12 +63,23 @@ die() { printf '[realnode] error: %s\n' "$*" >&2; exit 1; }
 kc() { "$KUBECTL_BIN" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 ctr_() { ctr -a "$CTRD_SOCK" -n k8s.io "$@"; }
 
+# True when containerd lists image NAME. The whole listing is read first (a `ctr | grep -q`
+# pipeline under pipefail fails when grep exits before ctr has written everything); the
+# listing is left in $IMAGES_SEEN for the caller's error message.
+IMAGES_SEEN=""
+image_present() { # name
+  IMAGES_SEEN="$(ctr_ images ls -q 2>&1)" || return 1
+  grep -qxF -- "$1" <<<"$IMAGES_SEEN"
+}
+
 pid_alive() { # name -> 0 when its recorded process runs our binary
   local pf="$NR/pids/$1.pid" pid
   [[ -f "$pf" ]] || return 1
   pid="$(<"$pf")"
   [[ "$pid" =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
-  grep -qa -- "$(<"$NR/pids/$1.bin")" "/proc/$pid/cmdline" 2>/dev/null
+  local cmdline
+  cmdline="$({ tr '\0' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
+  grep -qxF -- "$(<"$NR/pids/$1.bin")" <<<"$cmdline"
 }
 
 start_daemon() { # name binary args...
@@ -101,8 +112,9 @@ stop_daemon() { # name [seconds before SIGKILL]
 wait_until() { # description timeout_s command...
   local what="$1" timeout="$2"; shift 2
   local deadline=$(($(date +%s) + timeout))
-  until "$@" >/dev/null 2>&1; do
-    (($(date +%s) < deadline)) || { log "timed out after ${timeout}s waiting for $what"; return 1; }
+  local seen
+  until seen="$("$@" 2>&1)"; do
+    (($(date +%s) < deadline)) || { log "timed out after ${timeout}s waiting for $what (check: $*); its last output: ${seen:-nothing}"; return 1; }
     sleep 0.2
   done
 }
@@ -116,7 +128,7 @@ tail_log() { [[ -s "$NR/logs/$1.log" ]] && { log "last lines of $NR/logs/$1.log:
 ensure_packages() {
   local missing=() p
   for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" == "install ok installed" ]] || missing+=("$p")
   done
   ((${#missing[@]} == 0)) && return 0
   [[ $EUID == 0 ]] || die "the real node needs these Debian packages: ${missing[*]} (install them as root)"
@@ -480,8 +492,10 @@ restore_sysctls() {
 # up / down
 # ---------------------------------------------------------------------------------------------
 
-node_ready() {
-  [[ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
+node_ready() { # says on stderr what it saw when the node is not Ready
+  local ready
+  ready="$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].message}' 2>&1)"
+  [[ "$ready" == "True "* ]] || { printf 'Ready: %s\n' "${ready:-no node}" >&2; return 1; }
 }
 
 containerd_ready() { ctr -a "$CTRD_SOCK" version >/dev/null 2>&1; }
@@ -509,7 +523,7 @@ owner() { [[ -f "$OWNER" ]] && cat "$OWNER"; return 0; }
 # set up for another (an instance stopped and started again) must be set up anew.
 control_plane_id() { printf '%s %s' "$(api_port)" "$(sha256sum <"$RUN/pki/ca.crt" | cut -c1-16)"; }
 
-node_healthy() { pid_alive containerd && containerd_ready && pid_alive kubelet && node_ready; }
+node_healthy() { pid_alive containerd && containerd_ready && pid_alive kubelet && node_ready 2>/dev/null; }
 
 cmd_up() {
   [[ $EUID == 0 ]] || die "the real node needs root (mounts, a bridge, iptables, cgroups)"
@@ -559,7 +573,7 @@ cmd_up() {
   busybox="$(busybox_archive)"
   cmd_load "$pause" "$busybox"
   # The sandbox image must run /pause.
-  ctr_ images ls -q | grep -qxF "$SANDBOX_IMAGE" || die "the sandbox image $SANDBOX_IMAGE was not imported"
+  image_present "$SANDBOX_IMAGE" || die "the sandbox image $SANDBOX_IMAGE was not imported; containerd lists: ${IMAGES_SEEN:-nothing}"
 
   save_sysctls
   save_chains
@@ -594,7 +608,7 @@ repair() {
     stop_daemon containerd 5
     start_containerd || return 1
   fi
-  ctr_ images ls -q | grep -qxF "$SANDBOX_IMAGE" || cmd_load "$(pause_archive)" "$(busybox_archive)" || return 1
+  image_present "$SANDBOX_IMAGE" || cmd_load "$(pause_archive)" "$(busybox_archive)" || return 1
   if ! pid_alive kubelet; then
     start_kubelet || return 1
   fi

@@ -15,6 +15,10 @@ start=$(date +%s)
 hack/controlplane.sh build kubernetes etcd kwok helm kubelet
 # Flux's source-controller and kustomize-controller for tests/flux.rs (about 11 min cold, cached).
 hack/flux.sh build
+# The previous release for the backward-compatibility tests (tests/upgrade.rs and the chart form
+# in tests/real_node.rs): a debug build of hack/previous-release's commit, cached by it (about
+# 5 min cold).
+hack/previous-release.sh build
 was_running=0
 if hack/controlplane.sh status >/dev/null 2>&1; then was_running=1; fi
 if [[ $was_running == 0 ]]; then
@@ -43,6 +47,13 @@ if [[ $real_node == 1 ]]; then
     echo "[test] operator image built and loaded in $(( $(date +%s) - image_start )) s" >&2
   else
     echo "[test] building the operator image failed; tests/real_node.rs will fail under CI=true" >&2
+  fi
+  # The previous release's image, for the chart form of the backward-compatibility test.
+  if hack/previous-release.sh image &&
+    hack/controlplane.sh load-image "$(hack/previous-release.sh dir)/image.tar"; then
+    echo "[test] the previous release's image is loaded" >&2
+  else
+    echo "[test] the previous release's image could not be built or loaded; its upgrade test will fail under CI=true" >&2
   fi
 fi
 log="$(mktemp)"

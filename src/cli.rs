@@ -19,7 +19,7 @@ use crate::telemetry::LogFormat;
 /// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
 /// preemption, restarted after errors, cancelled on request.
 #[derive(Debug, Parser)]
-#[command(name = "managed-jobs", version, about)]
+#[command(name = "managed-jobs", version, long_version = long_version(), about)]
 pub struct Cli {
     /// Log format.
     #[arg(
@@ -33,6 +33,21 @@ pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// What `managed-jobs --version` prints after the name: the release, and the versions it
+/// speaks (docs/upgrades.md, "Version skew"): the store's schema step it migrates to and reads,
+/// and the API version of the ManagedJob it serves.
+pub fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{}\nstore schema step: {}\napi: {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::store::schema::CURRENT_STEP,
+            <crate::api::ManagedJob as kube::Resource>::api_version(&())
+        )
+    })
 }
 
 /// Subcommands.
@@ -297,7 +312,8 @@ fn open_existing(state_dir: &Path) -> anyhow::Result<Store> {
         "no store at {} (is the operator's --state-dir elsewhere?)",
         path.display()
     );
-    Ok(Store::open(&path, 1024)?)
+    // Read as it is, never migrated: only the operator of this release migrates its store.
+    Ok(Store::open_current(&path, 1024)?)
 }
 
 fn human_duration(ms: i64) -> String {

@@ -21,8 +21,8 @@ use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
 use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
 use crate::lifecycle::{
-    self, AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, JobRow, SpawnFailure,
-    StopAfterGiveUp,
+    self, AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, JobRow, Liveness,
+    SpawnFailure, StopAfterGiveUp,
 };
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::process;
@@ -30,6 +30,10 @@ use crate::queues::Queues;
 use crate::scheduler;
 use crate::state_dir::StateDir;
 use crate::store::{Cas, Settings, Store, StoreError};
+
+/// The running executable (Linux): what an operator starts its job controllers from, so that
+/// they run its very build even after the binary's file was replaced (`docs/upgrades.md`).
+pub const OWN_EXECUTABLE: &str = "/proc/self/exe";
 
 /// Period of the backstop scheduling pass and status sweep.
 pub const BACKSTOP: Duration = Duration::from_secs(5);
@@ -58,7 +62,9 @@ pub struct Config {
     pub launch_timeout: Duration,
     /// Launch timeouts in a row that end a job FailedNoResource (at least 1).
     pub max_launch_timeouts: i32,
-    /// The `managed-jobs` binary used to start job controllers.
+    /// The `managed-jobs` binary job controllers are started from: [`OWN_EXECUTABLE`] for the
+    /// operator (its own build, whatever happens to the file on disk), the binary's path in
+    /// tests that drive the engine from another program.
     pub self_exe: PathBuf,
     /// The shard this operator owns (`--shard`): None for the default instance.
     pub shard: Option<String>,
@@ -209,16 +215,135 @@ pub fn lock_state_dir(dir: &StateDir) -> anyhow::Result<Flock<std::fs::File>> {
     })
 }
 
+/// The job controller processes of the state dir `state_dir`: found by their command line, and
+/// each leading its own session (a controller's child between fork and exec has the same
+/// command line: signalling it would kill the workload it is about to become). Cost: a read of
+/// each process's command line.
+pub fn controller_processes(state_dir: &std::path::Path) -> Vec<ControllerSeen> {
+    let dir = state_dir.to_string_lossy().into_owned();
+    process::find_by_arguments(&["job-controller", "--state-dir", &dir])
+        .into_iter()
+        .filter(|pid| process::is_session_leader(*pid))
+        .filter_map(|pid| {
+            let args = process::cmdline(pid)?;
+            let at = args.iter().position(|a| *a == "--state-dir")?;
+            (args.get(at + 1)? == &dir).then_some(())?;
+            Some(ControllerSeen {
+                pid,
+                start_time: process::start_time(pid)?,
+                job_id: args.last()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// Takes the state dir over from whatever ran on it before (`docs/upgrades.md`), once its lock
+/// is held and before its store is opened: refuses a store a newer release migrated
+/// ([`StoreError::NewerRelease`]: nothing is changed), and stops every job controller of the
+/// state dir that runs another build than `self_exe`
+/// ([`lifecycle::stops_before_migration`]), leaving its workload as it is. Their jobs are then
+/// handed over by the start-up sweep to fresh controllers of this build, which adopt the
+/// workloads: no crash, no relaunch. So a job controller never meets a schema it was not built
+/// for: the store is migrated (by the first [`Store::open`]) only after they are gone.
+///
+/// Errors: the store is a newer release's, or cannot be read; `self_exe` cannot be read.
+pub fn take_over(dir: &StateDir, self_exe: &std::path::Path) -> anyhow::Result<()> {
+    let step = crate::store::schema_step_at(&dir.store())?;
+    let known = crate::store::schema::CURRENT_STEP;
+    if let Some(found) = step {
+        if found > known {
+            return Err(StoreError::NewerRelease {
+                path: dir.store().display().to_string(),
+                found,
+                known,
+            }
+            .into());
+        }
+        if found < known {
+            tracing::info!(
+                store = %dir.store().display(),
+                from_step = found,
+                to_step = known,
+                "the store was written by an earlier release: it is migrated once that release's job controllers are stopped"
+            );
+        }
+    }
+    let own = process::file_identity(self_exe).ok_or_else(|| {
+        anyhow::anyhow!(
+            "cannot read the executable {} that job controllers are started from",
+            self_exe.display()
+        )
+    })?;
+    let found: Vec<lifecycle::ControllerBuild> = controller_processes(dir.root())
+        .into_iter()
+        .map(|c| lifecycle::ControllerBuild {
+            pid: c.pid,
+            start_time: c.start_time,
+            exe: process::executable_identity(c.pid),
+        })
+        .collect();
+    let stop: Vec<(i32, u64)> = lifecycle::stops_before_migration(&found, own)
+        .iter()
+        .map(|c| (c.pid, c.start_time))
+        .collect();
+    for (pid, _) in &stop {
+        tracing::warn!(
+            pid,
+            "stopping a job controller of another build (a version change), leaving its workload: this build's controller takes its job over"
+        );
+    }
+    stop_controllers(&stop);
+    Ok(())
+}
+
+/// Stops the job controllers `controllers` (pid, start time) without their workloads: SIGTERM
+/// to each, then SIGKILL to those left after [`lifecycle::supervise::REPLACE_GRACE`]; returns
+/// once all are gone (or 5 s after the SIGKILL). Blocking: used at start, before anything else
+/// runs. Cost: one read of `/proc/PID/stat` per controller left every 20 ms.
+fn stop_controllers(controllers: &[(i32, u64)]) {
+    use nix::sys::signal::Signal;
+    let left = || -> Vec<(i32, u64)> {
+        controllers
+            .iter()
+            .copied()
+            .filter(|(pid, start)| process::is_alive(*pid, *start))
+            .collect()
+    };
+    let gone_within = |limit: Duration| {
+        let deadline = std::time::Instant::now() + limit;
+        while !left().is_empty() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    };
+    for (pid, start) in controllers {
+        process::signal_if_alive(*pid, *start, Signal::SIGTERM);
+    }
+    if !gone_within(lifecycle::supervise::REPLACE_GRACE) {
+        for (pid, start) in left() {
+            tracing::warn!(pid, "the job controller ignored SIGTERM; SIGKILL");
+            process::signal_if_alive(pid, start, Signal::SIGKILL);
+        }
+        gone_within(Duration::from_secs(5));
+    }
+}
+
 impl Engine {
-    /// Takes the state dir, opens the store, shares settings with job controllers, adopts or
-    /// resumes live jobs, and starts the wake-up listener and the scheduler loop.
+    /// Takes the state dir ([`take_over`]), opens the store, shares settings with job
+    /// controllers, adopts or resumes live jobs, and starts the wake-up listener and the
+    /// scheduler loop.
     pub fn start(cfg: Config) -> anyhow::Result<Arc<Engine>> {
-        let lock = lock_state_dir(&StateDir::new(&cfg.state_dir))?;
+        let dir = StateDir::new(&cfg.state_dir);
+        let lock = lock_state_dir(&dir)?;
+        take_over(&dir, &cfg.self_exe)?;
         Engine::start_locked(cfg, lock)
     }
 
-    /// [`Engine::start`] with the state dir's lock already taken (the operator takes it first,
-    /// to rebuild a lost store before the engine starts).
+    /// [`Engine::start`] with the state dir's lock already taken and [`take_over`] done (the
+    /// operator does both first, to rebuild a lost store before the engine starts).
     pub fn start_locked(cfg: Config, lock: Flock<std::fs::File>) -> anyhow::Result<Arc<Engine>> {
         let dir = StateDir::new(&cfg.state_dir);
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
@@ -530,6 +655,13 @@ impl Engine {
             .append(true)
             .open(&log_path)?;
         let mut cmd = std::process::Command::new(&self.cfg.self_exe);
+        // `ps` shows the binary's path rather than /proc/self/exe.
+        if self.cfg.self_exe == std::path::Path::new(OWN_EXECUTABLE)
+            && let Ok(path) = std::fs::read_link(OWN_EXECUTABLE)
+        {
+            let shown = path.to_string_lossy();
+            cmd.arg0(shown.strip_suffix(" (deleted)").unwrap_or(&shown));
+        }
         cmd.arg("job-controller")
             .arg("--state-dir")
             .arg(&self.cfg.state_dir)
@@ -603,7 +735,12 @@ impl Engine {
                 return;
             }
         };
-        self.count_exit("crashed");
+        // A controller found gone at the operator's start was handed over, not crashed.
+        self.count_exit(if seen == ExitSeen::AtOperatorStart {
+            "handed_over"
+        } else {
+            "crashed"
+        });
         match decision {
             ControllerExit::GiveUp(_) => {
                 tracing::error!(
@@ -625,6 +762,14 @@ impl Engine {
                     StopAfterGiveUp::PodsByWorldCheck => self.world_changed.notify_one(),
                 }
             }
+            _ if seen == ExitSeen::AtOperatorStart => {
+                tracing::info!(
+                    job_id = id,
+                    pid,
+                    "handing the job over to a fresh job controller (its previous one went away with the previous operator, or ran another build)"
+                );
+                self.spawn_controller(&row);
+            }
             _ => {
                 tracing::warn!(
                     job_id = id,
@@ -645,7 +790,7 @@ impl Engine {
     /// command line, the live rows, two columns of each Done row.
     pub fn observe_world(&self) -> Result<LocalWorld, StoreError> {
         let processes = LocalExecutor::new(&self.dir).wrappers();
-        let controllers = self.job_controller_processes();
+        let controllers = controller_processes(&self.cfg.state_dir);
         let store = self.store();
         let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
         jobs.extend(
@@ -660,27 +805,6 @@ impl Engine {
             processes,
             controllers,
         })
-    }
-
-    /// The job controller processes of this state dir: found by their command line, and each
-    /// leading its own session (a controller's child between fork and exec has the same command
-    /// line: signalling it would kill the workload it is about to become).
-    fn job_controller_processes(&self) -> Vec<ControllerSeen> {
-        let dir = self.cfg.state_dir.to_string_lossy().into_owned();
-        process::find_by_arguments(&["job-controller", "--state-dir", &dir])
-            .into_iter()
-            .filter(|pid| process::is_session_leader(*pid))
-            .filter_map(|pid| {
-                let args = process::cmdline(pid)?;
-                let at = args.iter().position(|a| *a == "--state-dir")?;
-                (args.get(at + 1)? == &dir).then_some(())?;
-                Some(ControllerSeen {
-                    pid,
-                    start_time: process::start_time(pid)?,
-                    job_id: args.last()?.parse().ok()?,
-                })
-            })
-            .collect()
     }
 
     /// Carries out the world check's fixes that are the engine's (cancel a job whose object
@@ -819,11 +943,19 @@ impl Engine {
     /// from the store by the first pass.
     fn startup_sweep(self: &Arc<Self>) -> Result<(), StoreError> {
         let live = self.store().live_jobs()?;
+        let own = process::file_identity(&self.cfg.self_exe);
         for row in live {
-            let alive = row
-                .controller()
-                .is_some_and(|(pid, start)| process::is_alive(pid, start));
-            match lifecycle::at_start(&row, alive) {
+            let liveness = match row.controller() {
+                Some((pid, start)) if process::is_alive(pid, start) => {
+                    if own.is_some() && process::executable_identity(pid) == own {
+                        Liveness::Ours
+                    } else {
+                        Liveness::OtherBuild
+                    }
+                }
+                _ => Liveness::Gone,
+            };
+            match lifecycle::at_start(&row, liveness) {
                 AtStart::Adopt { pid, start_time } => {
                     tracing::info!(job_id = row.id, pid, "adopting a running job controller");
                     let op = self.clone();
@@ -843,6 +975,15 @@ impl Engine {
                         "resuming a job that has no job controller process"
                     );
                     self.spawn_controller(&row);
+                }
+                AtStart::Replace { pid, start_time } => {
+                    tracing::warn!(
+                        job_id = row.id,
+                        pid,
+                        "the job's controller runs another build (a version change): stopping it, leaving its workload, and handing the job over"
+                    );
+                    stop_controllers(&[(pid, start_time)]);
+                    self.on_controller_exit(row.id, pid, start_time, ExitSeen::AtOperatorStart)
                 }
             }
         }

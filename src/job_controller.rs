@@ -106,8 +106,20 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
     // Install the wake-up handler, then let the (held) SIGUSR1 through.
     let wake = signal(SignalKind::user_defined1()).context("installing the SIGUSR1 handler")?;
     crate::process::set_sigusr1_blocked(false);
-    let store = Store::open(&dir.store(), CACHE_KIB)
-        .with_context(|| format!("opening the store in {}", dir.root().display()))?;
+    // Never migrated here: only an operator migrates, after it replaced the job controllers of
+    // other builds (docs/upgrades.md). A store at another step belongs to another release's
+    // operator, whose own job controller drives this job: leave, touching nothing.
+    let store = match Store::open_current(&dir.store(), CACHE_KIB) {
+        Ok(store) => store,
+        Err(e @ StoreError::OtherRelease { .. }) => {
+            tracing::warn!(job_id, error = %e, "exiting without touching the workload");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("opening the store in {}", dir.root().display())));
+        }
+    };
     let store_id = file_id(&dir.store()).with_context(|| {
         format!(
             "the store in {} vanished as it was opened",
@@ -193,6 +205,16 @@ impl<E: Executor> JobController<E> {
                     "the store this job controller opened was replaced or removed; exiting without touching the workload"
                 );
                 return Ok(Flow::Exit);
+            }
+            // The same for a store another release's operator migrated since (a version
+            // change): its schema is not the one this build reads.
+            match self.store.check_step(&self.store_path) {
+                Ok(()) => {}
+                Err(e @ StoreError::OtherRelease { .. }) => {
+                    tracing::warn!(error = %e, "exiting without touching the workload");
+                    return Ok(Flow::Exit);
+                }
+                Err(e) => return Err(e.into()),
             }
             let row = self.store.get(self.job_id)?;
             let attempt = row.current_attempt();

@@ -45,7 +45,13 @@ fn main() -> anyhow::Result<()> {
                     cli::seconds(args.launch_timeout_seconds)?
                 },
                 max_launch_timeouts: args.max_launch_timeouts.max(1),
-                self_exe: std::env::current_exe()?,
+                // Job controllers run this very build even when the binary's file is replaced
+                // while the operator runs (an upgrade installed in place): docs/upgrades.md.
+                self_exe: if std::path::Path::new(engine::OWN_EXECUTABLE).exists() {
+                    engine::OWN_EXECUTABLE.into()
+                } else {
+                    std::env::current_exe()?
+                },
                 shard: args.shard()?,
                 queues_from_api: true,
                 claims: true,

@@ -203,7 +203,7 @@ impl Metrics {
         );
         registry.register(
             "job_controller_exits",
-            "Job controller process exits by reason",
+            "Job controller process exits by reason: done (its job finished), crashed (before, while the operator ran), handed_over (found gone at the operator's start: a restart or a version change)",
             m.controller_exits_total.clone(),
         );
         registry.register(

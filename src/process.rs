@@ -55,6 +55,20 @@ pub fn cmdline(pid: i32) -> Option<Vec<String>> {
     )
 }
 
+/// The identity (device, inode) of the file at `path`, following links (`/proc/self/exe`
+/// gives the running executable's, even when its file was replaced or deleted since).
+pub fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The identity (device, inode) of the executable `pid` runs (`/proc/PID/exe`), or `None`
+/// when it cannot be read (the process exited, or another user's). Two processes with the same
+/// identity run the same build.
+pub fn executable_identity(pid: i32) -> Option<(u64, u64)> {
+    file_identity(std::path::Path::new(&format!("/proc/{pid}/exe")))
+}
+
 /// Pids whose argument list contains every one of `markers` as a whole argument.
 pub fn find_by_arguments(markers: &[&str]) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

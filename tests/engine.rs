@@ -481,6 +481,75 @@ fn operator_restarts_that_take_the_job_controller_along_are_not_crashes() {
     assert_eq!(runs, "run\n", "the workload ran once");
 }
 
+/// docs/upgrades.md: a version change is a hand-over. An engine of one build starts a job's
+/// controller, goes away (its controller stays, as a host operator's SIGTERM leaves it), and an
+/// engine of another build (a copy of the binary: another executable) starts on the state dir:
+/// it stops the old build's controller before it touches the store, leaving the workload, and
+/// a controller of its own build adopts the workload. One run, no crash, no relaunch.
+#[test]
+fn an_engine_of_another_build_replaces_the_job_controllers_and_adopts_their_workloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let builds = tempfile::tempdir().unwrap();
+    let old_build = builds.path().join("managed-jobs-old");
+    std::fs::copy(env!("CARGO_BIN_EXE_managed-jobs"), &old_build).unwrap();
+    let gate = dir.path().join("go");
+    let script = format!(
+        "echo run >> runs.txt; while [ ! -e '{}' ]; do sleep 0.1; done",
+        gate.display()
+    );
+    let (id, old_pid) = {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let out = rt.block_on(async {
+            let mut cfg = config(dir.path(), CAPS);
+            cfg.self_exe = old_build.clone();
+            let engine = Engine::start(cfg).expect("engine starts");
+            let id = submit(&engine, "upgraded", &spec(&script));
+            let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+                r.phase == JobPhase::Running
+            })
+            .await;
+            (id, row.controller_pid.expect("a controller"))
+        });
+        rt.shutdown_timeout(Duration::from_secs(1));
+        out
+    };
+    assert_eq!(
+        process::executable_identity(old_pid),
+        process::file_identity(&old_build),
+        "the first engine's controller runs its build"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let row = rt.block_on(async {
+        let engine = start(dir.path(), CAPS);
+        assert!(
+            process::start_time(old_pid).is_none(),
+            "the old build's controller is gone once the new engine has started"
+        );
+        let row = wait_for(
+            &engine,
+            id,
+            "a controller of the new build",
+            Duration::from_secs(30),
+            |r| r.controller_pid.is_some_and(|p| p != old_pid),
+        )
+        .await;
+        let pid = row.controller_pid.unwrap();
+        assert_eq!(
+            process::executable_identity(pid),
+            process::file_identity(Path::new(env!("CARGO_BIN_EXE_managed-jobs")))
+        );
+        std::fs::write(&gate, "").unwrap();
+        wait_done(&engine, id).await
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
+    assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+    assert_eq!(row.controller_crashes, 0, "a version change is no crash");
+    assert_eq!(row.controller_starts, 2, "one start, one hand-over");
+    assert_eq!(row.attempt, 1, "the workload was adopted");
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run\n", "the workload ran once");
+}
+
 /// `activeDeadlineSeconds` holds between attempts: a deadline that passes during a restart
 /// back-off fails the job DeadlineExceeded at once; the next attempt never starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

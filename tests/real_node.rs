@@ -16,7 +16,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,7 +38,9 @@ const CLAIM: &str = "state-mj-managed-jobs-0";
 /// The real node, its containerd and the image `hack/image.sh --load` imports (hack/realnode.sh).
 const NODE: &str = "mj-real-node";
 const CONTAINERD: &str = "/run/mj-realnode/containerd/containerd.sock";
-const IMAGE: &str = "docker.io/library/managed-jobs:dev";
+/// The image `hack/image.sh` builds: tagged with this release's version, the chart's appVersion
+/// (the default tag the chart installs).
+const IMAGE: &str = concat!("docker.io/library/managed-jobs:", env!("CARGO_PKG_VERSION"));
 /// The host folder behind the state volume: under the real node's data dir, which
 /// `hack/controlplane.sh down` removes.
 const VOLUME_DIR: &str = "/var/lib/mj-realnode/volumes/mj-state";
@@ -127,16 +129,24 @@ macro_rules! real_node_or_skip {
 /// One `helm install` of the chart in [`NAMESPACE`], uninstalled (with its volume) when dropped.
 struct Release {
     cp: &'static support::ControlPlane,
+    /// The chart installed: this checkout's `charts/managed-jobs`, or a previous release's.
+    chart: PathBuf,
     sets: Vec<String>,
 }
 
 impl Release {
     /// Installs the chart with the test values and `sets`, waits until it is Ready.
     fn install(cp: &'static support::ControlPlane, sets: &[&str]) -> Release {
+        Release::install_chart(cp, &support::root().join("charts/managed-jobs"), sets)
+    }
+
+    /// [`Release::install`] of the chart at `chart` (a previous release's).
+    fn install_chart(cp: &'static support::ControlPlane, chart: &Path, sets: &[&str]) -> Release {
         clean_up(cp);
         adopt_cluster_objects(cp);
         let release = Release {
             cp,
+            chart: chart.to_path_buf(),
             sets: sets.iter().map(|s| s.to_string()).collect(),
         };
         if !sets.contains(&"persistence.enabled=false") {
@@ -148,10 +158,11 @@ impl Release {
 
     fn helm_install_or_upgrade(&self, verb: &str, more: &[&str]) {
         let values = support::root().join("tests/real-node/values.yaml");
+        let chart = self.chart.to_string_lossy().into_owned();
         let mut args = vec![
             verb,
             RELEASE,
-            "charts/managed-jobs",
+            chart.as_str(),
             "-n",
             NAMESPACE,
             "-f",
@@ -189,6 +200,14 @@ impl Release {
     /// its template changes. Returns once the new Pod is Ready.
     fn upgrade(&self, more: &[&str]) {
         self.helm_install_or_upgrade("upgrade", more);
+    }
+
+    /// `helm upgrade` to this checkout's chart (a version change: its appVersion is the default
+    /// image tag) with `sets` instead of the install's. Returns once the new Pod is Ready.
+    fn upgrade_to_this_release(&mut self, sets: &[&str]) {
+        self.chart = support::root().join("charts/managed-jobs");
+        self.sets = sets.iter().map(|s| s.to_string()).collect();
+        self.helm_install_or_upgrade("upgrade", &[]);
     }
 
     fn operator_pod(&self) -> Option<Value> {
@@ -1025,4 +1044,236 @@ async fn a_pod_deleted_by_someone_else_is_recovered_whatever_it_exits_with() {
         let n = pods.lock().unwrap().values().filter(|j| *j == name).count();
         assert_eq!(n, 2, "{name}: one Pod per attempt, two attempts");
     }
+}
+
+/// A pod job on the kwok nodes (the operator runs on the real node; its workloads need not):
+/// kwok completes its Pod `complete_after` after it runs, exiting `exit_code`, or never while
+/// `complete_after` is `None` (the test then annotates the Pod: hack/stages/pod-complete.yaml).
+fn kwok_job(name: &str, complete_after: Option<&str>, exit_code: i32, extra: &str) -> String {
+    let annotations = match complete_after {
+        Some(d) => format!(
+            r#"{{"managedjobs.dev/complete-after": "{d}", "managedjobs.dev/exit-code": "{exit_code}"}}"#
+        ),
+        None => "{}".into(),
+    };
+    format!(
+        "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: {name}\nspec:\n{extra}  template:\n    metadata:\n      annotations: {annotations}\n    spec:\n      containers:\n        - name: main\n          image: busybox:1.36\n          resources:\n            requests: {{cpu: 10m, memory: 16Mi}}\n"
+    )
+}
+
+/// The backward-compatibility test, chart form (docs/upgrades.md; the host-process form is
+/// tests/upgrade.rs): the previous release installed by its own chart with its own image
+/// (hack/previous-release.sh), jobs in every state, then `helm upgrade` to this checkout's
+/// chart, whose appVersion brings this build's image. Every job ends as it would have without
+/// the upgrade, one Pod per attempt over the whole test, no recovery, no crash counted (the
+/// store on the state volume), the restart back-off honoured across the upgrade, and the status
+/// of the job that finished before it byte-identical.
+///
+/// The previous release's chart is installed with leader election off: 0.1.0's Role lacks the
+/// Lease `patch` verb, so its default install never became Ready (fixed in 0.2.0; CHANGELOG.md).
+#[tokio::test]
+async fn a_helm_upgrade_from_the_previous_release_loses_repeats_and_fails_no_job() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let Some(previous) = support::previous_release("tests/real_node.rs upgrade") else {
+        return;
+    };
+    let old_image = format!("docker.io/library/managed-jobs:{}", previous.version);
+    let images = ctr(&["images", "ls", "-q"]).1;
+    if !images.lines().any(|l| l.trim() == old_image) {
+        let why = format!(
+            "the previous release's image {old_image} is not on the real node: \
+             hack/previous-release.sh image, then hack/controlplane.sh load-image $(hack/previous-release.sh dir)/image.tar"
+        );
+        assert!(
+            std::env::var("CI").unwrap_or_default().is_empty(),
+            "CI is set but {why}"
+        );
+        support::record_skip(&why);
+        return;
+    }
+    let backoff = 20;
+    let lifecycle = [
+        "caps.runCap=3".to_string(),
+        format!("lifecycle.restartBackoffSeconds={backoff}"),
+        "lifecycle.maxControllerCrashes=1".to_string(),
+    ];
+    let mut old_sets: Vec<&str> = lifecycle.iter().map(String::as_str).collect();
+    old_sets.push("leaderElection.enabled=false");
+    let mut release =
+        Release::install_chart(cp, &previous.src().join("charts/managed-jobs"), &old_sets);
+    let pod = release.wait_operator("the previous release", |_| true);
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"].as_str(),
+        Some(format!("managed-jobs:{}", previous.version).as_str())
+    );
+    let ns = support::TestNamespace::new(&client, cp, "real-upgrade").await;
+    let (pods_task, pods) = watch_pods(&client, &ns.name);
+    let (phases_task, phases) = watch_phases(&client, &ns.name);
+    let jobs = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+    let apply = |yaml: String| {
+        let jobs = jobs.clone();
+        async move {
+            let mj: ManagedJob = serde_norway::from_str(&yaml).expect("ManagedJob YAML");
+            jobs.create(&Default::default(), &mj).await.expect("create");
+        }
+    };
+
+    // Finished before the upgrade.
+    apply(kwok_job("done", Some("1s"), 0, "")).await;
+    let done = finished(&client, &ns.name, "done").await;
+    assert_eq!(done.phase, Some(JobPhase::Succeeded), "{done:#?}");
+    let done_before = serde_json::to_string(&jobs.get("done").await.unwrap().status).unwrap();
+    // Running and in a back-off: three take the run cap of 3.
+    apply(kwok_job("running", None, 0, "")).await;
+    let pipeline = "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: steps\nspec:\n  tasks:\n    - name: first\n      template:\n        metadata: {annotations: {}}\n        spec:\n          containers: [{name: main, image: busybox:1.36}]\n    - name: second\n      template:\n        metadata: {annotations: {\"managedjobs.dev/complete-after\": \"0s\"}}\n        spec:\n          containers: [{name: main, image: busybox:1.36}]\n";
+    apply(pipeline.to_string()).await;
+    apply(kwok_job(
+        "backoff",
+        Some("0s"),
+        3,
+        "  recovery: {maxRestartsOnErrors: 1}\n",
+    ))
+    .await;
+    running(&client, &ns.name, "running").await;
+    running(&client, &ns.name, "steps").await;
+    support::wait_status(&client, &ns.name, "backoff", T, "a restart", |s| {
+        s.restart_count == 1
+    })
+    .await;
+    // Queued behind them (created once those hold the slots: the watch need not deliver
+    // objects created in one second in their order).
+    apply(kwok_job("queued-1", Some("1s"), 0, "")).await;
+    apply(kwok_job("queued-2", Some("1s"), 0, "")).await;
+    for name in ["queued-1", "queued-2"] {
+        support::wait_status(
+            &client,
+            &ns.name,
+            name,
+            T,
+            "Pending",
+            support::phase_is(JobPhase::Pending),
+        )
+        .await;
+    }
+
+    // The upgrade: this checkout's chart and, through its appVersion, this build's image.
+    let old_uid = release.operator_pod().unwrap()["metadata"]["uid"].clone();
+    let start = Instant::now();
+    let sets: Vec<&str> = lifecycle.iter().map(String::as_str).collect();
+    release.upgrade_to_this_release(&sets);
+    let pod = release.wait_operator("this release", |p| p["metadata"]["uid"] != old_uid);
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"].as_str(),
+        Some(format!("managed-jobs:{}", env!("CARGO_PKG_VERSION")).as_str())
+    );
+    eprintln!(
+        "helm upgrade {} -> {}: this release's operator Ready {:.1} s after the upgrade began",
+        previous.version,
+        env!("CARGO_PKG_VERSION"),
+        start.elapsed().as_secs_f64()
+    );
+    // Nothing ends on its own meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in ["running", "steps"] {
+        let s = jobs.get(name).await.unwrap().status.unwrap();
+        assert_eq!(s.phase, Some(JobPhase::Running), "{name}: {s:#?}");
+    }
+    // Let the running Pods end: whatever names they have (the previous release's had no uid tag).
+    let pod_api = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let seen: Vec<(String, String)> = pods
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, j)| (p.clone(), j.clone()))
+        .collect();
+    for (pod, job) in &seen {
+        if job == "running" || job == "steps" {
+            pod_api
+                .patch(
+                    pod,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({
+                        "metadata": {"annotations": {"managedjobs.dev/complete-after": "0s"}}
+                    })),
+                )
+                .await
+                .expect("annotating a running Pod");
+        }
+    }
+    let mut ended = BTreeMap::new();
+    for name in [
+        "done", "running", "steps", "backoff", "queued-1", "queued-2",
+    ] {
+        ended.insert(name, finished(&client, &ns.name, name).await);
+    }
+    pods_task.abort();
+    phases_task.abort();
+    assert_clean_success("running", &ended["running"], &pods, 1);
+    assert_clean_success("steps", &ended["steps"], &pods, 2);
+    assert_clean_success("queued-1", &ended["queued-1"], &pods, 1);
+    assert_clean_success("queued-2", &ended["queued-2"], &pods, 1);
+    let backoff_status = &ended["backoff"];
+    assert_eq!(
+        backoff_status.phase,
+        Some(JobPhase::Failed),
+        "{backoff_status:#?}"
+    );
+    assert_eq!(
+        (backoff_status.restart_count, backoff_status.recovery_count),
+        (1, 0),
+        "{backoff_status:#?}"
+    );
+    // Two Pods for its two attempts, the second made no sooner than the back-off allows.
+    let backoff_pods: Vec<String> = pods
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, j)| *j == "backoff")
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(backoff_pods.len(), 2, "{backoff_pods:?}");
+    let mut created = Vec::new();
+    for name in &backoff_pods {
+        let p = pod_api.get(name).await.expect("a finished Pod is kept");
+        created.push(
+            p.metadata
+                .creation_timestamp
+                .expect("created")
+                .0
+                .as_second(),
+        );
+    }
+    created.sort();
+    assert!(
+        created[1] - created[0] >= backoff - 1,
+        "the restart's Pod came {} s after the first, before its back-off of {backoff} s",
+        created[1] - created[0]
+    );
+    assert_never(&phases, &["FailedController", "Recovering"]);
+    assert_eq!(
+        serde_json::to_string(&jobs.get("done").await.unwrap().status).unwrap(),
+        done_before,
+        "the finished job's status changed across the upgrade"
+    );
+    // No crash counted, in the store on the state volume.
+    let store = managed_jobs::store::Store::open_current(
+        &managed_jobs::state_dir::StateDir::new(VOLUME_DIR).store(),
+        1024,
+    )
+    .expect("the store on the state volume");
+    for row in store.all().unwrap() {
+        assert_eq!(
+            row.controller_crashes, 0,
+            "{}: a crash was counted",
+            row.name
+        );
+        if row.name == "backoff" {
+            assert_eq!(row.restart_count, 1);
+        }
+    }
+    let log = release.logs(false);
+    assert!(
+        !log.contains("exited early"),
+        "this release's operator counted a crash:\n{log}"
+    );
 }

@@ -29,7 +29,9 @@
 //!   watch delivers them after the restart) and controllers that die stay recorded with a dead
 //!   pid. `OperatorRestart` recounts the slots from the store and runs the start-up sweep
 //!   ([`lifecycle::at_start`]: adopt live controllers, hand over jobs whose controller died with
-//!   the operator, resume jobs without one; then finish persisted cancels).
+//!   the operator, resume jobs without one; then finish persisted cancels). With
+//!   `other_build` it is a version change: every live controller is of the previous build and
+//!   is replaced (stopped without its workload, then handed over: no crash counted).
 //!
 //! Every CAS is checked against a re-implementation of its guard: applied exactly when the row
 //! matched (and was not Done), and a conflict returns the row unchanged and writes nothing.
@@ -88,7 +90,8 @@ use managed_jobs::capacity::SlotUsage;
 use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
     self, Action, AtStart, CancelRoute, Context, ControllerExit, Evidence, Expect, FailureReason,
-    JobRow, Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults, world,
+    JobRow, Liveness, Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults,
+    world,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
@@ -279,8 +282,9 @@ enum Op {
     StatusAck(usize),
     /// The operator dies after a pass admitted jobs, before it spawned their controllers.
     OperatorCrash,
-    /// The operator (re)starts: recount, start-up sweep.
-    OperatorRestart,
+    /// The operator (re)starts: recount, start-up sweep. `other_build`: a version change,
+    /// every controller still running is of the previous build and is replaced.
+    OperatorRestart { other_build: bool },
 }
 
 fn op_strategy() -> BoxedStrategy<Op> {
@@ -304,7 +308,7 @@ fn op_strategy() -> BoxedStrategy<Op> {
         1 => (k(), prop::sample::select(ScheduleState::ALL.to_vec()))
             .prop_map(|(i, s)| Op::LateWrite(i, s)),
         1 => Just(Op::OperatorCrash),
-        3 => Just(Op::OperatorRestart),
+        3 => any::<bool>().prop_map(|other_build| Op::OperatorRestart { other_build }),
         5 => (1usize..4).prop_map(Op::StatusWrite),
         6 => k().prop_map(Op::StatusAck),
     ]
@@ -389,6 +393,8 @@ struct Stats {
     conflicts: usize,
     /// Jobs resumed by the start-up sweep (dead or missing controller).
     resumed_at_restart: usize,
+    /// Live controllers of another build replaced at a version change.
+    replaced_at_upgrade: usize,
     /// Pipelines that moved to their next task.
     task_moves: usize,
     /// Tasks skipped after a failed one.
@@ -406,6 +412,7 @@ impl Stats {
         self.new_left_waiting += o.new_left_waiting;
         self.conflicts += o.conflicts;
         self.resumed_at_restart += o.resumed_at_restart;
+        self.replaced_at_upgrade += o.replaced_at_upgrade;
         self.task_moves += o.task_moves;
         self.tasks_skipped += o.tasks_skipped;
         self.pods_of_given_up_jobs += o.pods_of_given_up_jobs;
@@ -896,7 +903,7 @@ impl Model {
     /// `Engine::start`: slots are recounted from the store; the start-up sweep resumes live jobs
     /// whose controller is dead or was never recorded, and finishes persisted cancels; then the
     /// watch delivers what happened meanwhile.
-    fn operator_restart(&mut self) -> TestResult {
+    fn operator_restart(&mut self, other_build: bool) -> TestResult {
         let rows = self.all();
         prop_assert_eq!(self.store.slot_usage().expect("usage"), recount(&rows));
         // The queues as the scheduler reads them: queued jobs only, in admission order, and
@@ -939,9 +946,20 @@ impl Model {
         }
         self.operator_up = true;
         for row in self.store.live_jobs().expect("live_jobs") {
-            let alive = !self.dead_controller.contains(&row.id);
-            match lifecycle::at_start(&row, alive) {
+            let liveness = if self.dead_controller.contains(&row.id) {
+                Liveness::Gone
+            } else if other_build {
+                Liveness::OtherBuild
+            } else {
+                Liveness::Ours
+            };
+            match lifecycle::at_start(&row, liveness) {
                 AtStart::HandOver { .. } => self.hand_over(row.id)?,
+                // Stopped without its workload, then handed over like a dead one.
+                AtStart::Replace { .. } => {
+                    self.stats.replaced_at_upgrade += 1;
+                    self.hand_over(row.id)?
+                }
                 AtStart::Adopt { .. } => continue,
                 AtStart::Resume => self.spawn(row.id)?,
             }
@@ -1436,7 +1454,7 @@ impl Model {
                 }
                 self.operator_crash()?
             }
-            Op::OperatorRestart => self.operator_restart()?,
+            Op::OperatorRestart { other_build } => self.operator_restart(other_build)?,
         }
         Ok(())
     }
@@ -1744,7 +1762,7 @@ impl Model {
     /// then every job is Done in a terminal phase and its history is a legal chain.
     fn drain(&mut self) -> TestResult {
         if !self.operator_up {
-            self.operator_restart()?;
+            self.operator_restart(false)?;
             self.check_state()?;
             self.schedule()?;
             self.check_state()?;
@@ -1926,6 +1944,7 @@ fn the_model_reaches_the_interesting_cases() {
             && total.new_left_waiting >= 10
             && total.conflicts >= 10
             && total.resumed_at_restart >= 1
+            && total.replaced_at_upgrade >= 1
             && total.task_moves >= 10
             && total.tasks_skipped >= 3
             && total.pods_of_given_up_jobs >= 1,

@@ -76,9 +76,9 @@ pub use restore::restore;
 pub use rules::{Decision, Verdict};
 pub use submit::{Submission, submission};
 pub use supervise::{
-    AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, SpawnFailure,
-    StopAfterGiveUp, after_spawn_failure, at_start, cancel_route, controller_exited,
-    needs_controller, stop_after_give_up,
+    AfterSpawnFailure, AtStart, CancelRoute, ControllerBuild, ControllerExit, ExitSeen, Liveness,
+    SpawnFailure, StopAfterGiveUp, after_spawn_failure, at_start, cancel_route, controller_exited,
+    needs_controller, stop_after_give_up, stops_before_migration,
 };
 pub use transitions::{
     admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, claim_lapsed,

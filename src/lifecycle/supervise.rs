@@ -152,6 +152,19 @@ pub fn needs_controller(row: &JobRow) -> bool {
     row.schedule_state.holds_run_slot() && row.controller_pid.is_none()
 }
 
+/// What the operator, starting, finds of a job's recorded controller process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// It no longer runs (no process with that pid and start time).
+    Gone,
+    /// It runs the operator's own build (the same executable).
+    Ours,
+    /// It runs another build: a job controller of the release before a version change, whose
+    /// idea of the store's schema, the settings and the workloads' files may differ from this
+    /// one's (`docs/upgrades.md`).
+    OtherBuild,
+}
+
 /// What the operator, starting, does with a job that holds a run slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AtStart {
@@ -174,19 +187,63 @@ pub enum AtStart {
     /// No controller was ever recorded (a crash between the admission and the record): start
     /// one.
     Resume,
+    /// Its recorded controller runs another build (a version change): stop it without its
+    /// workload ([`stops_before_migration`] says how), then hand the job over as for
+    /// [`AtStart::HandOver`]. The operator stops such controllers before it migrates the store
+    /// (`engine::take_over`); this is for one that started after that look.
+    Replace {
+        /// Pid.
+        pid: i32,
+        /// Start time, clock ticks since boot.
+        start_time: u64,
+    },
 }
 
-/// The start-up sweep's choice for `row` (a job holding a run slot); `alive`: whether its
-/// recorded controller (pid, start time) still runs.
-pub fn at_start(row: &JobRow, alive: bool) -> AtStart {
-    match (row.controller_pid, row.controller_start_time) {
-        (Some(pid), Some(start_time)) if alive => AtStart::Adopt { pid, start_time },
-        (Some(pid), start) => AtStart::HandOver {
+/// The start-up sweep's choice for `row` (a job holding a run slot), given what runs of its
+/// recorded controller (pid, start time).
+pub fn at_start(row: &JobRow, controller: Liveness) -> AtStart {
+    match (row.controller_pid, row.controller_start_time, controller) {
+        (Some(pid), Some(start_time), Liveness::Ours) => AtStart::Adopt { pid, start_time },
+        (Some(pid), Some(start_time), Liveness::OtherBuild) => AtStart::Replace { pid, start_time },
+        (Some(pid), start, _) => AtStart::HandOver {
             pid,
             start_time: start.unwrap_or(0),
         },
-        (None, _) => AtStart::Resume,
+        (None, _, _) => AtStart::Resume,
     }
+}
+
+/// A job controller process found on the state dir before the operator touched its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerBuild {
+    /// Pid.
+    pub pid: i32,
+    /// Start time, clock ticks since boot.
+    pub start_time: u64,
+    /// The identity (device, inode) of the executable it runs; None when it cannot be read.
+    pub exe: Option<super::world::FileId>,
+}
+
+/// How long a job controller replaced at a version change gets to exit after SIGTERM before
+/// SIGKILL. It holds no state a signal could lose (each turn re-reads the store and the
+/// workload), and it has no handler: it ends at once unless the machine stalls.
+pub const REPLACE_GRACE: Duration = Duration::from_secs(5);
+
+/// The job controllers an operator starting on a state dir stops before it opens (and
+/// migrates) the store: every one that runs another executable than the operator's own
+/// (`own`), or whose executable cannot be read (`docs/upgrades.md`). Each is stopped with
+/// SIGTERM, then SIGKILL after [`REPLACE_GRACE`]; its workload is left as it is, and the
+/// start-up sweep hands its job over to a fresh controller of this build, which adopts the
+/// workload ([`at_start`]: the controller is gone, a hand-over, no crash counted).
+pub fn stops_before_migration(
+    found: &[ControllerBuild],
+    own: super::world::FileId,
+) -> Vec<ControllerBuild> {
+    found
+        .iter()
+        .filter(|c| c.exe != Some(own))
+        .copied()
+        .collect()
 }
 
 #[cfg(test)]
@@ -267,14 +324,14 @@ mod tests {
     fn the_start_up_sweep_adopts_the_living_and_hands_over_the_dead() {
         let r = row(JobPhase::Running, ScheduleState::Alive);
         assert_eq!(
-            at_start(&r, true),
+            at_start(&r, Liveness::Ours),
             AtStart::Adopt {
                 pid: 10,
                 start_time: 1
             }
         );
         assert_eq!(
-            at_start(&r, false),
+            at_start(&r, Liveness::Gone),
             AtStart::HandOver {
                 pid: 10,
                 start_time: 1
@@ -282,6 +339,44 @@ mod tests {
         );
         let mut unrecorded = r;
         unrecorded.controller_pid = None;
-        assert_eq!(at_start(&unrecorded, false), AtStart::Resume);
+        assert_eq!(at_start(&unrecorded, Liveness::Gone), AtStart::Resume);
+    }
+
+    #[test]
+    fn a_controller_of_another_build_is_replaced_never_adopted() {
+        let r = row(JobPhase::Running, ScheduleState::Alive);
+        assert_eq!(
+            at_start(&r, Liveness::OtherBuild),
+            AtStart::Replace {
+                pid: 10,
+                start_time: 1
+            }
+        );
+        // Its exit, once stopped, is found at the operator's start: a hand-over, no crash.
+        match controller_exited(&r, 10, 1, ExitSeen::AtOperatorStart) {
+            ControllerExit::Resume(t) => assert!(!t.change.controller_crashed),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn before_migrating_every_controller_of_another_or_unknown_build_is_stopped() {
+        let own = (1, 100);
+        let c = |pid, exe| ControllerBuild {
+            pid,
+            start_time: 7,
+            exe,
+        };
+        let found = [
+            c(1, Some(own)),
+            c(2, Some((1, 99))),
+            c(3, None),
+            c(4, Some((2, 100))),
+        ];
+        let stopped: Vec<i32> = stops_before_migration(&found, own)
+            .iter()
+            .map(|c| c.pid)
+            .collect();
+        assert_eq!(stopped, vec![2, 3, 4]);
     }
 }

@@ -141,6 +141,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     // anything is admitted.
     let dir = crate::state_dir::StateDir::new(&cfg.state_dir);
     let lock = crate::engine::lock_state_dir(&dir)?;
+    // Before the store is opened (and migrated): a newer release's store is refused, and the
+    // job controllers of another build (a version change) are stopped, their jobs handed over.
+    crate::engine::take_over(&dir, &cfg.self_exe)?;
     ensure_crd_served(&client, namespace.as_deref()).await?;
     // One owner per job: the namespaces this operator may act in are claimed, and the rows of
     // those another operator owns are left to it, before anything is rebuilt, adopted or

@@ -62,6 +62,33 @@ pub enum StoreError {
     /// The change would break the state machines; nothing was written.
     #[error(transparent)]
     Illegal(#[from] crate::lifecycle::IllegalTransition),
+    /// The store was migrated by a newer release (a downgrade); nothing was changed.
+    #[error(
+        "the store {path} is at schema step {found}, written by a newer release of managed-jobs; this one ({version}) knows steps up to {known}. A downgrade is refused: run the newer release again, or move the store aside and start this one, which then rebuilds every job from its status as after a lost store (docs/upgrades.md)",
+        version = env!("CARGO_PKG_VERSION")
+    )]
+    NewerRelease {
+        /// The store file.
+        path: String,
+        /// Its schema step.
+        found: usize,
+        /// The highest step this build knows ([`schema::CURRENT_STEP`]).
+        known: usize,
+    },
+    /// The store is at another schema step than this build's, and this process never migrates
+    /// it (a job controller, `managed-jobs queue`): only an operator of this release does.
+    #[error(
+        "the store {path} is at schema step {found}; this managed-jobs ({version}) reads step {known}: the store belongs to another release's operator (docs/upgrades.md)",
+        version = env!("CARGO_PKG_VERSION")
+    )]
+    OtherRelease {
+        /// The store file.
+        path: String,
+        /// Its schema step (0: no schema at all).
+        found: usize,
+        /// This build's step ([`schema::CURRENT_STEP`]).
+        known: usize,
+    },
 }
 
 impl StoreError {
@@ -105,6 +132,16 @@ pub fn storage_failing(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The connection settings every process uses: a page cache of `cache_kib`, WAL, normal
+/// syncs, foreign keys.
+fn configure(conn: &Connection, cache_kib: u32) -> Result<()> {
+    conn.pragma_update(None, "cache_size", -(cache_kib as i64))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
 /// Result type of the store.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -117,20 +154,89 @@ pub struct Store {
 /// A job controller keeps rusqlite's default 16 (each costs it memory: about 30 KiB in all).
 pub const STATEMENT_CACHE: usize = 64;
 
+/// The schema step of the store file at `path` (its `user_version`), read without changing the
+/// file (a read-only connection); `None` when there is no file. Errors: the file is not a
+/// store SQLite can read.
+pub fn schema_step_at(path: &Path) -> Result<Option<usize>> {
+    use rusqlite::OpenFlags;
+    if !path.exists() {
+        return Ok(None);
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(Some(read_step(&conn)?))
+}
+
+fn read_step(conn: &Connection) -> Result<usize> {
+    let step: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    Ok(step.max(0) as usize)
+}
+
 impl Store {
-    /// Opens (creating if needed) the store at `path`, in WAL mode, and migrates its schema.
+    /// Opens (creating if needed) the store at `path`, in WAL mode, and migrates its schema to
+    /// [`schema::CURRENT_STEP`]: the operator's open (only an operator migrates, after it
+    /// replaced every job controller of another build: `engine::take_over`).
     ///
     /// `cache_kib` sizes SQLite's page cache: the operator uses a few MiB, a job controller
     /// process a few pages (SQLite's 2 MiB default would dominate its private memory).
+    ///
+    /// Errors: [`StoreError::NewerRelease`] for a store a newer release migrated (checked
+    /// before anything is written: the file is left as it was); SQLite's.
     pub fn open(path: &Path, cache_kib: u32) -> Result<Store> {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        conn.pragma_update(None, "cache_size", -(cache_kib as i64))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", true)?;
+        let found = read_step(&conn)?;
+        if found > schema::CURRENT_STEP {
+            return Err(StoreError::NewerRelease {
+                path: path.display().to_string(),
+                found,
+                known: schema::CURRENT_STEP,
+            });
+        }
+        configure(&conn, cache_kib)?;
         schema::migrations().to_latest(&mut conn)?;
         Ok(Store { conn })
+    }
+
+    /// Opens the existing store at `path` without migrating it: a job controller's and the
+    /// command line's open. Errors: [`StoreError::OtherRelease`] when the file is at another
+    /// schema step than this build's (an operator of another release migrated it, or has not
+    /// yet: this process must not read it with its own idea of the columns); SQLite's (no
+    /// file).
+    pub fn open_current(path: &Path, cache_kib: u32) -> Result<Store> {
+        use rusqlite::OpenFlags;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let store = Store { conn };
+        store.check_step(path)?;
+        configure(&store.conn, cache_kib)?;
+        Ok(store)
+    }
+
+    /// The schema step of the open store (its `user_version`): a cheap read of the file's
+    /// header, which a job controller makes every turn.
+    pub fn schema_step(&self) -> Result<usize> {
+        read_step(&self.conn)
+    }
+
+    /// Errors with [`StoreError::OtherRelease`] unless the store is at this build's step
+    /// ([`schema::CURRENT_STEP`]); `path` names it in the error.
+    pub fn check_step(&self, path: &Path) -> Result<()> {
+        let found = self.schema_step()?;
+        if found != schema::CURRENT_STEP {
+            return Err(StoreError::OtherRelease {
+                path: path.display().to_string(),
+                found,
+                known: schema::CURRENT_STEP,
+            });
+        }
+        Ok(())
     }
 
     /// Keeps up to `n` prepared statements instead of rusqlite's 16, so that a busy process

@@ -1,12 +1,26 @@
 //! The store's schema and its migrations (rusqlite_migration; `user_version` holds the step).
+//!
+//! Append only: a released step is never edited, and a step only adds (tables, columns,
+//! indexes); it never renames or drops what an earlier step made (`docs/upgrades.md`). Step 6
+//! renamed `created_at_ms` before that rule: a job controller of 0.1.0 adopted by a 0.2.0
+//! operator died on it, which is why an operator replaces every job controller of another build
+//! before it migrates (`engine::take_over`).
 
 use rusqlite_migration::{M, Migrations};
 
-/// Every migration, oldest first. Append only: a released step is never edited.
+/// The schema step this build reads and writes: the number of steps in [`STEPS`], as the
+/// store file's `user_version` holds it once migrated.
+pub const CURRENT_STEP: usize = STEPS.len();
+
+/// Every migration, oldest first.
 pub(super) fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![
-        M::up(
-            r#"
+    Migrations::from_slice(STEPS)
+}
+
+/// Every step, oldest first; the step number of each is its position from 1.
+const STEPS: &[M<'static>] = &[
+    M::up(
+        r#"
         CREATE TABLE jobs (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
             uid TEXT NOT NULL UNIQUE,
@@ -74,33 +88,33 @@ pub(super) fn migrations() -> Migrations<'static> {
             PRIMARY KEY (job_id, attempt)
         );
         "#,
-        ),
-        // The status writer's ordering (operator::status_loop): the transition (its id in
-        // `transitions`) of a job's last schedule or phase change, and of the first one not yet
-        // written to the API.
-        M::up(
-            r#"
+    ),
+    // The status writer's ordering (operator::status_loop): the transition (its id in
+    // `transitions`) of a job's last schedule or phase change, and of the first one not yet
+    // written to the API.
+    M::up(
+        r#"
         ALTER TABLE jobs ADD COLUMN changed_seq INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE jobs ADD COLUMN unsynced_since_seq INTEGER NOT NULL DEFAULT 0;
         "#,
-        ),
-        // The last history entry whose Events were published, per job: kept across operator
-        // restarts, so a restart never publishes an Event twice.
-        M::up(
-            r#"
+    ),
+    // The last history entry whose Events were published, per job: kept across operator
+    // restarts, so a restart never publishes an Event twice.
+    M::up(
+        r#"
         CREATE TABLE events_published (
             job_id INTEGER PRIMARY KEY,
             seq INTEGER NOT NULL
         );
         "#,
-        ),
-        // The launch deadline (lifecycle::decide): when the current attempt's launch clock
-        // started (its launch intent, or its Pod's binding after it waited for a node), and the
-        // launch timeouts in a row so far. A Pod's node, and when it started terminating with
-        // which grace period (a Pod stuck terminating on a node that is not Ready is forced).
-        // The live cancels, indexed: the operator reads them on every pass.
-        M::up(
-            r#"
+    ),
+    // The launch deadline (lifecycle::decide): when the current attempt's launch clock
+    // started (its launch intent, or its Pod's binding after it waited for a node), and the
+    // launch timeouts in a row so far. A Pod's node, and when it started terminating with
+    // which grace period (a Pod stuck terminating on a node that is not Ready is forced).
+    // The live cancels, indexed: the operator reads them on every pass.
+    M::up(
+        r#"
         ALTER TABLE jobs ADD COLUMN launched_at_ms INTEGER;
         ALTER TABLE jobs ADD COLUMN launch_timeouts INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE pod_observations ADD COLUMN node TEXT NOT NULL DEFAULT '';
@@ -109,32 +123,32 @@ pub(super) fn migrations() -> Migrations<'static> {
         CREATE INDEX jobs_cancels ON jobs (id)
             WHERE cancel_requested = 1 AND schedule_state != 'Done';
         "#,
-        ),
-        // Pipelines (lifecycle::tasks): the current task, the attempt at which it began, when
-        // it first ran, and every task's record (JSON, as `status.tasks[]`).
-        M::up(
-            r#"
+    ),
+    // Pipelines (lifecycle::tasks): the current task, the attempt at which it began, when
+    // it first ran, and every task's record (JSON, as `status.tasks[]`).
+    M::up(
+        r#"
         ALTER TABLE jobs ADD COLUMN task_index INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE jobs ADD COLUMN task_first_attempt INTEGER NOT NULL DEFAULT 1;
         ALTER TABLE jobs ADD COLUMN task_started_at_ms INTEGER;
         ALTER TABLE jobs ADD COLUMN tasks TEXT NOT NULL DEFAULT '[]';
         "#,
-        ),
-        // A job's place in its queue is when it entered it (the object's creation, or when it
-        // gave its run slot back because no node took its Pod: the back of its priority, as
-        // Kueue requeues by eviction time), and when its current Pod began waiting for a node.
-        M::up(
-            r#"
+    ),
+    // A job's place in its queue is when it entered it (the object's creation, or when it
+    // gave its run slot back because no node took its Pod: the back of its priority, as
+    // Kueue requeues by eviction time), and when its current Pod began waiting for a node.
+    M::up(
+        r#"
         ALTER TABLE jobs RENAME COLUMN created_at_ms TO queued_at_ms;
         ALTER TABLE jobs ADD COLUMN node_wait_since_ms INTEGER;
         "#,
-        ),
-        // Failure rules (lifecycle::rules): relaunches an Ignore decided, each ended attempt's
-        // record (JSON, as `status.attempts[]`), what a Pod showed that a rule reads (JSON,
-        // lifecycle::Evidence), and the attempts decided per action and source since the store
-        // began (the `managedjobs_attempts_total` counter).
-        M::up(
-            r#"
+    ),
+    // Failure rules (lifecycle::rules): relaunches an Ignore decided, each ended attempt's
+    // record (JSON, as `status.attempts[]`), what a Pod showed that a rule reads (JSON,
+    // lifecycle::Evidence), and the attempts decided per action and source since the store
+    // began (the `managedjobs_attempts_total` counter).
+    M::up(
+        r#"
         ALTER TABLE jobs ADD COLUMN ignored_count INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE jobs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';
         ALTER TABLE pod_observations ADD COLUMN evidence TEXT NOT NULL DEFAULT '{}';
@@ -145,12 +159,12 @@ pub(super) fn migrations() -> Migrations<'static> {
             PRIMARY KEY (action, decided_by)
         );
         "#,
-        ),
-        // Queues for teams (crate::queues): each job's queue and why it waits; each queue's
-        // waiting jobs in admission order, and its jobs holding slots, indexed (a scheduling
-        // pass reads a few queues' heads and every queue's usage).
-        M::up(
-            r#"
+    ),
+    // Queues for teams (crate::queues): each job's queue and why it waits; each queue's
+    // waiting jobs in admission order, and its jobs holding slots, indexed (a scheduling
+    // pass reads a few queues' heads and every queue's usage).
+    M::up(
+        r#"
         ALTER TABLE jobs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
         ALTER TABLE jobs ADD COLUMN wait_reason TEXT;
         CREATE INDEX jobs_waiting_by_queue ON jobs (queue, priority DESC, queued_at_ms, id)
@@ -158,13 +172,13 @@ pub(super) fn migrations() -> Migrations<'static> {
         CREATE INDEX jobs_live_by_queue ON jobs (queue, schedule_state)
             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
         "#,
-        ),
-        // One owner per job (lifecycle::claim): this store's claim on each namespace it acts in,
-        // as its operator last held it (the epoch, the holder identity, when its last renewal
-        // was sent: NULL when it no longer holds it), which its job controllers read before
-        // launching anything.
-        M::up(
-            r#"
+    ),
+    // One owner per job (lifecycle::claim): this store's claim on each namespace it acts in,
+    // as its operator last held it (the epoch, the holder identity, when its last renewal was
+    // sent: NULL when it no longer holds it), which its job controllers read before launching
+    // anything.
+    M::up(
+        r#"
         CREATE TABLE claims (
             namespace TEXT PRIMARY KEY,
             holder TEXT NOT NULL,
@@ -173,6 +187,5 @@ pub(super) fn migrations() -> Migrations<'static> {
             duration_ms INTEGER NOT NULL
         );
         "#,
-        ),
-    ])
-}
+    ),
+];

@@ -195,24 +195,29 @@ fn install_crds(kubeconfig: &Path) {
     let cp = ControlPlane {
         kubeconfig: kubeconfig.to_path_buf(),
     };
-    let crds = root().join("crds");
-    let (ok, out) = kubectl(&cp, &["apply", "-f", crds.to_str().unwrap()]);
-    assert!(ok, "installing CRDs: {out}");
-    let (ok, out) = kubectl(
-        &cp,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/managedjobs.managedjobs.dev",
-            "crd/managedjobqueues.managedjobs.dev",
-            "--timeout=60s",
-        ],
-    );
+    apply_crds(&cp, &root().join("crds"));
+}
+
+/// Applies the CRDs and admission policies in `dir` (`kubectl apply -f DIR`: this checkout's
+/// `crds/`, or a previous release's), then waits until the API serves ManagedJobs and accepts
+/// a create of one (a server-side dry run of `examples/hello.yaml`).
+pub fn apply_crds(cp: &ControlPlane, dir: &Path) {
+    let (ok, out) = kubectl(cp, &["apply", "-f", dir.to_str().unwrap()]);
+    assert!(ok, "installing CRDs from {}: {out}", dir.display());
+    let queues = dir.join("managedjobs.dev_managedjobqueues.yaml").exists();
+    let mut crds = vec!["crd/managedjobs.managedjobs.dev"];
+    if queues {
+        crds.push("crd/managedjobqueues.managedjobs.dev");
+    }
+    let mut args = vec!["wait", "--for=condition=Established"];
+    args.extend(&crds);
+    args.push("--timeout=60s");
+    let (ok, out) = kubectl(cp, &args);
     assert!(ok, "CRD not established: {out}");
     // Discovery serves the new type a moment after Established.
     let start = Instant::now();
-    while !kubectl(&cp, &["get", "managedjobs", "-A"]).0
-        || !kubectl(&cp, &["get", "managedjobqueues"]).0
+    while !kubectl(cp, &["get", "managedjobs", "-A"]).0
+        || (queues && !kubectl(cp, &["get", "managedjobqueues"]).0)
     {
         assert!(
             start.elapsed() < Duration::from_secs(30),
@@ -227,7 +232,7 @@ fn install_crds(kubeconfig: &Path) {
     let start = Instant::now();
     loop {
         let (ok, out) = kubectl(
-            &cp,
+            cp,
             &[
                 "apply",
                 "--dry-run=server",
@@ -332,6 +337,8 @@ impl Drop for TestNamespace {
 /// to every namespace: give it a `--shard` of its own), with its own state dir.
 pub struct OperatorProcess {
     child: Option<std::process::Child>,
+    /// The `managed-jobs` binary it runs ([`binary`] unless changed: [`OperatorProcess::use_binary`]).
+    program: PathBuf,
     /// Its state dir.
     pub state_dir: tempfile::TempDir,
     kubeconfig: PathBuf,
@@ -354,6 +361,30 @@ impl OperatorProcess {
     pub fn start(cp: &ControlPlane, namespace: &str, extra: &[&str]) -> OperatorProcess {
         let mut op = OperatorProcess {
             child: None,
+            program: PathBuf::from(binary()),
+            state_dir: tempfile::tempdir().unwrap(),
+            kubeconfig: cp.kubeconfig.clone(),
+            namespace: namespace.to_string(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            shared_dir: None,
+            open_files: None,
+            env: Vec::new(),
+        };
+        op.spawn();
+        op
+    }
+
+    /// [`OperatorProcess::start`] running `program` instead of this build (a previous
+    /// release's binary).
+    pub fn start_program(
+        cp: &ControlPlane,
+        program: &Path,
+        namespace: &str,
+        extra: &[&str],
+    ) -> OperatorProcess {
+        let mut op = OperatorProcess {
+            child: None,
+            program: program.to_path_buf(),
             state_dir: tempfile::tempdir().unwrap(),
             kubeconfig: cp.kubeconfig.clone(),
             namespace: namespace.to_string(),
@@ -375,6 +406,7 @@ impl OperatorProcess {
     ) -> OperatorProcess {
         let mut op = OperatorProcess {
             child: None,
+            program: PathBuf::from(binary()),
             state_dir: tempfile::tempdir().unwrap(),
             kubeconfig: cp.kubeconfig.clone(),
             namespace: namespace.to_string(),
@@ -400,6 +432,7 @@ impl OperatorProcess {
     ) -> OperatorProcess {
         let mut op = OperatorProcess {
             child: None,
+            program: PathBuf::from(binary()),
             state_dir: tempfile::tempdir().unwrap(),
             kubeconfig: cp.kubeconfig.clone(),
             namespace: namespace.to_string(),
@@ -421,6 +454,7 @@ impl OperatorProcess {
     ) -> OperatorProcess {
         let mut op = OperatorProcess {
             child: None,
+            program: PathBuf::from(binary()),
             state_dir: tempfile::tempdir().unwrap(),
             kubeconfig: cp.kubeconfig.clone(),
             namespace: namespace.to_string(),
@@ -431,6 +465,12 @@ impl OperatorProcess {
         };
         op.spawn();
         op
+    }
+
+    /// Runs `program` from its next start on (a version change: [`OperatorProcess::terminate`],
+    /// then this, then [`OperatorProcess::start_again`]).
+    pub fn use_binary(&mut self, program: &Path) {
+        self.program = program.to_path_buf();
     }
 
     /// The state dir this operator runs on.
@@ -446,7 +486,7 @@ impl OperatorProcess {
             .append(true)
             .open(self.state_dir.path().join("operator.log"))
             .unwrap();
-        let mut cmd = Command::new(binary());
+        let mut cmd = Command::new(&self.program);
         if let Some((soft, hard)) = self.open_files {
             use std::os::unix::process::CommandExt as _;
             // SAFETY: setrlimit is async-signal-safe.
@@ -466,14 +506,18 @@ impl OperatorProcess {
         if !self.namespace.is_empty() {
             cmd.arg("--namespace").arg(&self.namespace);
         }
+        // The tests' defaults, each unless `extra` sets that flag itself.
+        for (flag, value) in [
+            ("--executors", "local,pod"),
+            ("--cancel-grace-seconds", "2"),
+            ("--restart-backoff-seconds", "0.2"),
+            ("--metrics-addr", "none"),
+        ] {
+            if !self.extra.iter().any(|a| a == flag) {
+                cmd.args([flag, value]);
+            }
+        }
         let child = cmd
-            .args(["--executors", "local,pod", "--cancel-grace-seconds", "2"])
-            .args(["--restart-backoff-seconds", "0.2"])
-            .args(if self.extra.iter().any(|a| a == "--metrics-addr") {
-                vec![]
-            } else {
-                vec!["--metrics-addr", "none"]
-            })
             .args(&self.extra)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
@@ -599,6 +643,24 @@ impl Drop for OperatorProcess {
                     .collect::<Vec<_>>()
                     .join("\n")
             );
+            // And each job controller's (the state dir's logs/<job id>.log), last lines.
+            let logs = self.state_path().join("logs");
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&logs)
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            files.sort();
+            for file in files.iter().take(20) {
+                let text = std::fs::read_to_string(file).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                eprintln!(
+                    "job controller log {}:\n{}",
+                    file.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
         }
         kill_all_of(&self.state_path());
     }
@@ -748,6 +810,55 @@ pub async fn delete(client: &Client, ns: &str, name: &str) {
         .delete(name, &DeleteParams::default())
         .await
         .expect("delete");
+}
+
+/// The previous release, as `hack/previous-release.sh build` leaves it: what the
+/// backward-compatibility tests upgrade from.
+pub struct PreviousRelease {
+    /// Its cache directory (`hack/previous-release.sh dir`).
+    pub dir: PathBuf,
+    /// Its version (Cargo.toml's).
+    pub version: String,
+}
+
+impl PreviousRelease {
+    /// Its `managed-jobs` binary.
+    pub fn binary(&self) -> PathBuf {
+        self.dir.join("managed-jobs")
+    }
+
+    /// Its sources (chart, CRDs, examples).
+    pub fn src(&self) -> PathBuf {
+        self.dir.join("src")
+    }
+}
+
+/// The previous release if it was built (`hack/previous-release.sh build`), else `None` after
+/// recording a skip; under `CI=true` a missing build is a failure.
+pub fn previous_release(test: &str) -> Option<PreviousRelease> {
+    let out = Command::new(root().join("hack/previous-release.sh"))
+        .arg("dir")
+        .output()
+        .expect("running hack/previous-release.sh dir");
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let version = std::fs::read_to_string(dir.join("version")).unwrap_or_default();
+    if out.status.success() && dir.join("managed-jobs").exists() && !version.trim().is_empty() {
+        return Some(PreviousRelease {
+            dir,
+            version: version.trim().to_string(),
+        });
+    }
+    let why = format!(
+        "the previous release is not built at {} (run hack/previous-release.sh build): {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::env::var("CI").unwrap_or_default().is_empty(),
+        "CI is set but {why}"
+    );
+    record_skip(&format!("{test}: {why}"));
+    None
 }
 
 /// Records that the calling test skipped, so that the run's summary counts it: one line in the

@@ -108,7 +108,8 @@ done
 
 # 3. Template + server-side dry run.
 have_servicemonitor=false
-if "$KUBECTL" api-resources --api-group=monitoring.coreos.com -o name 2>/dev/null | grep -q '^servicemonitors'; then
+resources="$("$KUBECTL" api-resources --api-group=monitoring.coreos.com -o name 2>/dev/null || true)"
+if grep -q '^servicemonitors' <<<"$resources"; then
   have_servicemonitor=true
 fi
 ensure_ns "$NAMESPACE"
