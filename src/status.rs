@@ -168,3 +168,219 @@ pub fn merge_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
     }
     json!({ "metadata": { "uid": row.uid }, "status": status })
 }
+
+/// How much of its status an object has room for ([`fit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// The whole status ([`merge_patch`]).
+    Full,
+    /// Only what a user and a GitOps tool need to know where the job stands
+    /// ([`minimal_patch`]): its phase and schedule state, counters, times, exit code, failure
+    /// reason, the conditions (messages cut short), the message cut short.
+    Minimal,
+    /// Nothing: the object alone leaves no room for any status (and barely for its deletion).
+    None,
+}
+
+/// Room an object keeps free beside its full status (bytes): its managedFields grow with the
+/// status written, and a deletion writes `deletionTimestamp`.
+pub const STATUS_RESERVE_BYTES: usize = 8_192;
+
+/// Room an object keeps free beside its minimal status (bytes): what a deletion writes
+/// (`deletionTimestamp`, `deletionGracePeriodSeconds`, the deleting manager's entry).
+pub const DELETION_RESERVE_BYTES: usize = 1_024;
+
+/// Which status an object of `object_bytes` (its stored JSON without status, managedFields
+/// included) has room for within etcd's [`crate::api::ETCD_OBJECT_BYTES`]: the full one
+/// (`full_bytes`) while it leaves [`STATUS_RESERVE_BYTES`], else the minimal one
+/// (`minimal_bytes`) while it leaves [`DELETION_RESERVE_BYTES`] (a deletion must always fit),
+/// else none (issue 30: a status too large for its object made the object undeletable).
+pub fn fit(object_bytes: usize, full_bytes: usize, minimal_bytes: usize) -> Fit {
+    let limit = crate::api::ETCD_OBJECT_BYTES;
+    if object_bytes + full_bytes + STATUS_RESERVE_BYTES <= limit {
+        Fit::Full
+    } else if object_bytes + minimal_bytes + DELETION_RESERVE_BYTES <= limit {
+        Fit::Minimal
+    } else {
+        Fit::None
+    }
+}
+
+/// The longest message the minimal status keeps ([`minimal_patch`]).
+pub const MINIMAL_MESSAGE_BYTES: usize = 256;
+
+/// The minimal status of `row` as a merge patch, for an object with no room for its full one
+/// ([`fit`]): phase, schedule state, job id, observed generation, attempt and counters, times,
+/// exit code, failure reason, queue, the owner, and the conditions and message cut to
+/// [`MINIMAL_MESSAGE_BYTES`]; every other field of the status is removed (null).
+pub fn minimal_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
+    let cut = |m: &str| -> String {
+        if m.len() <= MINIMAL_MESSAGE_BYTES {
+            return m.to_string();
+        }
+        let mut end = MINIMAL_MESSAGE_BYTES - '…'.len_utf8();
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &m[..end])
+    };
+    let full = status(row);
+    let conditions: Vec<Condition> = full
+        .conditions
+        .into_iter()
+        .map(|c| Condition {
+            message: cut(&c.message),
+            ..c
+        })
+        .collect();
+    let minimal = ManagedJobStatus {
+        job_id: full.job_id,
+        phase: full.phase,
+        schedule_state: full.schedule_state,
+        message: full.message.as_deref().map(cut),
+        queue: full.queue,
+        submitted_at: full.submitted_at,
+        started_at: full.started_at,
+        finished_at: full.finished_at,
+        attempt: full.attempt,
+        recovery_count: full.recovery_count,
+        restart_count: full.restart_count,
+        ignored_count: full.ignored_count,
+        exit_code: full.exit_code,
+        failure_reason: full.failure_reason,
+        observed_generation: full.observed_generation,
+        conditions,
+        current_task: full.current_task,
+        task_progress: full.task_progress,
+        owner: owner.map(|o| o.identity.clone()),
+        owner_epoch: owner.map(|o| o.epoch),
+        ..Default::default()
+    };
+    let mut status = serde_json::to_value(minimal).expect("a status serializes");
+    let obj = status.as_object_mut().expect("status is an object");
+    for field in [
+        "queuePosition",
+        "startedAt",
+        "finishedAt",
+        "exitCode",
+        "failureReason",
+        "workload",
+        "ignoredCount",
+        "attempts",
+        "tasks",
+    ] {
+        obj.entry(field).or_insert(Value::Null);
+    }
+    json!({ "metadata": { "uid": row.uid }, "status": status })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        AttemptStatus, MAX_STATUS_BYTES, MAX_STATUS_MESSAGE_BYTES, MAX_TASKS, ManagedJobSpec,
+        TaskSpec, TaskStatus,
+    };
+    use crate::lifecycle::Object;
+
+    /// The largest status the operator writes: a pipeline of 32 tasks with 63-character names,
+    /// every message (the job's, each condition's, each task record's) at its longest, 10
+    /// attempts with the longest rule names. It stays within `MAX_STATUS_BYTES`, the share of
+    /// etcd's limit the API's bound on a spec leaves it (issue 30).
+    #[test]
+    fn the_largest_status_stays_within_its_share_of_the_object() {
+        let name = |i: usize| format!("{i:02}{}", "t".repeat(61));
+        let spec = ManagedJobSpec {
+            tasks: (0..MAX_TASKS)
+                .map(|i| TaskSpec {
+                    name: name(i),
+                    run: Some("true".into()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "0123456789abcdef0123456789abcdef0123",
+            namespace: &"n".repeat(63),
+            name: &"j".repeat(253),
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+        };
+        let mut row = JobRow::new(&object, 0);
+        let long = "€".repeat(MAX_STATUS_MESSAGE_BYTES);
+        row.message = crate::lifecycle::tasks::capped(&long);
+        assert!(row.message.len() <= MAX_STATUS_MESSAGE_BYTES);
+        row.phase = JobPhase::Failed;
+        row.schedule_state = ScheduleState::Done;
+        row.workload = Some(crate::lifecycle::Workload::Pod("p".repeat(63)));
+        row.exit_code = Some(255);
+        row.started_at_ms = Some(1);
+        row.finished_at_ms = Some(2);
+        row.attempt = 9999;
+        row.launched_attempt = 9999;
+        row.tasks = (0..MAX_TASKS)
+            .map(|i| TaskStatus {
+                name: name(i),
+                phase: crate::api::TaskPhase::Failed,
+                attempt: 9999,
+                restart_count: 9999,
+                recovery_count: 9999,
+                ignored_count: 1000,
+                exit_code: Some(255),
+                failure_reason: Some("x".repeat(64)),
+                started_at: Some(crate::lifecycle::clock::time_in_seconds(1)),
+                finished_at: Some(crate::lifecycle::clock::time_in_seconds(2)),
+                message: Some(row.message.clone()),
+            })
+            .collect();
+        row.attempts = (0..10)
+            .map(|i| AttemptStatus {
+                attempt: 9990 + i,
+                task: Some(name(0)),
+                exit_code: Some(255),
+                reason: "x".repeat(64),
+                rule: "r".repeat(63),
+                action: "Restart".into(),
+                finished_at: Some(crate::lifecycle::clock::time_in_seconds(2)),
+            })
+            .collect();
+        let owner = Owner {
+            identity: "o".repeat(crate::api::schema::MAX_OWNER_BYTES),
+            epoch: i64::MAX,
+        };
+        let full = serde_json::to_vec(&merge_patch(&row, Some(&owner)))
+            .unwrap()
+            .len();
+        println!(
+            "the largest status: {full} bytes (of {MAX_STATUS_BYTES}); its minimal form: {} bytes",
+            serde_json::to_vec(&minimal_patch(&row, Some(&owner)))
+                .unwrap()
+                .len()
+        );
+        assert!(full <= MAX_STATUS_BYTES, "{full} bytes");
+        let minimal = serde_json::to_vec(&minimal_patch(&row, Some(&owner)))
+            .unwrap()
+            .len();
+        assert!(minimal < 8_192, "{minimal} bytes");
+    }
+
+    /// An object with room for its full status gets it; one too close to etcd's limit its
+    /// minimal one while a deletion still fits; one at the limit none.
+    #[test]
+    fn a_status_is_written_as_its_object_has_room() {
+        let limit = crate::api::ETCD_OBJECT_BYTES;
+        assert_eq!(fit(100_000, 3_000, 600), Fit::Full);
+        assert_eq!(
+            fit(limit - 3_000 - STATUS_RESERVE_BYTES, 3_000, 600),
+            Fit::Full
+        );
+        assert_eq!(fit(limit - 5_000, 3_000, 600), Fit::Minimal);
+        assert_eq!(
+            fit(limit - 600 - DELETION_RESERVE_BYTES, 3_000, 600),
+            Fit::Minimal
+        );
+        assert_eq!(fit(limit - 1_000, 3_000, 600), Fit::None);
+    }
+}

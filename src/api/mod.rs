@@ -37,6 +37,7 @@ pub use types::{
     ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus, TaskView, shard_selector,
 };
 pub use validation::{
-    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES,
-    MAX_TASK_ENV_VARS, MAX_TASKS, is_dns_label, validate_spec,
+    ETCD_OBJECT_BYTES, MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES,
+    MAX_SPEC_PAYLOAD, MAX_STATUS_BYTES, MAX_STATUS_MESSAGE_BYTES, MAX_TASK_ENV_VALUE_BYTES,
+    MAX_TASK_ENV_VARS, MAX_TASKS, is_dns_label, spec_payload, validate_spec,
 };

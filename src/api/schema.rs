@@ -13,8 +13,9 @@ use super::failure::{
 use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
-    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_POD_CONTAINERS,
-    MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
+    ETCD_OBJECT_BYTES, MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS,
+    MAX_POD_CONTAINERS, MAX_SCRIPT_BYTES, MAX_SPEC_PAYLOAD, MAX_TASK_ENV_VALUE_BYTES,
+    MAX_TASK_ENV_VARS, MAX_TASKS,
 };
 
 /// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
@@ -161,6 +162,28 @@ fn refine_spec_schema(spec: &mut Value) {
             "spec.env holds more than {MAX_ENV_BYTES} bytes of names and values in all (the object must leave room for its status, and a process for its environment)"
         ),
     ));
+    // One bound across the spec's scripts and environment, tasks included (issue 30): with its
+    // largest status and its metadata the object must fit in etcd.
+    let env_chars = |env: &str| {
+        format!(
+            "(has({env}) ? {env}.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0)"
+        )
+    };
+    let script = |s: &str| format!("(has({s}) ? size({s}) : 0)");
+    rules.push(json!({
+        "rule": format!(
+            "{} + {} + {} + (has(self.tasks) ? self.tasks.map(t, {} + {} + {}).sum() : 0) <= {MAX_SPEC_PAYLOAD}",
+            script("self.run"),
+            script("self.setup"),
+            env_chars("self.env"),
+            script("t.run"),
+            script("t.setup"),
+            env_chars("t.env"),
+        ),
+        "message": format!(
+            "spec holds more than {MAX_SPEC_PAYLOAD} characters of scripts and environment (spec.run, spec.setup, spec.env and every task's run, setup and env): with its status and metadata the object would not fit in etcd ({ETCD_OBJECT_BYTES} bytes)"
+        ),
+    }));
     rules.extend(local_policy_rules(
         "has(self.run)",
         "a local job (spec.run)",

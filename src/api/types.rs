@@ -311,14 +311,12 @@ pub struct ManagedJobStatus {
     /// counts the attempts of every task.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskStatus>,
-    /// The operator instance that owns the job, the only one that acts on it: the holder
-    /// identity of its claim on the job's namespace (the Lease `managed-jobs-owner`, or
-    /// `managed-jobs-owner-<shard>`, in that namespace), `<pod or host name>/<store id>`.
+    /// The operator that owns the job (the only one acting on it): the holder of the Lease
+    /// `managed-jobs-owner[-<shard>]` in the job's namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    /// The epoch of the owner's claim (its Lease's `leaseTransitions`, raised at every change
-    /// of owner). The API refuses a status written under a lower epoch, or under the same epoch
-    /// by another owner: a former owner that has not yet seen its claim taken cannot write.
+    /// The epoch of the owner's claim (that Lease's `leaseTransitions`): a status of a lower
+    /// epoch, or of the same epoch by another owner, is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_epoch: Option<i64>,
 }

@@ -39,6 +39,73 @@ pub const MAX_TASK_ENV_VALUE_BYTES: usize = 8_192;
 /// environment together (so it could never start). 256 KiB leaves room for the scripts, the
 /// status and the finalizer. Enforced by a CEL rule at the API, and by [`validate_spec`].
 pub const MAX_ENV_BYTES: usize = 262_144;
+/// The largest object etcd stores: its default `--max-request-bytes`, 1.5 MiB, which
+/// kube-apiserver does not change (a write above it fails `etcdserver: request is too large`).
+/// Everything of a ManagedJob lives in it: its spec, its metadata (annotations alone may take
+/// 256 KiB, and `kubectl apply`'s copy of the object counts there), its status, and the
+/// `deletionTimestamp` a deletion writes.
+pub const ETCD_OBJECT_BYTES: usize = 1_572_864;
+
+/// The largest status the operator writes, in bytes of JSON: 32 task records and the job's
+/// conditions, each message at most [`MAX_STATUS_MESSAGE_BYTES`], and 10 attempts
+/// (`status::tests` builds the largest: 93,714 bytes).
+pub const MAX_STATUS_BYTES: usize = 131_072;
+
+/// The longest message the operator keeps in a status (`status.message`, each condition's and
+/// each task record's): longer ones (a kubelet's or an admission webhook's words quoted) are
+/// cut there, so that the largest status stays within [`MAX_STATUS_BYTES`].
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 2_048;
+
+/// What an object's metadata and JSON structure may take beside its spec's scripts and
+/// environment: all of its annotations (256 KiB, the API server's own limit), its name,
+/// labels, finalizer and managedFields (16 KiB), and the spec's keys, failure rules and the
+/// escaping of its scripts (64 KiB).
+pub const METADATA_ALLOWANCE_BYTES: usize = 262_144 + 16_384 + 65_536;
+
+/// Most characters of scripts and environment in one ManagedJob, across `spec.run`,
+/// `spec.setup`, `spec.env` and every task's `run`, `setup` and `env` (names and values): with
+/// the largest status and its metadata an object must fit in etcd ([`ETCD_OBJECT_BYTES`]), or
+/// its status could never be written, nor its deletion (issue 30: 11 tasks of a 63,990-byte
+/// `run` and a 64,000-byte `setup` with 163,136 bytes of environment kept every per-field bound
+/// and could neither show its status nor be deleted). 1 MiB:
+/// `ETCD_OBJECT_BYTES - METADATA_ALLOWANCE_BYTES - MAX_STATUS_BYTES` leaves 64 KiB more, for
+/// characters that take several bytes. Counted in characters (what a CEL rule can count
+/// cheaply); a pod template's size is not bounded here (the schema keeps its fields open):
+/// a status that would not fit is written in its minimal form ([`crate::status`]).
+pub const MAX_SPEC_PAYLOAD: usize = 1_048_576;
+
+const _: () = assert!(
+    MAX_SPEC_PAYLOAD + METADATA_ALLOWANCE_BYTES + MAX_STATUS_BYTES < ETCD_OBJECT_BYTES,
+    "a largest spec, its metadata and its largest status must fit in etcd"
+);
+
+/// The characters of scripts and environment `spec` holds ([`MAX_SPEC_PAYLOAD`] bounds them):
+/// `run`, `setup` and `env` (names and values), the job's and every task's.
+pub fn spec_payload(spec: &ManagedJobSpec) -> usize {
+    let chars = |s: &Option<String>| s.as_deref().map_or(0, |s| s.chars().count());
+    let env = |env: &[super::types::EnvVar]| -> usize {
+        env.iter()
+            .map(|e| e.name.chars().count() + e.value.chars().count())
+            .sum()
+    };
+    chars(&spec.run)
+        + chars(&spec.setup)
+        + env(&spec.env)
+        + spec
+            .tasks
+            .iter()
+            .map(|t| chars(&t.run) + chars(&t.setup) + env(&t.env))
+            .sum::<usize>()
+}
+
+/// What the API (and [`validate_spec`]) says of a spec holding `payload` characters of scripts
+/// and environment, more than [`MAX_SPEC_PAYLOAD`].
+pub fn spec_payload_message(payload: usize) -> String {
+    format!(
+        "spec holds {payload} characters of scripts and environment, more than {MAX_SPEC_PAYLOAD}, counted over spec.run, spec.setup, spec.env and every task's run, setup and env: with its status and metadata the object would not fit in etcd ({ETCD_OBJECT_BYTES} bytes), so its status could never be written, nor its deletion"
+    )
+}
+
 /// Most containers, and most init containers, in a pod template: the CEL rule that each
 /// failure rule's `onExitCodes.containerName` names one of them is costed from this bound.
 pub const MAX_POD_CONTAINERS: usize = 64;
@@ -82,6 +149,10 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
         return Err(format!(
             "spec.terminationGracePeriodSeconds must be within 0..{MAX_GRACE_SECONDS}"
         ));
+    }
+    let payload = spec_payload(spec);
+    if payload > MAX_SPEC_PAYLOAD {
+        return Err(spec_payload_message(payload));
     }
     if spec.is_pipeline() {
         if spec.setup.is_some() {

@@ -267,7 +267,7 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
         after.schedule_state = s;
     }
     if let Some(m) = &change.message {
-        after.message = m.clone();
+        after.message = super::tasks::capped(m);
     }
     if let Some(c) = change.controller {
         after.controller_pid = c.map(|(pid, _)| pid);

@@ -9,7 +9,7 @@
 //! that ends the job ends the later ones as Skipped, and every message names its task. A job
 //! of one task has no records; all of this is then the identity.
 
-use crate::api::{JobPhase, ScheduleState, TaskPhase, TaskView};
+use crate::api::{JobPhase, MAX_STATUS_MESSAGE_BYTES, ScheduleState, TaskPhase, TaskView};
 
 use super::clock::time_in_seconds as time;
 use super::reason::Failure;
@@ -35,9 +35,23 @@ pub fn has_next_task(row: &JobRow) -> bool {
 /// whether writing it would change anything.
 pub fn stored_message(row: &JobRow, message: &str) -> String {
     match current_task(row).label() {
-        Some(label) => format!("{label}: {message}"),
-        None => message.to_string(),
+        Some(label) => capped(&format!("{label}: {message}")),
+        None => capped(message),
     }
+}
+
+/// `message` cut to [`MAX_STATUS_MESSAGE_BYTES`] (at a character boundary, ending `…`): a
+/// status keeps every message within it, so that the largest status stays within
+/// `api::MAX_STATUS_BYTES` (a kubelet's or a webhook's words quoted may be long).
+pub fn capped(message: &str) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
 }
 
 /// `TASK` as `kubectl get mj` shows it: `2/3 train` (number from 1). None for a job of one task.
@@ -122,7 +136,7 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
             rec.failure_reason = reason.as_ref().map(|f| f.as_str().to_string());
         }
         if let Some(m) = written.message {
-            rec.message = Some(m.to_string());
+            rec.message = Some(capped(m));
         }
     } else {
         rec.message = Some("waiting for a launch slot".into());

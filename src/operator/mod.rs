@@ -209,6 +209,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         failures: Default::default(),
         jobs: reader.clone(),
         claims,
+        too_large: Default::default(),
     });
     for mut rx in events_rx {
         let op = op.clone();
@@ -280,9 +281,17 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         watcher::Config::default().any_semantic().labels(&selector),
     )
     .modify(|mj: &mut ManagedJob| {
+        // What is dropped still counts in the object's size (`status_writer`: a status that
+        // would not fit is written minimal): its length is kept in an annotation of this
+        // copy, never written back.
+        let dropped = serde_json::to_vec(&mj.metadata.managed_fields).map_or(0, |v| v.len())
+            + mj.annotations()
+                .get(status_writer::LAST_APPLIED)
+                .map_or(0, |a| a.len() + status_writer::LAST_APPLIED.len());
         mj.managed_fields_mut().clear();
+        mj.annotations_mut().remove(status_writer::LAST_APPLIED);
         mj.annotations_mut()
-            .remove("kubectl.kubernetes.io/last-applied-configuration");
+            .insert(status_writer::TRIMMED_BYTES.into(), dropped.to_string());
     })
     .reflect(writer)
     .inspect(move |event| {

@@ -43,4 +43,7 @@ pub struct Operator {
     /// Its claims on namespaces: it acts only on the jobs of those it holds
     /// (`docs/design.md#one-owner-per-job`).
     pub(super) claims: Arc<super::claims::Claims>,
+    /// Jobs whose object has no room for their full status, already told
+    /// (`StatusTooLarge`).
+    pub(super) too_large: Mutex<std::collections::HashSet<i64>>,
 }

@@ -16,6 +16,14 @@ use crate::engine::BACKSTOP;
 use crate::lifecycle::JobRow;
 use crate::lifecycle::now_ms;
 
+/// `kubectl apply`'s copy of the object, an annotation the operator's cache drops.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// An annotation of the operator's cached copy only (never written): the bytes its cache
+/// dropped from the object (its managedFields and `kubectl apply`'s copy), which still count in
+/// the object's size in etcd.
+pub const TRIMMED_BYTES: &str = "managedjobs.dev/trimmed-bytes";
+
 /// Status writes in flight at once (the API server serves them in parallel; the QPS budget
 /// still bounds the rate).
 pub const STATUS_WRITERS: usize = 64;
@@ -412,16 +420,132 @@ impl Operator {
     }
 
     /// Writes one row's status.
+    /// The bytes the job's object takes in etcd without its status, as the cache has it (what
+    /// the cache dropped included, [`TRIMMED_BYTES`]); 0 when it is not cached.
+    fn object_bytes(&self, row: &JobRow) -> usize {
+        let key = kube::runtime::reflector::ObjectRef::new(&row.name).within(&row.namespace);
+        let Some(mj) = self.jobs.get(&key) else {
+            return 0;
+        };
+        let trimmed = mj
+            .annotations()
+            .get(TRIMMED_BYTES)
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut bare = (*mj).clone();
+        bare.status = None;
+        bare.annotations_mut().remove(TRIMMED_BYTES);
+        serde_json::to_vec(&bare).map_or(0, |v| v.len()) + trimmed
+    }
+
+    /// Writes one row's status: the full one while the object has room for it, else its
+    /// minimal form, else none (`crate::status::fit`; issue 30: an object too big for its
+    /// status could neither show that it ended nor be deleted). Either way the job ends, and
+    /// a Warning Event says why its status is short or missing.
     async fn write_status(&self, row: &JobRow) -> WriteOutcome {
+        use crate::status::{Fit, fit, merge_patch, minimal_patch};
         // Only the owner writes, with its claim (the API refuses it under an older one).
         let Some(owner) = self.claims.owner(&row.namespace) else {
             return WriteOutcome::NotOwner;
         };
+        let full = merge_patch(row, Some(&owner));
+        let minimal = minimal_patch(row, Some(&owner));
+        let len = |v: &serde_json::Value| serde_json::to_vec(&v["status"]).map_or(0, |b| b.len());
+        let object = self.object_bytes(row);
+        let mut level = fit(object, len(&full), len(&minimal));
+        loop {
+            let patch = match level {
+                Fit::Full => &full,
+                Fit::Minimal => &minimal,
+                Fit::None => {
+                    self.status_too_large(row, object, None).await;
+                    return self.synced(row);
+                }
+            };
+            match self.patch_status(row, patch).await {
+                // Refused as too large after all (what the cache knows of the object was
+                // short): the next smaller form, at once.
+                WriteOutcome::Failed { error, .. } if too_large(&error) => {
+                    level = match level {
+                        Fit::Full => Fit::Minimal,
+                        _ => Fit::None,
+                    };
+                }
+                WriteOutcome::Done if level == Fit::Minimal => {
+                    self.status_too_large(row, object, Some(len(&minimal)))
+                        .await;
+                    return WriteOutcome::Done;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Records `row`'s status as written (a status that cannot be written at all counts as
+    /// written: the job goes on, its deletion is not held for it).
+    fn synced(&self, row: &JobRow) -> WriteOutcome {
+        if let Err(e) = self.engine.store().mark_synced(row.id, row.status_version) {
+            tracing::error!(job_id = row.id, error = %e, "marking status synced failed");
+        }
+        WriteOutcome::Done
+    }
+
+    /// Says, once per job, that its object (of `object` bytes without status) has no room for
+    /// its full status: a Warning Event `StatusTooLarge` naming the sizes and what was written
+    /// (`minimal`: the minimal status's bytes; None: nothing).
+    async fn status_too_large(&self, row: &JobRow, object: usize, minimal: Option<usize>) {
+        let first = self
+            .too_large
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(row.id);
+        if !first {
+            return;
+        }
+        let limit = crate::api::ETCD_OBJECT_BYTES;
+        let what = match minimal {
+            Some(bytes) => format!(
+                "only its minimal status is written ({bytes} bytes: phase, counters, times, conditions; messages cut short, no task records or attempts)"
+            ),
+            None => "no status can be written at all".into(),
+        };
+        tracing::warn!(job_id = row.id, job = %row.key(), object_bytes = object, "the object has no room for its full status in etcd ({limit} bytes): {what}");
+        let Some(publisher) = &self.events else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("managedjobs.dev/v1alpha1".into()),
+            kind: Some("ManagedJob".into()),
+            name: Some(row.name.clone()),
+            namespace: Some(row.namespace.clone()),
+            uid: Some(row.uid.clone()),
+            ..Default::default()
+        };
+        let event = crate::events::JobEvent {
+            type_: crate::events::EventType::Warning,
+            reason: "StatusTooLarge",
+            note: crate::events::truncate(
+                &format!(
+                    "this object takes about {object} bytes without its status, too close to etcd's {limit}-byte limit for its full status: {what}; the job runs and ends as usual and can be deleted (managed-jobs queue shows the rest)"
+                ),
+                crate::events::MAX_NOTE_BYTES,
+            ),
+            at_ms: now_ms(),
+        };
+        self.budget.for_event().await;
+        self.engine.metrics.api_request("create_event");
+        if let Err(e) = publisher.publish(&reference, &event).await {
+            self.engine.metrics.events_refused_total.inc();
+            tracing::warn!(job_id = row.id, error = %e, "the API refused a StatusTooLarge Event");
+        }
+    }
+
+    /// Sends one status patch of `row` and records it synced once accepted.
+    async fn patch_status(&self, row: &JobRow, patch: &serde_json::Value) -> WriteOutcome {
         self.budget.for_status().await;
         let api: Api<ManagedJob> = Api::namespaced(self.client.clone(), &row.namespace);
-        let patch = crate::status::merge_patch(row, Some(&owner));
         let result = api
-            .patch_status(&row.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(&row.name, &PatchParams::default(), &Patch::Merge(patch))
             .await;
         self.engine.metrics.api_request("patch");
         let done = match result {
@@ -499,6 +623,12 @@ impl Operator {
         }
         done
     }
+}
+
+/// True when the API refused a write as too large for etcd (`etcdserver: request is too
+/// large`) or for itself (413).
+fn too_large(error: &str) -> bool {
+    error.contains("too large") || error.contains("(413)")
 }
 
 #[cfg(test)]
