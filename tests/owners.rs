@@ -413,3 +413,75 @@ async fn leader_election_outside_a_pod_follows_the_watched_namespace() {
         );
     }
 }
+
+/// The owner's operator dies alone (SIGKILL; outside a cluster its job controllers outlive it)
+/// while a local job runs and another operator stands by. Its job controller stops the local
+/// workload once the claim lapsed (the new owner could not adopt it: it is this state dir's),
+/// and the new owner relaunches it only after that stop's grace: the two runs never overlap.
+#[tokio::test]
+async fn a_local_workload_of_an_owner_killed_alone_stops_before_its_relaunch() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "alone").await;
+    let runs = tempfile::NamedTempFile::new().unwrap();
+    let script = format!(
+        r#"apiVersion: managedjobs.dev/v1alpha1
+kind: ManagedJob
+metadata:
+  name: alone
+spec:
+  run: 'echo "start $(date +%s%N)" >> {runs}; trap "echo stop $(date +%s%N) >> {runs}; exit 143" TERM; sleep 40 & wait'
+"#,
+        runs = runs.path().display()
+    );
+    let mut a = support::OperatorProcess::start(cp, &ns.name, &[]);
+    support::create_yaml(&client, &ns.name, &script).await;
+    support::wait_status(&client, &ns.name, "alone", T, "Running", |s| {
+        s.phase == Some(JobPhase::Running)
+    })
+    .await;
+    let first = holder(&client, &ns.name, "managed-jobs-owner")
+        .await
+        .unwrap();
+    let b = support::OperatorProcess::start(cp, &ns.name, &[]);
+    a.kill();
+    let done = support::wait_status(&client, &ns.name, "alone", T, "Succeeded", |s| {
+        s.phase.is_some_and(|p| p.is_terminal())
+    })
+    .await;
+    let s = done.status.unwrap();
+    assert_eq!(s.phase, Some(JobPhase::Succeeded), "{:?}", s.message);
+    assert_ne!(
+        s.owner.as_deref(),
+        Some(first.as_str()),
+        "the new owner ended it"
+    );
+    assert_eq!((s.attempt, s.restart_count, s.recovery_count), (2, 0, 0));
+    // start, stop (the former owner's job controller), start (the new owner's), in that order.
+    let lines: Vec<(String, u128)> = std::fs::read_to_string(runs.path())
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (what, at) = l.split_once(' ')?;
+            Some((what.to_string(), at.trim().parse().ok()?))
+        })
+        .collect();
+    let kinds: Vec<&str> = lines.iter().map(|(w, _)| w.as_str()).collect();
+    assert_eq!(kinds, ["start", "stop", "start"], "{lines:?}");
+    assert!(
+        lines[1].1 < lines[2].1,
+        "the relaunch began before the stop: {lines:?}"
+    );
+    // The former owner's job controller said why it stopped it.
+    let logs = std::fs::read_dir(a.state_path().join("logs"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect::<String>();
+    assert!(logs.contains("ClaimLapsed"), "{logs}");
+    assert!(
+        b.log().contains("took the job over from its status"),
+        "{}",
+        b.log()
+    );
+    drop(b);
+}
