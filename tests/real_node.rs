@@ -1277,3 +1277,119 @@ async fn a_helm_upgrade_from_the_previous_release_loses_repeats_and_fails_no_job
         "this release's operator counted a crash:\n{log}"
     );
 }
+
+/// Issue 30, class 1, in the deployed form: two releases of the chart watching one namespace
+/// (each its own release namespace, ServiceAccount, Role and leader-election Lease; before, both
+/// ran every job). One owns the namespace's jobs (it holds the Lease `managed-jobs-owner` there,
+/// every status names it), the other says it leaves them alone; each job has one Pod. The
+/// owner's release is uninstalled: the other takes the jobs over within the claim's 15 s (the
+/// time is printed), adopts their Pods, and every job Succeeds without a restart or a recovery.
+#[tokio::test]
+async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let watched = support::TestNamespace::new(&client, cp, "tworel").await;
+    let w = watched.name.clone();
+    let first = Release::install(
+        cp,
+        &[
+            &format!("watchNamespace={w}"),
+            "persistence.enabled=false",
+        ],
+    );
+    first.wait_operator("after install", |_| true);
+    // The second release: its own namespace; the cluster-scoped objects stay the first's.
+    const SECOND: &str = "mj-b";
+    const SECOND_NS: &str = "mj-b-system";
+    let values = support::root().join("tests/real-node/values.yaml");
+    let chart = support::root().join("charts/managed-jobs");
+    let watch_ns = format!("watchNamespace={w}");
+    let mut args = vec![
+        "install",
+        SECOND,
+        chart.to_str().unwrap(),
+        "-n",
+        SECOND_NS,
+        "--create-namespace",
+        "-f",
+        values.to_str().unwrap(),
+        "--wait",
+        "--timeout",
+        "180s",
+    ];
+    for set in [
+        watch_ns.as_str(),
+        "persistence.enabled=false",
+        "crds.enabled=false",
+        "shardPolicy.enabled=false",
+        "gitopsPolicy.enabled=false",
+        "finalizerPolicy.enabled=false",
+        "helmTest.enabled=false",
+    ] {
+        args.extend(["--set", set]);
+    }
+    struct Second(&'static support::ControlPlane);
+    impl Drop for Second {
+        fn drop(&mut self) {
+            let _ = helm(self.0, &["uninstall", SECOND, "-n", SECOND_NS, "--wait", "--timeout", "120s"]);
+            kubectl(self.0, &["delete", "namespace", SECOND_NS, "--wait=false"]);
+        }
+    }
+    let (ok, out) = helm(cp, &args);
+    assert!(ok, "helm install {SECOND}: {out}");
+    let _second = Second(cp);
+    let second_logs = || kubectl(cp, &["-n", SECOND_NS, "logs", &format!("{SECOND}-managed-jobs-0")]).1;
+
+    let (pods_task, pods) = watch_pods(&client, &w);
+    let (phases_task, phases) = watch_phases(&client, &w);
+    for name in ["one", "two"] {
+        create(&client, &w, &sleeper(name, 40)).await;
+    }
+    for name in ["one", "two"] {
+        running(&client, &w, name).await;
+    }
+    let owner_of = |s: &ManagedJobStatus| s.owner.clone().unwrap_or_default();
+    let holder = || {
+        kubectl(
+            cp,
+            &["-n", &w, "get", "lease", "managed-jobs-owner", "-o", "jsonpath={.spec.holderIdentity}"],
+        )
+        .1
+        .trim()
+        .to_string()
+    };
+    let owner = holder();
+    assert!(owner.starts_with(OPERATOR_POD), "the first release owns them: {owner}");
+    for name in ["one", "two"] {
+        assert_eq!(owner_of(&running(&client, &w, name).await), owner, "{name}");
+    }
+    let start = Instant::now();
+    while !second_logs().contains("this operator leaves them alone") {
+        assert!(start.elapsed() < T, "the second release never said so:\n{}", second_logs());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The owner goes (its Pods run on): the second release takes the jobs over.
+    first.uninstall();
+    let gone = Instant::now();
+    let taken = loop {
+        let h = holder();
+        if !h.is_empty() && h != owner {
+            break h;
+        }
+        assert!(gone.elapsed() < T, "nobody took the jobs over");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!(
+        "two releases on one namespace: the second release owned the jobs {:.1} s after the first was uninstalled",
+        gone.elapsed().as_secs_f64()
+    );
+    assert!(taken.starts_with(&format!("{SECOND}-managed-jobs-0")), "{taken}");
+    for name in ["one", "two"] {
+        let s = finished(&client, &w, name).await;
+        assert_clean_success(name, &s, &pods, 1);
+        assert_eq!(owner_of(&s), taken, "{name}: the new owner wrote its end");
+    }
+    assert_never(&phases, &["FailedController", "Recovering"]);
+    pods_task.abort();
+    phases_task.abort();
+}
