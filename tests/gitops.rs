@@ -49,15 +49,18 @@ fn change_for(phase: JobPhase) -> Change {
             .message(message)
             .attempt(1)
     };
-    let started = |message: &str| base(message).started(Workload::Process(4242));
+    let started = |message: &str| base(message).launched(1).started(Workload::Process(4242));
     let failed = |reason: &str, message: &str, code: Option<i32>| {
-        base(message).failure_reason(reason).exit_code(code)
+        base(message)
+            .launched(1)
+            .failure_reason(reason)
+            .exit_code(code)
     };
     match phase {
         // Keeps what the store wrote at first sight ("queued: waiting to be admitted").
         JobPhase::Pending => Builder::new(Reason::Running).to(phase, schedule),
         JobPhase::Submitted => base("job controller process started (pid 4200)"),
-        JobPhase::Starting => base("launching attempt 1"),
+        JobPhase::Starting => base("launching attempt 1").launched(1),
         JobPhase::Running => started("running attempt 1 in pid/4242"),
         JobPhase::Recovering => started(
             "recovering: attempt 1 was lost (node drained); waiting for a launch slot (recovery 1)",

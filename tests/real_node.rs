@@ -1291,10 +1291,7 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
     let w = watched.name.clone();
     let first = Release::install(
         cp,
-        &[
-            &format!("watchNamespace={w}"),
-            "persistence.enabled=false",
-        ],
+        &[&format!("watchNamespace={w}"), "persistence.enabled=false"],
     );
     first.wait_operator("after install", |_| true);
     // The second release: its own namespace; the cluster-scoped objects stay the first's.
@@ -1330,14 +1327,31 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
     struct Second(&'static support::ControlPlane);
     impl Drop for Second {
         fn drop(&mut self) {
-            let _ = helm(self.0, &["uninstall", SECOND, "-n", SECOND_NS, "--wait", "--timeout", "120s"]);
+            let _ = helm(
+                self.0,
+                &[
+                    "uninstall",
+                    SECOND,
+                    "-n",
+                    SECOND_NS,
+                    "--wait",
+                    "--timeout",
+                    "120s",
+                ],
+            );
             kubectl(self.0, &["delete", "namespace", SECOND_NS, "--wait=false"]);
         }
     }
     let (ok, out) = helm(cp, &args);
     assert!(ok, "helm install {SECOND}: {out}");
     let _second = Second(cp);
-    let second_logs = || kubectl(cp, &["-n", SECOND_NS, "logs", &format!("{SECOND}-managed-jobs-0")]).1;
+    let second_logs = || {
+        kubectl(
+            cp,
+            &["-n", SECOND_NS, "logs", &format!("{SECOND}-managed-jobs-0")],
+        )
+        .1
+    };
 
     let (pods_task, pods) = watch_pods(&client, &w);
     let (phases_task, phases) = watch_phases(&client, &w);
@@ -1351,20 +1365,35 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
     let holder = || {
         kubectl(
             cp,
-            &["-n", &w, "get", "lease", "managed-jobs-owner", "-o", "jsonpath={.spec.holderIdentity}"],
+            &[
+                "-n",
+                &w,
+                "get",
+                "lease",
+                "managed-jobs-owner",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ],
         )
         .1
         .trim()
         .to_string()
     };
     let owner = holder();
-    assert!(owner.starts_with(OPERATOR_POD), "the first release owns them: {owner}");
+    assert!(
+        owner.starts_with(OPERATOR_POD),
+        "the first release owns them: {owner}"
+    );
     for name in ["one", "two"] {
         assert_eq!(owner_of(&running(&client, &w, name).await), owner, "{name}");
     }
     let start = Instant::now();
     while !second_logs().contains("this operator leaves them alone") {
-        assert!(start.elapsed() < T, "the second release never said so:\n{}", second_logs());
+        assert!(
+            start.elapsed() < T,
+            "the second release never said so:\n{}",
+            second_logs()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 
@@ -1383,7 +1412,10 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
         "two releases on one namespace: the second release owned the jobs {:.1} s after the first was uninstalled",
         gone.elapsed().as_secs_f64()
     );
-    assert!(taken.starts_with(&format!("{SECOND}-managed-jobs-0")), "{taken}");
+    assert!(
+        taken.starts_with(&format!("{SECOND}-managed-jobs-0")),
+        "{taken}"
+    );
     for name in ["one", "two"] {
         let s = finished(&client, &w, name).await;
         assert_clean_success(name, &s, &pods, 1);

@@ -82,6 +82,12 @@ impl Builder {
         self
     }
 
+    /// Records that attempts up to `attempt` were launched (`launched_attempt`).
+    pub fn launched(mut self, attempt: i32) -> Builder {
+        self.0.launched_attempt = Some(attempt);
+        self
+    }
+
     /// Writes the recovery count.
     pub fn recovery_count(mut self, n: i32) -> Builder {
         self.0.recovery_count = Some(n);
