@@ -486,7 +486,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
         }
         Some(t) => Some(task_index(&row, t)?),
     };
-    if row.executor == ExecutorKind::Pod {
+    if row.executor.facts().api_objects {
         print!("{}", pod_logs_hint(&row, task));
         return Ok(());
     }

@@ -259,7 +259,8 @@ impl Engine {
                 c.reserved_mib
             );
         }
-        if cfg.executors.contains(&ExecutorKind::Local) && !std::path::Path::new("/bin/sh").exists()
+        if cfg.executors.iter().any(|k| k.facts().local_processes)
+            && !std::path::Path::new("/bin/sh").exists()
         {
             tracing::warn!(
                 "the local executor is on, but /bin/sh does not exist here: every job with spec.run will fail to start (the operator's image has no shell; use spec.template)"
@@ -621,7 +622,11 @@ impl Engine {
         let processes = LocalExecutor::new(&self.dir).wrappers();
         let controllers = self.job_controller_processes();
         let store = self.store();
-        let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
+        let mut jobs: Vec<world::Job> = store
+            .live_jobs()?
+            .iter()
+            .map(|r| world::Job::live(r, crate::executor::member_names(r)))
+            .collect();
         jobs.extend(
             store
                 .pending_jobs_brief()?

@@ -31,7 +31,7 @@ pub use queue::{
     is_queue_name, queue_crd, queue_crd_yaml,
 };
 pub use schema::{crd, crd_yaml, status_default};
-pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
+pub use states::{ExecutorFacts, ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
 pub use types::{
     EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK, ManagedJob,
     ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus, TaskView, shard_selector,

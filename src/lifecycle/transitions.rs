@@ -184,7 +184,7 @@ pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
 /// The attempt's Pod waits for a node: waiting on the cluster must not hold a launch slot, so
 /// the job keeps its run slot only (Launching -> Alive, phase unchanged, or Starting when the
 /// first launch was not recorded yet).
-pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Transition {
+pub fn unschedulable(row: &JobRow, workload: Option<Workload>, message: String) -> Transition {
     let mut change = Change::because(Reason::Unschedulable).message(message);
     change.schedule = Some(ScheduleState::Alive);
     // Its Pod exists, so its launch began, even if the store does not know it yet (a store
@@ -192,7 +192,9 @@ pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Trans
     if matches!(row.phase, JobPhase::Pending | JobPhase::Submitted) {
         change.phase = Some(JobPhase::Starting);
     }
-    change.workload = Some(Some(workload));
+    if workload.is_some() {
+        change.workload = Some(workload);
+    }
     change.launch_clock = Some(LaunchClock::Clear);
     if row.node_wait_since_ms.is_none() {
         change.node_wait = Some(LaunchClock::Start);
@@ -202,12 +204,14 @@ pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Trans
 
 /// The attempt's workload was deleted by someone else and is terminating: it no longer counts
 /// as running (a running job shows Recovering); it is relaunched once it is gone.
-pub fn terminating(row: &JobRow, workload: Workload, message: String) -> Transition {
+pub fn terminating(row: &JobRow, workload: Option<Workload>, message: String) -> Transition {
     let mut change = Change::because(Reason::PodTerminating).message(message);
     if row.schedule_state == ScheduleState::Alive {
         change.phase = Some(JobPhase::Recovering);
     }
-    change.workload = Some(Some(workload));
+    if workload.is_some() {
+        change.workload = Some(workload);
+    }
     Transition::new(Expect::unchanged(row), change)
 }
 

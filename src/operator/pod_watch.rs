@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-use crate::api::{ExecutorKind, LABEL_JOB_ID};
+use crate::api::LABEL_JOB_ID;
 use crate::engine::Engine;
 use crate::executor::pod::{self, state};
-use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::world::PodSeen;
+use crate::store::pods::{PodObservation, PodState};
 
 /// Every Pod with our marks (the job-id and attempt labels and a ManagedJob controller owner),
 /// as the watch last saw it, by (namespace, name): the world check's view of the Pods. A few
@@ -168,7 +168,7 @@ fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
 /// from the labelled list but not gone.
 async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<(i64, i32)>) {
     let live = engine.store().live_jobs().unwrap_or_default();
-    for row in live.iter().filter(|r| r.executor == ExecutorKind::Pod) {
+    for row in live.iter().filter(|r| r.executor.facts().api_objects) {
         if listed.contains(&(row.id, row.attempt)) {
             continue;
         }

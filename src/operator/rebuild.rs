@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::{ExecutorKind, LABEL_JOB_ID, ManagedJob};
+use crate::api::{LABEL_JOB_ID, ManagedJob};
 use crate::executor::pod;
-use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::{self, JobRow, Object, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::Store;
+use crate::store::pods::{PodObservation, PodState};
 
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub async fn rebuild_if_empty(
         let row = store.restore(&record)?;
         out.jobs += 1;
         let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
-        if row.executor != ExecutorKind::Pod || !live {
+        if !row.executor.facts().api_objects || !live {
             continue;
         }
         let Some(pods) = &pods else { continue };

@@ -3,8 +3,130 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::{Result, Store};
-use crate::lifecycle::now_ms;
-use crate::lifecycle::pod::{PodObservation, PodState};
+use std::fmt;
+
+use crate::lifecycle::{Evidence, now_ms};
+
+/// Where an attempt's Pod stands, as the job controller needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PodState {
+    /// Created; not running yet (scheduling, pulling images, init containers running).
+    Pending,
+    /// The scheduler found no node (`PodScheduled=False`).
+    Unschedulable,
+    /// Phase Running.
+    Running,
+    /// Phase Succeeded.
+    Succeeded,
+    /// Phase Failed: a container exited non-zero.
+    Failed,
+    /// Phase Failed: an init container exited non-zero.
+    SetupFailed,
+    /// Phase Failed before any container ran: the node refused it (`OutOfcpu`...).
+    Refused,
+    /// Pending with a container the kubelet can never start (`InvalidImageName`,
+    /// `ErrImageNeverPull`, `CreateContainerConfigError`).
+    Invalid,
+    /// Deleted (it has a `deletionTimestamp`) but not gone, and it had not exited: no longer
+    /// counted as running. Relaunched once gone, or force-deleted when it outlives its grace
+    /// period plus [`TERMINATING_MARGIN`] on a node that is not Ready.
+    Terminating,
+    /// Taken away: evicted, preempted (`DisruptionTarget`), its node lost, or deleted.
+    Lost,
+}
+
+/// How long past its grace period a terminating Pod may stay on a node that is not Ready before
+/// it is force-deleted (the kubelet cannot confirm; the node lifecycle controller's default
+/// grace for an unresponsive node is 40 s, and its eviction waits longer still).
+pub const TERMINATING_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl PodState {
+    /// Every state.
+    pub const ALL: [PodState; 10] = [
+        PodState::Pending,
+        PodState::Unschedulable,
+        PodState::Running,
+        PodState::Succeeded,
+        PodState::Failed,
+        PodState::SetupFailed,
+        PodState::Refused,
+        PodState::Invalid,
+        PodState::Terminating,
+        PodState::Lost,
+    ];
+
+    /// The name stored in `pod_observations.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodState::Pending => "pending",
+            PodState::Unschedulable => "unschedulable",
+            PodState::Running => "running",
+            PodState::Succeeded => "succeeded",
+            PodState::Failed => "failed",
+            PodState::SetupFailed => "setup-failed",
+            PodState::Refused => "refused",
+            PodState::Invalid => "invalid",
+            PodState::Terminating => "terminating",
+            PodState::Lost => "lost",
+        }
+    }
+
+    /// The state named `s`, if any.
+    pub fn parse(s: &str) -> Option<PodState> {
+        PodState::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The attempt's fate is decided by what the Pod showed (it exited, was refused, or can
+    /// never start): a deletion afterwards loses nothing.
+    pub fn is_final_exit(self) -> bool {
+        matches!(
+            self,
+            PodState::Succeeded
+                | PodState::Failed
+                | PodState::SetupFailed
+                | PodState::Refused
+                | PodState::Invalid
+        )
+    }
+}
+
+impl fmt::Display for PodState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the operator's shared Pod watch last saw of one attempt's Pod (the pod executor's
+/// input; job controllers read it instead of watching or polling the API).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodObservation {
+    /// The job.
+    pub job_id: i64,
+    /// The attempt the Pod belongs to.
+    pub attempt: i32,
+    /// The Pod's name.
+    pub pod_name: String,
+    /// Where it stands.
+    pub state: PodState,
+    /// Exit code of the failing container, when there is one.
+    pub exit_code: Option<i32>,
+    /// CamelCase reason (e.g. `OOMKilled`, `EvictionByEvictionAPI`).
+    pub reason: String,
+    /// Human-readable detail (e.g. the scheduler's "0/4 nodes are available: ...").
+    pub message: String,
+    /// The Pod is gone from the API.
+    pub deleted: bool,
+    /// The node it is bound to (empty before it is scheduled).
+    pub node: String,
+    /// When it started terminating (ms since epoch: its `deletionTimestamp` minus its grace
+    /// period), while [`PodState::Terminating`].
+    pub terminating_since_ms: Option<i64>,
+    /// Its deletion grace period, seconds (`deletionGracePeriodSeconds`).
+    pub grace_seconds: Option<i64>,
+    /// What failure rules read of an ended Pod: every terminated container, its conditions,
+    /// the reasons given (empty while it has not ended).
+    pub evidence: Evidence,
+}
 
 impl Store {
     /// Records what the Pod watch saw; returns true when it differs from what was stored.
@@ -82,5 +204,17 @@ impl Store {
                 })
             })
             .optional()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_states_round_trip() {
+        for s in PodState::ALL {
+            assert_eq!(PodState::parse(s.as_str()), Some(s));
+        }
     }
 }

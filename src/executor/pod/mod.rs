@@ -1,6 +1,6 @@
 //! The pod executor: one Pod per attempt in the ManagedJob's namespace (docs/design.md#executors-and-security).
 //!
-//! - The Pod's name is deterministic ([`pod_name`], decided in [`crate::lifecycle::pod`]), so a
+//! - The Pod's name is deterministic ([`pod_name`], [`names`]), so a
 //!   retried create finds the existing Pod (AlreadyExists) and adopts it instead of
 //!   duplicating it.
 //! - It carries the job id and attempt as labels, is owned by the ManagedJob (garbage-collected
@@ -17,16 +17,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::{Executor, Launched, Result, Stop};
 use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK};
-use crate::lifecycle::{FailureReason, JobRow, Observed, Refused, Workload};
+use crate::lifecycle::{FailureReason, JobRow, MemberState, Observed, Refused, Workload};
 use crate::store::Store;
 
+pub mod names;
 pub mod state;
 
-pub use crate::lifecycle::pod::{
+pub use names::{
     MAX_POD_NAME, TAG_ALPHABET, TAG_LEN, attempt_pod_name, legacy_attempt_pod_name,
     pipeline_pod_name, pod_name, task_pod_name, uid_tag,
 };
 pub use state::{PodObservation, PodState};
+
+/// The names `attempt`'s Pods of `row` may have: what the world check keeps of a live job.
+pub fn member_names(row: &JobRow, attempt: i32) -> Vec<String> {
+    vec![
+        attempt_pod_name(row, attempt),
+        legacy_attempt_pod_name(row, attempt),
+    ]
+}
 
 /// Label with the ManagedJob's name on each Pod (for `kubectl get pods -l`).
 pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
@@ -190,33 +199,44 @@ pub fn terminating_too_long(pod: &Pod, now_ms: i64) -> bool {
 }
 
 impl Executor for PodExecutor {
-    const CREATE_IS_IDEMPOTENT: bool = true;
-    const STOPS_AFTER_EXIT: bool = false;
+    fn create_is_idempotent(&self) -> bool {
+        true
+    }
+
+    fn stops_after_exit(&self) -> bool {
+        false
+    }
 
     async fn observe(&mut self, store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
         let Some(o) = store.pod_observation(job.id, attempt)? else {
             // Not seen: either never created, or not reported yet; a failed create says why.
-            return Ok(match &self.create_failure {
-                Some(f) if f.attempt == attempt => Observed::CreateFailed {
-                    pod: attempt_pod_name(job, attempt),
+            let state = match &self.create_failure {
+                Some(f) if f.attempt == attempt => MemberState::CreateFailed {
                     message: f.message.clone(),
                     retry_at_ms: f.retry_at_ms,
                 },
-                _ => Observed::NotFound,
-            });
+                _ => MemberState::NotFound,
+            };
+            return Ok(Observed::one(
+                Some(Workload::Pod(attempt_pod_name(job, attempt))),
+                state,
+            ));
         };
-        let mut observed = state::observed(&o);
+        let mut member = state::member(&o);
         // Past its grace and margin, a terminating Pod's node decides whether it is forced.
-        if let Observed::Terminating {
+        if let MemberState::Terminating {
             force_at_ms: Some(at),
             node_ready,
             ..
-        } = &mut observed
+        } = &mut member.state
             && *at <= crate::lifecycle::now_ms()
         {
             *node_ready = self.node_ready(&o.node).await;
         }
-        Ok(observed)
+        Ok(Observed {
+            members: vec![member],
+            placed_together: true,
+        })
     }
 
     /// Creates the attempt's Pod, once; AlreadyExists adopts it. Refused for good on 400, 403,
