@@ -7,11 +7,16 @@
 # usage: hack/controlplane.sh <command>
 #   build [TOOL...]    build any missing binary (cached per wrapper-module version);
 #                      TOOL is kubernetes|etcd|kwok|helm|kubelet (default: all)
-#   up [--nodes N] [--real-node]
+#   up [--nodes N] [--real-node] [--gang-scheduling]
 #                      start (or reuse a healthy) control plane with N kwok nodes (default 4);
 #                      --real-node adds (or reuses) the real kubelet node `mj-real-node`
 #                      (root only; installs containerd, runc, buildah and the CNI plugins from
-#                      Debian packages when missing; see hack/realnode.sh)
+#                      Debian packages when missing; see hack/realnode.sh);
+#                      --gang-scheduling turns on kube-scheduler's gang scheduling: the alpha
+#                      feature gates GenericWorkload and GangScheduling on the API server,
+#                      scheduler and controller manager, and the API group
+#                      scheduling.k8s.io/v1alpha2 (Workload, PodGroup). A running instance
+#                      without it is replaced; one with it is reused by a plain `up`
 #   down               stop everything (the real node first) and remove the instance's data
 #   load-image FILE... import image archives (docker-archive) into the real node's containerd
 #   status             show components, ports, health and nodes
@@ -26,6 +31,7 @@
 #                      $MJ_CACHE_DIR/controlplane/bin/<key>/, the instance under .../controlplane/run
 #   MJ_NODES           default node count for `up` (default 4)
 #   MJ_REAL_NODE=1     `up` adds the real node as with --real-node
+#   MJ_GANG_SCHEDULING=1  `up` turns on gang scheduling as with --gang-scheduling
 #   MJ_MIN_FREE_GB     free disk required before a build (default 10)
 #   MJ_LOCK_TIMEOUT    seconds to wait for the lock held by another up/down/build (default 900)
 set -euo pipefail
@@ -285,7 +291,7 @@ stop_all() {
   local i
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_component "${COMPONENTS[i]}"; done
   # Keep logs/ for post-mortems; everything else belongs to the dead instance.
-  rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home" "$RUN/ports" "$RUN/key" "$KUBECONFIG_PATH"
+  rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home" "$RUN/ports" "$RUN/key" "$RUN/features" "$KUBECONFIG_PATH"
 }
 
 free_ports() { # count -> space separated free loopback ports
@@ -421,6 +427,20 @@ instance_state() {
   ((alive == ${#COMPONENTS[@]})) || return 2
   [[ -f "$RUN/key" && "$(<"$RUN/key")" == "$(instance_key)" ]] || { log "binaries changed since the running instance started"; return 2; }
   apiserver_ready || return 2
+  # An instance without the gang-scheduling gates cannot serve a caller that asks for them (the
+  # gates are fixed at start); one with them serves every caller.
+  if [[ "${WANT_GANG:-0}" == 1 && "$(cat "$RUN/features" 2>/dev/null)" != gang-scheduling ]]; then
+    log "the running instance has no gang scheduling; replacing it"
+    return 2
+  fi
+  return 0
+}
+
+# The feature gates of the API server, scheduler and controller manager ($1: 1 for gang
+# scheduling: KEP-4671's GenericWorkload, the Workload and PodGroup API, and GangScheduling,
+# the scheduler plugin that binds a PodGroup's Pods all or nothing).
+feature_args() {
+  [[ "$1" == 1 ]] && printf '%s' "--feature-gates=GenericWorkload=true,GangScheduling=true"
   return 0
 }
 
@@ -545,9 +565,11 @@ nodes_ready() { # count: Ready and without the not-ready/unreachable taints
 
 cmd_up() {
   local nodes="${MJ_NODES:-4}" real_node="${MJ_REAL_NODE:-0}"
+  WANT_GANG="${MJ_GANG_SCHEDULING:-0}"
   while (($#)); do
     case "$1" in
       --real-node) real_node=1; shift ;;
+      --gang-scheduling) WANT_GANG=1; shift ;;
       --nodes) [[ $# -ge 2 ]] || die "--nodes needs a value"; nodes="$2"; shift 2 ;;
       --nodes=*) nodes="${1#--nodes=}"; shift ;;
       *) die "unknown argument to up: $1" ;;
@@ -583,7 +605,7 @@ cmd_up() {
   local try rc
   for try in 1 2; do
     rc=0
-    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" >/dev/null || rc=$?
+    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" "$WANT_GANG" >/dev/null || rc=$?
     if ((rc == 0)); then
       [[ "$real_node" == 1 ]] && realnode up
       echo "$KUBECONFIG_PATH"
@@ -595,8 +617,8 @@ cmd_up() {
 }
 
 # Starts a new instance (the caller holds the lock and has cleaned up); prints the kubeconfig path.
-start_instance() { # nodes start_ms
-  local nodes="$1" start="$2"
+start_instance() { # nodes start_ms gang(0|1)
+  local nodes="$1" start="$2" gang="${3:-0}" features
   # A failed start must not leave half an instance behind (the logs are kept).
   trap 'rc=$?; if ((rc != 0)); then log "up failed; stopping the partial instance (logs: $RUN/logs)"; stop_all; fi' EXIT
   rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home"
@@ -608,6 +630,8 @@ start_instance() { # nodes start_ms
   printf 'etcd %s\netcd-peer %s\napiserver %s\n' "$etcd_port" "$peer_port" "$api_port" >"$RUN/ports"
   write_kubeconfig "$api_port"
   instance_key >"$RUN/key"
+  features="$(feature_args "$gang")"
+  if [[ "$gang" == 1 ]]; then echo gang-scheduling >"$RUN/features"; else rm -f "$RUN/features"; fi
   local p="$RUN/pki"
 
   start_component etcd "$(bin_path etcd)" \
@@ -632,7 +656,8 @@ start_instance() { # nodes start_ms
     --cert-dir="$RUN/data/apiserver-certs" \
     --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$p/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=InternalIP,Hostname
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    ${features:+"$features" --runtime-config=scheduling.k8s.io/v1alpha2=true}
   wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
   wait_component kube-apiserver "the default namespace" 30 default_ns_exists
 
@@ -642,9 +667,10 @@ start_instance() { # nodes start_ms
   start_component kube-controller-manager "$(bin_path kube-controller-manager)" \
     --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false \
     --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
-    --bind-address=127.0.0.1 --secure-port=0
+    --bind-address=127.0.0.1 --secure-port=0 ${features:+"$features"}
   start_component kube-scheduler "$(bin_path kube-scheduler)" \
-    --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1 --secure-port=0
+    --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 \
+    ${features:+"$features"}
   # HOME is redirected so a developer's ~/.kwok/kwok.yaml cannot change the behaviour.
   HOME="$RUN/kwok-home" start_component kwok "$(bin_path kwok)" \
     --kubeconfig="$KUBECONFIG_PATH" \
@@ -658,7 +684,7 @@ start_instance() { # nodes start_ms
   done
   wait_component kwok "$nodes kwok nodes Ready" 60 nodes_ready "$nodes"
   trap - EXIT
-  log "control plane up in $(elapsed "$start") (apiserver https://127.0.0.1:$api_port, $nodes nodes)"
+  log "control plane up in $(elapsed "$start") (apiserver https://127.0.0.1:$api_port, $nodes nodes${features:+, gang scheduling})"
 }
 
 # hack/realnode.sh with what it needs to know of this instance.

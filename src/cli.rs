@@ -135,6 +135,13 @@ pub struct RunArgs {
     /// that label. Run one instance per shard to spread jobs over several controller nodes.
     #[arg(long, env = "MJ_SHARD")]
     pub shard: Option<String>,
+    /// Place a multi-node job's Pods with kube-scheduler's gang scheduling: `auto` creates a
+    /// PodGroup with the gang policy for each attempt where the API serves
+    /// `scheduling.k8s.io/v1alpha2` PodGroups (feature gate `GenericWorkload`), so no Pod binds
+    /// until all fit; `off` never does (a partly placed gang is then removed after its launch
+    /// timeout).
+    #[arg(long, env = "MJ_GANG_SCHEDULING", default_value = "auto", value_parser = ["auto", "off"])]
+    pub gang_scheduling: String,
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,

@@ -17,7 +17,6 @@ use tokio::sync::Notify;
 
 use crate::api::{ExecutorKind, JobPhase};
 use crate::capacity::Capacity;
-use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
 use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
 use crate::lifecycle::{
@@ -62,6 +61,9 @@ pub struct Config {
     pub self_exe: PathBuf,
     /// The shard this operator owns (`--shard`): None for the default instance.
     pub shard: Option<String>,
+    /// Multi-node jobs get a PodGroup with the gang policy where the API serves one
+    /// (`--gang-scheduling auto`); false: never.
+    pub gang_scheduling: bool,
     /// The queues come from the API (the operator): nothing is admitted until they are known
     /// ([`Engine::set_queues`]). False: one pool, no queue objects (the engine alone).
     pub queues_from_api: bool,
@@ -231,6 +233,7 @@ impl Engine {
             max_launch_timeouts: cfg.max_launch_timeouts,
             capacity: Some(cfg.capacity.to_string()),
             shard: cfg.shard.clone(),
+            gang_scheduling: cfg.gang_scheduling,
         });
         match shared {
             Ok(()) => {}
@@ -592,7 +595,7 @@ impl Engine {
                         let mut local = LocalExecutor::new(&self.dir);
                         let grace = lifecycle::stop_grace(&row, self.cfg.cancel_grace);
                         tokio::spawn(async move {
-                            let _ = local.stop(&row, grace).await;
+                            let _ = local.stop_job(&row, grace).await;
                         });
                     }
                     // The engine has no API client: the world check deletes a Done job's

@@ -238,7 +238,7 @@ impl JobController {
                         Launched::Created => {}
                     }
                 }
-                Action::StopThen(t) => match self.executor.stop(&row, grace).await? {
+                Action::StopThen(t) => match self.executor.stop(&self.store, &row, grace).await? {
                     Stop::Gone { forced } => {
                         self.set(&row, &t.with_notes(&forced))?;
                     }
@@ -256,7 +256,9 @@ impl JobController {
                     // as lost (a recovery) instead of what the decision was (a launch timeout).
                     let start = std::time::Instant::now();
                     loop {
-                        if let Stop::Gone { forced } = self.executor.stop(&row, grace).await? {
+                        if let Stop::Gone { forced } =
+                            self.executor.stop(&self.store, &row, grace).await?
+                        {
                             self.set(&row, &t.with_notes(&forced))?;
                             break;
                         }

@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
                 max_launch_timeouts: args.max_launch_timeouts.max(1),
                 self_exe: std::env::current_exe()?,
                 shard: args.shard()?,
+                gang_scheduling: args.gang_scheduling == "auto",
                 queues_from_api: true,
             };
             tokio::runtime::Builder::new_multi_thread()

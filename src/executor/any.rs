@@ -23,7 +23,10 @@ pub enum AnyExecutor {
 pub fn for_job(kind: ExecutorKind, dir: &StateDir, settings: &Settings) -> AnyExecutor {
     match kind {
         ExecutorKind::Local => AnyExecutor::Local(local::LocalExecutor::new(dir)),
-        ExecutorKind::Pod => AnyExecutor::Pod(pod::PodExecutor::new(settings.shard.clone())),
+        ExecutorKind::Pod => AnyExecutor::Pod(pod::PodExecutor::new(
+            settings.shard.clone(),
+            settings.gang_scheduling,
+        )),
     }
 }
 
@@ -71,7 +74,7 @@ impl Executor for AnyExecutor {
         each!(self, e => e.changed().await)
     }
 
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
-        each!(self, e => e.stop(job, grace).await)
+    async fn stop(&mut self, store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
+        each!(self, e => e.stop(store, job, grace).await)
     }
 }

@@ -83,6 +83,23 @@ pub enum Found {
 }
 
 impl LocalExecutor {
+    /// Stops the current attempt's processes; after an attempt that ended on its own, says
+    /// how many it had left running.
+    pub async fn stop_job(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
+        let mut forced = Vec::new();
+        if job.attempt > 0 {
+            let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
+            let left = self.stop_attempt(job.id, job.attempt, grace).await;
+            if ended && left > 0 {
+                forced.push(format!(
+                    "stopped {left} process{} the attempt left running",
+                    if left == 1 { "" } else { "es" }
+                ));
+            }
+        }
+        Ok(Stop::Gone { forced })
+    }
+
     /// An executor keeping its files under `state_dir` (`run/`, `logs/`, `work/`).
     pub fn new(state_dir: &StateDir) -> LocalExecutor {
         LocalExecutor {
@@ -361,21 +378,8 @@ impl Executor for LocalExecutor {
         }
     }
 
-    /// Stops the current attempt's processes; after an attempt that ended on its own, says
-    /// how many it had left running.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
-        let mut forced = Vec::new();
-        if job.attempt > 0 {
-            let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
-            let left = self.stop_attempt(job.id, job.attempt, grace).await;
-            if ended && left > 0 {
-                forced.push(format!(
-                    "stopped {left} process{} the attempt left running",
-                    if left == 1 { "" } else { "es" }
-                ));
-            }
-        }
-        Ok(Stop::Gone { forced })
+    async fn stop(&mut self, _store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
+        self.stop_job(job, grace).await
     }
 }
 

@@ -125,5 +125,10 @@ pub trait Executor {
 
     /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL; a
     /// zero `grace` removes at once). Called again until it returns [`Stop::Gone`].
-    fn stop(&mut self, job: &JobRow, grace: Duration) -> impl Future<Output = Result<Stop>>;
+    fn stop(
+        &mut self,
+        store: &Store,
+        job: &JobRow,
+        grace: Duration,
+    ) -> impl Future<Output = Result<Stop>>;
 }

@@ -15,7 +15,7 @@ use super::members::{Observed, View, view};
 use super::outcome::{Outcome, Refused};
 use super::reason::{Failure, FailureReason};
 use super::record::JobRow;
-use super::tasks::stored_message;
+use super::tasks::{current_task, stored_message};
 use super::transitions as t;
 
 /// What the job controller knows besides the row and the observation.
@@ -172,7 +172,20 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
     let wait = Action::Wait { until_ms: deadline };
     let not_found = Observed::not_found();
     let observed = observed.unwrap_or(&not_found);
-    match view(observed) {
+    let view = view(observed);
+    // A multi-node job's ready members (`3/4`) follow its launched attempt; its start and its
+    // end write theirs with their own transitions.
+    if current_task(row).nodes.is_some()
+        && row.launched_attempt >= attempt
+        && !matches!(view, View::Ended { .. } | View::Running { .. })
+    {
+        let (ready, size) = observed.ready();
+        let shown = format!("{ready}/{size}");
+        if row.ready_nodes.as_deref() != Some(shown.as_str()) {
+            return Action::Apply(t::nodes_ready(row, shown));
+        }
+    }
+    match view {
         // It cannot start and would wait forever: remove it (every member), then fail.
         View::Ended {
             outcome: outcome @ Outcome::Invalid { .. },

@@ -84,6 +84,6 @@ pub use transitions::{
     admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, controller_gave_up,
     controller_resumed, controller_start_failed, controller_started, current_attempt,
     deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out, node_wait_timed_out,
-    queued, queued_message, reason_and_message, running, starting, stopping, terminating,
-    unschedulable, waiting_to_start,
+    nodes_ready, queued, queued_message, reason_and_message, running, starting, stopping,
+    terminating, unschedulable, waiting_to_start,
 };

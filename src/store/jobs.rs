@@ -379,6 +379,8 @@ impl Store {
             .execute([id])?;
         tx.prepare_cached("DELETE FROM pod_observations WHERE job_id = ?1")?
             .execute([id])?;
+        tx.prepare_cached("DELETE FROM pod_members WHERE job_id = ?1")?
+            .execute([id])?;
         tx.prepare_cached("DELETE FROM events_published WHERE job_id = ?1")?
             .execute([id])?;
         tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?

@@ -88,6 +88,53 @@ pub fn legacy_attempt_pod_name(row: &JobRow, attempt: i32) -> String {
     )
 }
 
+/// The Pod name of member `rank` of `attempt`: [`attempt_pod_name`] for a job without `nodes`;
+/// for a multi-node job (or task) `<job name>-<job id>-<attempt>-<rank>-<uid tag>` (a pipeline:
+/// `<job name>-<job id>-<task>-<task attempt>-<rank>-<uid tag>`), cut to 63 characters as
+/// [`pod_name`] is: the suffix has at most 7 + 10 + 2 + 2 + 6 + 5 separators characters with a
+/// rank below 64, so the job's name keeps at least its first 20.
+pub fn member_pod_name(row: &JobRow, attempt: i32, rank: u32) -> String {
+    let task = crate::lifecycle::tasks::current_task(row);
+    if task.nodes.is_none() {
+        return attempt_pod_name(row, attempt);
+    }
+    let tag = uid_tag(&row.uid);
+    if !row.spec.is_pipeline() {
+        return with_suffix(&row.name, &format!("-{}-{attempt}-{rank}-{tag}", row.id));
+    }
+    let task_attempt = crate::lifecycle::tasks::task_attempt(row, attempt);
+    with_suffix(
+        &row.name,
+        &format!("-{}-{}-{task_attempt}-{rank}-{tag}", row.id, task.index),
+    )
+}
+
+/// The hostname of member `rank` of a multi-node job, the same in every attempt and task:
+/// `<job name>-<rank>`, cut to a DNS label of at most 63 characters. With the job's Service as
+/// subdomain ([`service_name`]) it is the member's DNS name, `<hostname>.<service>` in the job's
+/// namespace.
+pub fn member_hostname(job_name: &str, rank: u32) -> String {
+    with_suffix(job_name, &format!("-{rank}"))
+}
+
+/// The headless Service of a multi-node job (its members' subdomain): `<job name>-<uid tag>`,
+/// cut to 63 characters, starting with a letter (a Service name is a DNS-1035 label: a job
+/// named `1train` gets `j1train-<tag>`).
+pub fn service_name(job_name: &str, uid: &str) -> String {
+    let name = with_suffix(job_name, &format!("-{}", uid_tag(uid)));
+    if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        name
+    } else {
+        with_suffix(&format!("j{job_name}"), &format!("-{}", uid_tag(uid)))
+    }
+}
+
+/// The PodGroup of `attempt` of a multi-node job (kube-scheduler's gang, one per attempt): the
+/// name a Pod of a job without `nodes` would have ([`attempt_pod_name`]).
+pub fn pod_group_name(row: &JobRow, attempt: i32) -> String {
+    attempt_pod_name(row, attempt)
+}
+
 fn with_suffix(job_name: &str, suffix: &str) -> String {
     let keep = MAX_POD_NAME.saturating_sub(suffix.len());
     let mut base: String = job_name.chars().take(keep).collect();
@@ -142,6 +189,39 @@ mod tests {
             name.ends_with(&format!("-77-1-2-{}", uid_tag(&row.uid))),
             "second attempt of task 1: {name}"
         );
+    }
+
+    /// A multi-node job's names fit their limits for the longest job name and every rank, are
+    /// unique per rank and attempt, and its hostnames and Service are DNS labels.
+    #[test]
+    fn member_names_fit_and_are_unique() {
+        let mut r = row(123_456_789, "u", &"a".repeat(253));
+        r.spec.nodes = Some(crate::api::MAX_NODES);
+        let mut seen = std::collections::HashSet::new();
+        for attempt in [1, 99_999] {
+            for rank in 0..crate::api::MAX_NODES as u32 {
+                let n = member_pod_name(&r, attempt, rank);
+                assert!(n.len() <= MAX_POD_NAME, "{n}");
+                assert!(
+                    n.ends_with(&format!("-{attempt}-{rank}-{}", uid_tag("u"))),
+                    "{n}"
+                );
+                assert!(seen.insert(n));
+                let h = member_hostname(&r.name, rank);
+                assert!(crate::api::is_dns_label(&h), "{h}");
+            }
+        }
+        let s = service_name("1.train", "u");
+        assert!(
+            s.len() <= 63 && s.starts_with('j') && !s.contains('.'),
+            "{s}"
+        );
+        assert_eq!(
+            service_name("train", "u"),
+            format!("train-{}", uid_tag("u"))
+        );
+        r.spec.nodes = None;
+        assert_eq!(member_pod_name(&r, 1, 0), attempt_pod_name(&r, 1));
     }
 
     #[test]

@@ -70,10 +70,10 @@ pub fn member(o: &PodObservation) -> Member {
         }),
     };
     Member {
-        rank: 0,
+        rank: o.rank,
         workload: Some(Workload::Pod(o.pod_name.clone())),
         state,
-        ended_at_ms: None,
+        ended_at_ms: o.ended_at_ms,
     }
 }
 
@@ -96,6 +96,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     let mut o = PodObservation {
         job_id,
         attempt,
+        rank: rank_of(pod),
         pod_name: name,
         state: PodState::Pending,
         exit_code: None,
@@ -106,6 +107,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         terminating_since_ms: None,
         grace_seconds: None,
         evidence: Evidence::default(),
+        ended_at_ms: None,
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
     // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
@@ -239,7 +241,54 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     if o.state.is_final_exit() || o.state == PodState::Lost {
         o.evidence = evidence(&status);
     }
+    o.ended_at_ms = ended_at_ms(pod, &status, &o, disruption);
     o
+}
+
+/// The member rank a Pod carries (`managedjobs.dev/rank`; 0 without it: a job of one Pod).
+pub fn rank_of(pod: &Pod) -> u32 {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::api::LABEL_RANK))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+/// When `o`'s Pod ended or its end was caused (ms since epoch), for the order in which a gang's
+/// members decide: a deletion's request (its `deletionTimestamp` minus its grace) or a
+/// disruption's condition for a Pod taken away; its last container's finish for one that
+/// exited; None while it has not ended. When nothing says, now (when the watch saw it).
+fn ended_at_ms(
+    pod: &Pod,
+    status: &k8s_openapi::api::core::v1::PodStatus,
+    o: &PodObservation,
+    disruption: Option<&k8s_openapi::api::core::v1::PodCondition>,
+) -> Option<i64> {
+    let deletion = pod.metadata.deletion_timestamp.as_ref().map(|at| {
+        at.0.as_millisecond() - pod.metadata.deletion_grace_period_seconds.unwrap_or(0) * 1000
+    });
+    let disrupted = disruption
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0.as_millisecond());
+    let finished = [&status.init_container_statuses, &status.container_statuses]
+        .into_iter()
+        .flat_map(|s| s.iter().flatten())
+        .filter_map(|cs| cs.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0.as_millisecond())
+        .max();
+    match o.state {
+        PodState::Terminating => o.terminating_since_ms,
+        PodState::Lost => Some(
+            [disrupted, deletion]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or_else(crate::lifecycle::now_ms),
+        ),
+        s if s.is_final_exit() => Some(finished.unwrap_or_else(crate::lifecycle::now_ms)),
+        _ => None,
+    }
 }
 
 /// What failure rules read of a Pod's status (`lifecycle::rules`): every terminated container,
