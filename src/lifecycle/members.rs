@@ -225,8 +225,8 @@ pub enum View {
         outcome: Outcome,
         /// The deciding member's rank (None for a success or a job of one).
         rank: Option<u32>,
-        /// Other members still run or start: they are stopped (with the job's grace) before
-        /// the end is recorded.
+        /// Members still run, start or terminate (the others, or the deciding one while it
+        /// terminates): they are stopped (with the job's grace) before the end is recorded.
         others_alive: bool,
     },
 }
@@ -255,7 +255,9 @@ pub fn view(observed: &Observed) -> View {
         })
         .min_by_key(|m| decides_first(m));
     if let Some(m) = decider {
-        let others_alive = members.iter().any(|o| o.rank != m.rank && o.alive());
+        // Every member still alive is stopped first: the others, and the decider itself when it
+        // is still terminating (a new attempt must not start beside it).
+        let others_alive = members.iter().any(Member::alive);
         let outcome = match &m.state {
             MemberState::Ended(o) => o.clone(),
             MemberState::Terminating { message, .. } => {
