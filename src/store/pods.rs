@@ -129,14 +129,15 @@ pub struct PodObservation {
     /// What failure rules read of an ended Pod: every terminated container, its conditions,
     /// the reasons given (empty while it has not ended).
     pub evidence: Evidence,
-    /// When it ended or its end was caused (ms since epoch): its last container's finish, the
-    /// deletion or disruption that took it; None while it runs or when unknown. Of a gang's
-    /// members that ended badly, the first decides.
+    /// When its end was first seen (ms since epoch: exited, refused, lost, terminating); None
+    /// while it has not ended. Of a gang's members that ended badly, the first decides.
     pub ended_at_ms: Option<i64>,
 }
 
 impl Store {
-    /// Records what the Pod watch saw; returns true when it differs from what was stored. Rank
+    /// Records what the Pod watch saw; returns true when it differs from what was stored. The
+    /// first end time recorded of a Pod is kept (`ended_at_ms`: when its end was first seen).
+    /// Rank
     /// 0 lives in `pod_observations` (as before multi-node jobs, so a job controller of an
     /// earlier release reads it unchanged), the other ranks in `pod_members`.
     pub fn record_pod(&mut self, o: &PodObservation) -> Result<bool> {
@@ -158,12 +159,12 @@ impl Store {
                 observed_at_ms = excluded.observed_at_ms, node = excluded.node,
                 terminating_since_ms = excluded.terminating_since_ms,
                 grace_seconds = excluded.grace_seconds, evidence = excluded.evidence,
-                ended_at_ms = excluded.ended_at_ms
+                ended_at_ms = coalesce({table}.ended_at_ms, excluded.ended_at_ms)
              WHERE state != excluded.state OR exit_code IS NOT excluded.exit_code
                 OR reason != excluded.reason OR message != excluded.message
                 OR deleted != excluded.deleted OR node != excluded.node
                 OR terminating_since_ms IS NOT excluded.terminating_since_ms
-                OR evidence != excluded.evidence OR ended_at_ms IS NOT excluded.ended_at_ms"
+                OR evidence != excluded.evidence"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let evidence = serde_json::to_string(&o.evidence).expect("evidence serializes");

@@ -241,7 +241,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     if o.state.is_final_exit() || o.state == PodState::Lost {
         o.evidence = evidence(&status);
     }
-    o.ended_at_ms = ended_at_ms(pod, &status, &o, disruption);
+    o.ended_at_ms = ended_at_ms(&o);
     o
 }
 
@@ -255,40 +255,15 @@ pub fn rank_of(pod: &Pod) -> u32 {
         .unwrap_or(0)
 }
 
-/// When `o`'s Pod ended or its end was caused (ms since epoch), for the order in which a gang's
-/// members decide: a deletion's request (its `deletionTimestamp` minus its grace) or a
-/// disruption's condition for a Pod taken away; its last container's finish for one that
-/// exited; None while it has not ended. When nothing says, now (when the watch saw it).
-fn ended_at_ms(
-    pod: &Pod,
-    status: &k8s_openapi::api::core::v1::PodStatus,
-    o: &PodObservation,
-    disruption: Option<&k8s_openapi::api::core::v1::PodCondition>,
-) -> Option<i64> {
-    let deletion = pod.metadata.deletion_timestamp.as_ref().map(|at| {
-        at.0.as_millisecond() - pod.metadata.deletion_grace_period_seconds.unwrap_or(0) * 1000
-    });
-    let disrupted = disruption
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0.as_millisecond());
-    let finished = [&status.init_container_statuses, &status.container_statuses]
-        .into_iter()
-        .flat_map(|s| s.iter().flatten())
-        .filter_map(|cs| cs.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
-        .map(|t| t.0.as_millisecond())
-        .max();
-    match o.state {
-        PodState::Terminating => o.terminating_since_ms,
-        PodState::Lost => Some(
-            [disrupted, deletion]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or_else(crate::lifecycle::now_ms),
-        ),
-        s if s.is_final_exit() => Some(finished.unwrap_or_else(crate::lifecycle::now_ms)),
-        _ => None,
-    }
+/// When `o`'s Pod ended or its end was caused, as far as this observation knows (ms since
+/// epoch): now, once it shows an end (exited, refused, lost, terminating); None before. The
+/// store keeps the first such time of each member ([`crate::store::Store::record_pod`]): the
+/// order in which the operator's watch saw a gang's members end, to the millisecond (the API's
+/// own timestamps have whole seconds, too coarse to tell the member that failed from the ones
+/// then stopped for it).
+fn ended_at_ms(o: &PodObservation) -> Option<i64> {
+    (o.state.is_final_exit() || matches!(o.state, PodState::Lost | PodState::Terminating))
+        .then(crate::lifecycle::now_ms)
 }
 
 /// What failure rules read of a Pod's status (`lifecycle::rules`): every terminated container,
