@@ -494,7 +494,12 @@ fn case() -> impl Strategy<Value = (usize, i32, Vec<Step>)> {
     })
 }
 
-fn run(size: usize, restarts: i32, steps: &[Step], mutation: Mutation) -> Result<(), TestCaseError> {
+fn run(
+    size: usize,
+    restarts: i32,
+    steps: &[Step],
+    mutation: Mutation,
+) -> Result<(), TestCaseError> {
     let mut m = Model::new(size, restarts, mutation);
     for s in steps {
         match *s {
@@ -556,13 +561,14 @@ fn the_generator_reaches_the_gang_situations() {
                     if let Some(r) = m.row.attempts.last()
                         && m.row.attempts.len() > before
                     {
-                        *seen.entry(match r.action.as_str() {
-                            "Recover" => "recover",
-                            "Restart" => "restart",
-                            "Succeeded" => "success",
-                            _ => "other",
-                        })
-                        .or_default() += 1;
+                        *seen
+                            .entry(match r.action.as_str() {
+                                "Recover" => "recover",
+                                "Restart" => "restart",
+                                "Succeeded" => "success",
+                                _ => "other",
+                            })
+                            .or_default() += 1;
                     }
                 }
                 Step::Fate { rank, fate } => m.fate(rank, fate),
@@ -575,6 +581,9 @@ fn the_generator_reaches_the_gang_situations() {
         }
     }
     for what in ["recover", "restart", "succeeded"] {
-        assert!(seen.get(what).copied().unwrap_or(0) > 0, "{what} never reached: {seen:?}");
+        assert!(
+            seen.get(what).copied().unwrap_or(0) > 0,
+            "{what} never reached: {seen:?}"
+        );
     }
 }

@@ -377,7 +377,7 @@ async fn a_four_node_job_succeeds_with_a_pod_per_rank_and_one_service() {
     let cp = control_plane_or_skip!();
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "gang4").await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let op = support::OperatorProcess::start(cp, &ns.name, &[]);
     let (watch, log) = watch_pods(&client, &ns.name);
     let yaml = std::fs::read_to_string(support::root().join("examples/pod-gang.yaml")).unwrap();
     support::create_yaml(&client, &ns.name, &yaml).await;
@@ -437,6 +437,26 @@ async fn a_four_node_job_succeeds_with_a_pod_per_rank_and_one_service() {
     let s = finished(&client, &ns.name, "pod-gang").await;
     assert_eq!(s.phase, Some(JobPhase::Succeeded), "{s:#?}");
     assert_eq!((s.attempt, s.restart_count, s.recovery_count), (1, 0, 0));
+    // `managed-jobs logs NS/NAME --rank K` names rank K's Pod; a rank it lacks is an error.
+    let logs = |rank: &str| {
+        std::process::Command::new(support::binary())
+            .args(["logs", &format!("{}/pod-gang", ns.name), "--rank", rank])
+            .arg("--state-dir")
+            .arg(op.state_path())
+            .output()
+            .unwrap()
+    };
+    let out = logs("2");
+    let rank2 = member_name(&client, &ns.name, "pod-gang", 1, 2).await;
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&rank2),
+        "{out:?}"
+    );
+    let out = logs("4");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("ranks 0..3"),
+        "{out:?}"
+    );
     watch.abort();
     let log = log.lock().unwrap();
     let mut expected = BTreeSet::new();

@@ -28,7 +28,7 @@ pub mod state;
 pub use names::{
     MAX_POD_NAME, TAG_ALPHABET, TAG_LEN, attempt_pod_name, legacy_attempt_pod_name,
     member_hostname, member_pod_name, pipeline_pod_name, pod_group_name, pod_name, service_name,
-    task_pod_name, uid_tag,
+    task_member_pod_name, task_pod_name, uid_tag,
 };
 pub use state::{PodObservation, PodState};
 

@@ -103,9 +103,23 @@ pub fn member_pod_name(row: &JobRow, attempt: i32, rank: u32) -> String {
         return with_suffix(&row.name, &format!("-{}-{attempt}-{rank}-{tag}", row.id));
     }
     let task_attempt = crate::lifecycle::tasks::task_attempt(row, attempt);
+    task_member_pod_name(row, task.index, task_attempt, rank)
+}
+
+/// The Pod name of member `rank` of attempt `task_attempt` (from 1) of task `index` of `row`'s
+/// pipeline: [`task_pod_name`] for a task without `nodes`, else
+/// `<job name>-<job id>-<task>-<task attempt>-<rank>-<uid tag>`.
+pub fn task_member_pod_name(row: &JobRow, index: usize, task_attempt: i32, rank: u32) -> String {
+    if row.spec.task(index).nodes.is_none() {
+        return task_pod_name(row, index, task_attempt);
+    }
     with_suffix(
         &row.name,
-        &format!("-{}-{}-{task_attempt}-{rank}-{tag}", row.id, task.index),
+        &format!(
+            "-{}-{index}-{task_attempt}-{rank}-{}",
+            row.id,
+            uid_tag(&row.uid)
+        ),
     )
 }
 
