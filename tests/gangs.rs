@@ -458,11 +458,11 @@ async fn a_four_node_job_succeeds_with_a_pod_per_rank_and_one_service() {
         "{out:?}"
     );
     watch.abort();
-    let log = log.lock().unwrap();
     let mut expected = BTreeSet::new();
     for rank in 0..4 {
         expected.insert(member_name(&client, &ns.name, "pod-gang", 1, rank).await);
     }
+    let log = log.lock().unwrap();
     assert_eq!(log.names_of("pod-gang"), BTreeMap::from([(1, expected)]));
     assert!(log.overlaps.is_empty(), "{:?}", log.overlaps);
 }
