@@ -6,7 +6,7 @@
 #
 # usage: hack/controlplane.sh <command>
 #   build [TOOL...]    build any missing binary (cached per wrapper-module version);
-#                      TOOL is kubernetes|etcd|kwok|helm|kubelet (default: all)
+#                      TOOL is kubernetes|etcd|kwok|helm|kubelet|coredns (default: all)
 #   up [--nodes N] [--real-node] [--gang-scheduling]
 #                      start (or reuse a healthy) control plane with N kwok nodes (default 4);
 #                      --real-node adds (or reuses) the real kubelet node `mj-real-node`
@@ -69,6 +69,7 @@ tool_packages() {
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
     kubelet) echo "k8s.io/kubernetes/cmd/kubelet" ;;
+    coredns) echo "managedjobs.dev/hack/controlplane/coredns" ;;
     *) die "unknown tool $1" ;;
   esac
 }
@@ -79,10 +80,12 @@ tool_binaries() {
     kwok) echo "kwok" ;;
     helm) echo "helm" ;;
     kubelet) echo "kubelet" ;;
+    coredns) echo "coredns" ;;
     *) die "unknown tool $1" ;;
   esac
 }
-TOOLS=(kubernetes etcd kwok helm kubelet)
+# coredns: the real node's cluster DNS (a multi-node job's ranks reach each other by name).
+TOOLS=(kubernetes etcd kwok helm kubelet coredns)
 # The wrapper module a tool is built from: the kubelet comes from the control plane's own
 # Kubernetes module (same version, same dependency pins).
 tool_wrapper() { if [[ "$1" == kubelet ]]; then echo kubernetes; else echo "$1"; fi; }
@@ -95,6 +98,7 @@ tool_version() {
     etcd) mod=go.etcd.io/etcd/server/v3 ;;
     kwok) mod=sigs.k8s.io/kwok ;;
     helm) mod=helm.sh/helm/v3 ;;
+    coredns) mod=github.com/coredns/coredns ;;
   esac
   awk -v m="$mod" '($1 == m && $2 ~ /^v/) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' \
     "$WRAPPERS/$(tool_wrapper "$1")/go.mod"
@@ -144,6 +148,7 @@ version_args() {
   case "$1" in
     kubectl) echo "version --client" ;;
     helm) echo "version" ;;
+    coredns) echo "-version" ;;
     *) echo "--version" ;;
   esac
 }
@@ -581,7 +586,7 @@ cmd_up() {
   local start state=0
   start="$(now_ms)"
   cmd_build kubernetes etcd kwok
-  [[ "$real_node" == 1 ]] && cmd_build kubelet
+  [[ "$real_node" == 1 ]] && cmd_build kubelet coredns
 
   instance_state || state=$?
   if ((state == 0)); then
@@ -690,7 +695,7 @@ start_instance() { # nodes start_ms gang(0|1)
 # hack/realnode.sh with what it needs to know of this instance.
 realnode() {
   RUN="$RUN" CACHE="$CACHE" KUBECONFIG_PATH="$KUBECONFIG_PATH" KUBECTL_BIN="$(bin_path kubectl)" \
-    KUBELET_BIN="$(bin_path kubelet)" bash "$ROOT/hack/realnode.sh" "$@"
+    KUBELET_BIN="$(bin_path kubelet)" COREDNS_BIN="$(bin_path coredns)" bash "$ROOT/hack/realnode.sh" "$@"
 }
 
 cmd_down() {

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 start=$(date +%s)
-hack/controlplane.sh build kubernetes etcd kwok helm kubelet
+hack/controlplane.sh build kubernetes etcd kwok helm kubelet coredns
 # Flux's source-controller and kustomize-controller for tests/flux.rs (about 11 min cold, cached).
 hack/flux.sh build
 was_running=0
