@@ -127,7 +127,10 @@ BUILD_FLAGS="-trimpath"
 # Cache key: wrapper go.mod + go.sum contents and the build flags.
 tool_key() {
   local h
+  # coredns is built from a main package of its own wrapper (the plugins it links): its source
+  # is part of the key.
   h="$({ cat "$WRAPPERS/$(tool_wrapper "$1")/go.mod" "$WRAPPERS/$(tool_wrapper "$1")/go.sum"
+         if [[ "$1" == coredns ]]; then cat "$WRAPPERS/coredns/main.go"; fi
          printf '%s\n%s\n%s\n%s\n' "$BUILD_ENV" "$BUILD_FLAGS" "$(tool_ldflags "$1")" "$(tool_packages "$1")"
        } | sha256sum | cut -c1-12)"
   printf '%s-%s' "$1" "$h"

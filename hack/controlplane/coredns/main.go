@@ -1,4 +1,5 @@
-// A CoreDNS with only the plugins the dev control plane's real node needs: cluster DNS for Pods
+// A CoreDNS with only the plugins the dev control plane's real node needs (bind, health, errors,
+// log, cache, kubernetes, forward): cluster DNS for Pods
 // (the kubernetes plugin: Services, and a headless Service's Pods by hostname and subdomain, as
 // a multi-node ManagedJob's ranks use them), everything else forwarded to the host's resolver.
 // Built from CoreDNS's Go module like the other parts of the control plane (hack/controlplane.sh
@@ -9,6 +10,7 @@ import (
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/coremain"
 
+	_ "github.com/coredns/coredns/plugin/bind"
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/forward"
@@ -19,7 +21,7 @@ import (
 
 func init() {
 	// The order plugins run in (CoreDNS's plugin.cfg order, for the plugins built in).
-	dnsserver.Directives = []string{"errors", "log", "health", "cache", "kubernetes", "forward"}
+	dnsserver.Directives = []string{"bind", "health", "errors", "log", "cache", "kubernetes", "forward"}
 }
 
 func main() { coremain.Run() }
