@@ -875,8 +875,12 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .filter_map(|r| {
                 let h = history(r.id);
-                let admitted = h.iter().find(|t| t.to_schedule == ScheduleState::Launching)?;
-                let running = h.iter().find(|t| t.reason == managed_jobs::lifecycle::Reason::Running)?;
+                let admitted = h
+                    .iter()
+                    .find(|t| t.to_schedule == ScheduleState::Launching)?;
+                let running = h
+                    .iter()
+                    .find(|t| t.reason == managed_jobs::lifecycle::Reason::Running)?;
                 Some((running.at_ms - admitted.at_ms) as f64)
             })
             .collect(),

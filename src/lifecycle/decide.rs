@@ -960,6 +960,50 @@ pub(crate) mod tests {
         assert!(check_edge(&r, &t.change).is_ok());
     }
 
+    /// A gang partly placed without gang scheduling holds nodes: past its launch timeout it is
+    /// removed whole and gives its run slot back, whether or not another job wants the slot;
+    /// placed together (a PodGroup), it waits as one Pod does.
+    #[test]
+    fn a_partly_placed_gang_gives_everything_back_at_its_launch_timeout() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.spec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "nodes": 2, "launchTimeoutSeconds": 5,
+        }))
+        .unwrap();
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.ready_nodes = Some("1/2".into());
+        r.node_wait_since_ms = Some(4_000);
+        let members = |together| Observed {
+            members: vec![
+                crate::lifecycle::Member {
+                    rank: 0,
+                    workload: Some(Workload::Pod("j-1-1-0".into())),
+                    state: MemberState::Running,
+                    ended_at_ms: None,
+                },
+                crate::lifecycle::Member {
+                    rank: 1,
+                    workload: Some(Workload::Pod("j-1-1-1".into())),
+                    state: MemberState::Unschedulable {
+                        message: "0/4 nodes are available".into(),
+                    },
+                    ended_at_ms: None,
+                },
+            ],
+            placed_together: together,
+        };
+        let Action::RemoveThen(t) = next_action(&r, Some(&members(false)), &cx(true)) else {
+            panic!("{:?}", next_action(&r, Some(&members(false)), &cx(true)))
+        };
+        assert_eq!(t.change.reason, Reason::Requeued);
+        assert_eq!(t.change.schedule, Some(ScheduleState::Waiting));
+        let a = next_action(&r, Some(&members(true)), &cx(true));
+        assert!(!matches!(a, Action::RemoveThen(_)), "{a:?}");
+    }
+
     /// Issue 21, class 7: a Pod no node takes holds its job's run slot only for its launch
     /// timeout, and only while another job waits for one; then it is removed and the job goes
     /// back to the queue (the back of its priority, after a back-off, its controller released),
