@@ -272,7 +272,16 @@ async fn apiserver_requests(
         };
         let resource = get("resource");
         let sub = get("subresource");
-        if !["managedjobs", "managedjobqueues", "pods", "events"].contains(&resource.as_str()) {
+        if ![
+            "managedjobs",
+            "managedjobqueues",
+            "pods",
+            "events",
+            "podgroups",
+            "services",
+        ]
+        .contains(&resource.as_str())
+        {
             continue;
         }
         let resource = if sub.is_empty() {

@@ -137,7 +137,15 @@ pub struct PodExecutor {
     pod_groups: Option<bool>,
     /// The last failed create of an attempt's Pod, while it has not succeeded since.
     create_failure: Option<CreateFailure>,
+    /// The attempt whose Pods this process created last, and when: until the watch reports
+    /// them (at most [`REPORT_WAIT`]), a launch asked again creates nothing (a gang's members are
+    /// reported one by one; creating the unreported ones again would cost N conflicts each time).
+    created: Option<(i32, std::time::Instant)>,
 }
+
+/// How long Pods just created are left to the operator's watch before a launch of the same
+/// attempt creates them again (adopting those that exist).
+pub const REPORT_WAIT: Duration = Duration::from_secs(10);
 
 /// A create of an attempt's Pod that failed and may succeed later ([`Launched::Failed`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +179,7 @@ impl PodExecutor {
             gang_scheduling,
             pod_groups: None,
             create_failure: None,
+            created: None,
         }
     }
 
@@ -367,6 +376,12 @@ impl Executor for PodExecutor {
     /// again after [`CREATE_RETRY_BASE`] doubling up to [`CREATE_RETRY_MAX`] (the job
     /// controller decides when, against the launch deadline and any cancel).
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
+        if let Some((a, at)) = self.created
+            && a == attempt
+            && at.elapsed() < REPORT_WAIT
+        {
+            return Ok(Launched::Created);
+        }
         let client = self.client().await?;
         let task = current_task(job);
         let size = task.size();
@@ -433,6 +448,7 @@ impl Executor for PodExecutor {
             }
         }
         self.create_failure = None;
+        self.created = Some((attempt, std::time::Instant::now()));
         Ok(Launched::Created)
     }
 
