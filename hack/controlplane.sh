@@ -721,6 +721,7 @@ cmd_status() {
   if [[ -f "$RUN/ports" ]]; then
     printf 'ports: %s\n' "$(tr '\n' ' ' <"$RUN/ports")"
   fi
+  [[ -f "$RUN/features" ]] && printf 'features: %s\n' "$(<"$RUN/features")"
   if apiserver_ready 2>/dev/null; then
     echo "apiserver /readyz: ok"
     echo "kubeconfig: $KUBECONFIG_PATH"
