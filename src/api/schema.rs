@@ -13,8 +13,8 @@ use super::failure::{
 use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
-    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_POD_CONTAINERS,
-    MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
+    MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS, MAX_NODES,
+    MAX_POD_CONTAINERS, MAX_SCRIPT_BYTES, MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS,
 };
 
 /// The status every ManagedJob reads with until the operator writes its own: the CRD schema's
@@ -99,8 +99,9 @@ fn cancel_rule() -> Value {
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 11] = [
+    const IMMUTABLE: [&str; 12] = [
         "queue",
+        "nodes",
         "run",
         "setup",
         "env",
@@ -120,6 +121,10 @@ fn refine_spec_schema(spec: &mut Value) {
         rule(
             "!has(self.tasks) || !has(self.setup)",
             "spec.setup cannot be set with spec.tasks: give each task its own setup",
+        ),
+        rule(
+            "!has(self.nodes) || has(self.template)",
+            "spec.nodes needs spec.template",
         ),
     ];
     for field in IMMUTABLE {
@@ -213,7 +218,14 @@ fn refine_spec_schema(spec: &mut Value) {
     refine_recovery(&mut props["recovery"]);
     props["recovery"]["default"] = json!({});
     props["template"] = pod_template_schema("spec.template");
+    refine_nodes(props);
     refine_tasks(&mut props["tasks"]);
+}
+
+/// `nodes` (1..MAX_NODES) of a job or a task.
+fn refine_nodes(props: &mut Value) {
+    props["nodes"]["minimum"] = json!(1);
+    props["nodes"]["maximum"] = json!(MAX_NODES);
 }
 
 fn refine_env(env: &mut Value, field: &str, max_items: usize, max_value_bytes: usize) {
@@ -415,6 +427,10 @@ fn refine_tasks(tasks: &mut Value) {
             "spec.tasks[].setup runs before run (the local executor); a task with a template has no setup (use the Pod's init containers)",
         ),
         rule(
+            "!has(self.nodes) || has(self.template)",
+            "spec.tasks[].nodes needs the task's template",
+        ),
+        rule(
             &format!(
                 "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(bytes(e.value)) : 0)).sum() <= {MAX_ENV_BYTES}"
             ),
@@ -424,6 +440,7 @@ fn refine_tasks(tasks: &mut Value) {
         ),
     ]);
     let props = &mut item["properties"];
+    refine_nodes(props);
     props["name"]["pattern"] = json!("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
     props["name"]["maxLength"] = json!(63);
     props["name"]["description"] = json!(

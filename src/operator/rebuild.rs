@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::{ExecutorKind, LABEL_JOB_ID, ManagedJob};
+use crate::api::{LABEL_JOB_ID, ManagedJob};
 use crate::executor::pod;
-use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::{self, JobRow, Object, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::Store;
+use crate::store::pods::{PodObservation, PodState};
 
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,14 +88,17 @@ pub async fn rebuild_if_empty(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let pods: Option<HashMap<(i64, i32), Pod>> = match pods_api
+    let pods: Option<HashMap<(i64, i32, u32), Pod>> = match pods_api
         .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID},{selector}")))
         .await
     {
         Ok(list) => Some(
             list.items
                 .into_iter()
-                .filter_map(|p| Some((pod::pod_key(&p)?, p)))
+                .filter_map(|p| {
+                    let (id, attempt) = pod::pod_key(&p)?;
+                    Some(((id, attempt, pod::state::rank_of(&p)), p))
+                })
                 .collect(),
         ),
         Err(e) => {
@@ -107,38 +110,44 @@ pub async fn rebuild_if_empty(
         let row = store.restore(&record)?;
         out.jobs += 1;
         let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
-        if row.executor != ExecutorKind::Pod || !live {
+        if !row.executor.facts().api_objects || !live {
             continue;
         }
         let Some(pods) = &pods else { continue };
-        let found = pods
-            .get(&(row.id, row.attempt))
-            .filter(|p| pod::is_attempt_pod(p, &row, row.attempt));
-        let observation = match found {
-            Some(p) => {
-                out.pods_adopted += 1;
-                pod::state::observe(p, row.id, row.attempt, false)
-            }
-            None => {
-                out.pods_missing += 1;
-                PodObservation {
-                    job_id: row.id,
-                    attempt: row.attempt,
-                    pod_name: pod::attempt_pod_name(&row, row.attempt),
-                    state: PodState::Lost,
-                    exit_code: None,
-                    reason: "PodMissing".into(),
-                    message: "no Pod of this attempt was found when the lost store was rebuilt"
-                        .into(),
-                    deleted: true,
-                    node: String::new(),
-                    terminating_since_ms: None,
-                    grace_seconds: None,
-                    evidence: Default::default(),
+        // Every member of the current attempt: each adopted by its deterministic name, owner
+        // and labels, or counted lost (a gang then recovers as one).
+        for rank in 0..crate::lifecycle::tasks::current_task(&row).size() as u32 {
+            let found = pods
+                .get(&(row.id, row.attempt, rank))
+                .filter(|p| pod::is_attempt_pod(p, &row, row.attempt));
+            let observation = match found {
+                Some(p) => {
+                    out.pods_adopted += 1;
+                    pod::state::observe(p, row.id, row.attempt, false)
                 }
-            }
-        };
-        store.record_pod(&observation)?;
+                None => {
+                    out.pods_missing += 1;
+                    PodObservation {
+                        job_id: row.id,
+                        attempt: row.attempt,
+                        rank,
+                        pod_name: pod::member_pod_name(&row, row.attempt, rank),
+                        state: PodState::Lost,
+                        exit_code: None,
+                        reason: "PodMissing".into(),
+                        message: "no Pod of this attempt was found when the lost store was rebuilt"
+                            .into(),
+                        deleted: true,
+                        node: String::new(),
+                        terminating_since_ms: None,
+                        grace_seconds: None,
+                        evidence: Default::default(),
+                        ended_at_ms: Some(crate::lifecycle::now_ms()),
+                    }
+                }
+            };
+            store.record_pod(&observation)?;
+        }
     }
     tracing::warn!(
         jobs = out.jobs,

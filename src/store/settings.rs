@@ -38,6 +38,14 @@ pub struct Settings {
     /// controllers label their Pods with it, and another shard's operator refuses this store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// Multi-node jobs get a PodGroup with the gang policy where the API serves one
+    /// (`--gang-scheduling`; an older operator's settings read as on).
+    #[serde(default = "default_true")]
+    pub gang_scheduling: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_launch_timeout_ms() -> u64 {
@@ -61,6 +69,7 @@ impl Default for Settings {
             max_launch_timeouts: default_max_launch_timeouts(),
             capacity: None,
             shard: None,
+            gang_scheduling: true,
         }
     }
 }
@@ -124,6 +133,7 @@ mod tests {
             max_launch_timeouts: 2,
             capacity: Some("launch cap 8".into()),
             shard: Some("a".into()),
+            gang_scheduling: true,
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);
