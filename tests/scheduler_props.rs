@@ -91,8 +91,7 @@ use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
     self, Action, AtStart, CancelRoute, Context, ControllerExit, Evidence, Expect, FailureReason,
     JobRow, Liveness, MemberState, Observed, Outcome, Reason, StopAfterGiveUp, Transition,
-    Workload, faults,
-    world,
+    Workload, faults, world,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
