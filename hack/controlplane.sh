@@ -6,12 +6,17 @@
 #
 # usage: hack/controlplane.sh <command>
 #   build [TOOL...]    build any missing binary (cached per wrapper-module version);
-#                      TOOL is kubernetes|etcd|kwok|helm|kubelet (default: all)
-#   up [--nodes N] [--real-node]
+#                      TOOL is kubernetes|etcd|kwok|helm|kubelet|coredns (default: all)
+#   up [--nodes N] [--real-node] [--gang-scheduling]
 #                      start (or reuse a healthy) control plane with N kwok nodes (default 4);
 #                      --real-node adds (or reuses) the real kubelet node `mj-real-node`
 #                      (root only; installs containerd, runc, buildah and the CNI plugins from
-#                      Debian packages when missing; see hack/realnode.sh)
+#                      Debian packages when missing; see hack/realnode.sh);
+#                      --gang-scheduling turns on kube-scheduler's gang scheduling: the alpha
+#                      feature gates GenericWorkload and GangScheduling on the API server,
+#                      scheduler and controller manager, and the API group
+#                      scheduling.k8s.io/v1alpha2 (Workload, PodGroup). A running instance
+#                      without it is replaced; one with it is reused by a plain `up`
 #   down               stop everything (the real node first) and remove the instance's data
 #   kill-apiserver     SIGKILL the instance's kube-apiserver (an API outage, for fault tests;
 #                      give them an instance of their own: MJ_CACHE_DIR)
@@ -29,6 +34,7 @@
 #                      $MJ_CACHE_DIR/controlplane/bin/<key>/, the instance under .../controlplane/run
 #   MJ_NODES           default node count for `up` (default 4)
 #   MJ_REAL_NODE=1     `up` adds the real node as with --real-node
+#   MJ_GANG_SCHEDULING=1  `up` turns on gang scheduling as with --gang-scheduling
 #   MJ_MIN_FREE_GB     free disk required before a build (default 10)
 #   MJ_LOCK_TIMEOUT    seconds to wait for the lock held by another up/down/build (default 900)
 set -euo pipefail
@@ -66,6 +72,7 @@ tool_packages() {
     kwok) echo "sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
     kubelet) echo "k8s.io/kubernetes/cmd/kubelet" ;;
+    coredns) echo "managedjobs.dev/hack/controlplane/coredns" ;;
     *) die "unknown tool $1" ;;
   esac
 }
@@ -76,10 +83,12 @@ tool_binaries() {
     kwok) echo "kwok" ;;
     helm) echo "helm" ;;
     kubelet) echo "kubelet" ;;
+    coredns) echo "coredns" ;;
     *) die "unknown tool $1" ;;
   esac
 }
-TOOLS=(kubernetes etcd kwok helm kubelet)
+# coredns: the real node's cluster DNS (a multi-node job's ranks reach each other by name).
+TOOLS=(kubernetes etcd kwok helm kubelet coredns)
 # The wrapper module a tool is built from: the kubelet comes from the control plane's own
 # Kubernetes module (same version, same dependency pins).
 tool_wrapper() { if [[ "$1" == kubelet ]]; then echo kubernetes; else echo "$1"; fi; }
@@ -92,6 +101,7 @@ tool_version() {
     etcd) mod=go.etcd.io/etcd/server/v3 ;;
     kwok) mod=sigs.k8s.io/kwok ;;
     helm) mod=helm.sh/helm/v3 ;;
+    coredns) mod=github.com/coredns/coredns ;;
   esac
   awk -v m="$mod" '($1 == m && $2 ~ /^v/) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' \
     "$WRAPPERS/$(tool_wrapper "$1")/go.mod"
@@ -120,7 +130,10 @@ BUILD_FLAGS="-trimpath"
 # Cache key: wrapper go.mod + go.sum contents and the build flags.
 tool_key() {
   local h
+  # coredns is built from a main package of its own wrapper (the plugins it links): its source
+  # is part of the key.
   h="$({ cat "$WRAPPERS/$(tool_wrapper "$1")/go.mod" "$WRAPPERS/$(tool_wrapper "$1")/go.sum"
+         if [[ "$1" == coredns ]]; then cat "$WRAPPERS/coredns/main.go"; fi
          printf '%s\n%s\n%s\n%s\n' "$BUILD_ENV" "$BUILD_FLAGS" "$(tool_ldflags "$1")" "$(tool_packages "$1")"
        } | sha256sum | cut -c1-12)"
   printf '%s-%s' "$1" "$h"
@@ -141,6 +154,7 @@ version_args() {
   case "$1" in
     kubectl) echo "version --client" ;;
     helm) echo "version" ;;
+    coredns) echo "-version" ;;
     *) echo "--version" ;;
   esac
 }
@@ -288,7 +302,7 @@ stop_all() {
   local i
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_component "${COMPONENTS[i]}"; done
   # Keep logs/ for post-mortems; everything else belongs to the dead instance.
-  rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home" "$RUN/ports" "$RUN/key" "$KUBECONFIG_PATH"
+  rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home" "$RUN/ports" "$RUN/key" "$RUN/features" "$KUBECONFIG_PATH"
 }
 
 free_ports() { # count -> space separated free loopback ports
@@ -427,6 +441,20 @@ instance_state() {
   ((alive == ${#COMPONENTS[@]})) || return 2
   [[ -f "$RUN/key" && "$(<"$RUN/key")" == "$(instance_key)" ]] || { log "binaries changed since the running instance started"; return 2; }
   apiserver_ready || return 2
+  # An instance without the gang-scheduling gates cannot serve a caller that asks for them (the
+  # gates are fixed at start); one with them serves every caller.
+  if [[ "${WANT_GANG:-0}" == 1 && "$(cat "$RUN/features" 2>/dev/null)" != gang-scheduling ]]; then
+    log "the running instance has no gang scheduling; replacing it"
+    return 2
+  fi
+  return 0
+}
+
+# The feature gates of the API server, scheduler and controller manager ($1: 1 for gang
+# scheduling: KEP-4671's GenericWorkload, the Workload and PodGroup API, and GangScheduling,
+# the scheduler plugin that binds a PodGroup's Pods all or nothing).
+feature_args() {
+  [[ "$1" == 1 ]] && printf '%s' "--feature-gates=GenericWorkload=true,GangScheduling=true"
   return 0
 }
 
@@ -556,9 +584,11 @@ nodes_ready() { # count: Ready and without the not-ready/unreachable taints
 
 cmd_up() {
   local nodes="${MJ_NODES:-4}" real_node="${MJ_REAL_NODE:-0}"
+  WANT_GANG="${MJ_GANG_SCHEDULING:-0}"
   while (($#)); do
     case "$1" in
       --real-node) real_node=1; shift ;;
+      --gang-scheduling) WANT_GANG=1; shift ;;
       --nodes) [[ $# -ge 2 ]] || die "--nodes needs a value"; nodes="$2"; shift 2 ;;
       --nodes=*) nodes="${1#--nodes=}"; shift ;;
       *) die "unknown argument to up: $1" ;;
@@ -570,7 +600,7 @@ cmd_up() {
   local start state=0
   start="$(now_ms)"
   cmd_build kubernetes etcd kwok
-  [[ "$real_node" == 1 ]] && cmd_build kubelet
+  [[ "$real_node" == 1 ]] && cmd_build kubelet coredns
 
   instance_state || state=$?
   if ((state == 0)); then
@@ -594,7 +624,7 @@ cmd_up() {
   local try rc
   for try in 1 2; do
     rc=0
-    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" >/dev/null || rc=$?
+    bash "${BASH_SOURCE[0]}" __start-instance "$nodes" "$start" "$WANT_GANG" >/dev/null || rc=$?
     if ((rc == 0)); then
       [[ "$real_node" == 1 ]] && realnode up
       echo "$KUBECONFIG_PATH"
@@ -606,9 +636,12 @@ cmd_up() {
 }
 
 # Starts a new instance (the caller holds the lock and has cleaned up); prints the kubeconfig path.
-# kube-apiserver, on the instance's ports and certificates ($RUN/ports, $RUN/pki); waits for /readyz.
+# kube-apiserver, on the instance's ports and certificates ($RUN/ports, $RUN/pki) and with its
+# feature gates ($RUN/features); waits for /readyz.
 start_apiserver() {
-  local etcd_port api_port p="$RUN/pki"
+  local etcd_port api_port p="$RUN/pki" gang=0 features
+  [[ "$(cat "$RUN/features" 2>/dev/null)" == gang-scheduling ]] && gang=1
+  features="$(feature_args "$gang")"
   etcd_port="$(awk '/^etcd /{print $2}' "$RUN/ports")"
   api_port="$(awk '/^apiserver /{print $2}' "$RUN/ports")"
   start_component kube-apiserver "$(bin_path kube-apiserver)" \
@@ -625,7 +658,8 @@ start_apiserver() {
     --cert-dir="$RUN/data/apiserver-certs" \
     --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$p/apiserver-kubelet-client.key" \
-    --kubelet-preferred-address-types=InternalIP,Hostname
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    ${features:+"$features" --runtime-config=scheduling.k8s.io/v1alpha2=true}
   wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
 }
 
@@ -655,8 +689,8 @@ cmd_start_apiserver() {
   log "kube-apiserver ready again in $(elapsed "$start")"
 }
 
-start_instance() { # nodes start_ms
-  local nodes="$1" start="$2"
+start_instance() { # nodes start_ms gang(0|1)
+  local nodes="$1" start="$2" gang="${3:-0}" features
   # A failed start must not leave half an instance behind (the logs are kept).
   trap 'rc=$?; if ((rc != 0)); then log "up failed; stopping the partial instance (logs: $RUN/logs)"; stop_all; fi' EXIT
   rm -rf "$RUN/data" "$RUN/pki" "$RUN/pids" "$RUN/kwok-home"
@@ -668,6 +702,8 @@ start_instance() { # nodes start_ms
   printf 'etcd %s\netcd-peer %s\napiserver %s\n' "$etcd_port" "$peer_port" "$api_port" >"$RUN/ports"
   write_kubeconfig "$api_port"
   instance_key >"$RUN/key"
+  features="$(feature_args "$gang")"
+  if [[ "$gang" == 1 ]]; then echo gang-scheduling >"$RUN/features"; else rm -f "$RUN/features"; fi
   local p="$RUN/pki"
 
   start_component etcd "$(bin_path etcd)" \
@@ -687,9 +723,10 @@ start_instance() { # nodes start_ms
   start_component kube-controller-manager "$(bin_path kube-controller-manager)" \
     --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false \
     --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
-    --bind-address=127.0.0.1 --secure-port=0
+    --bind-address=127.0.0.1 --secure-port=0 ${features:+"$features"}
   start_component kube-scheduler "$(bin_path kube-scheduler)" \
-    --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1 --secure-port=0
+    --kubeconfig="$KUBECONFIG_PATH" --leader-elect=false --bind-address=127.0.0.1 --secure-port=0 \
+    ${features:+"$features"}
   # HOME is redirected so a developer's ~/.kwok/kwok.yaml cannot change the behaviour.
   HOME="$RUN/kwok-home" start_component kwok "$(bin_path kwok)" \
     --kubeconfig="$KUBECONFIG_PATH" \
@@ -703,13 +740,13 @@ start_instance() { # nodes start_ms
   done
   wait_component kwok "$nodes kwok nodes Ready" 60 nodes_ready "$nodes"
   trap - EXIT
-  log "control plane up in $(elapsed "$start") (apiserver https://127.0.0.1:$api_port, $nodes nodes)"
+  log "control plane up in $(elapsed "$start") (apiserver https://127.0.0.1:$api_port, $nodes nodes${features:+, gang scheduling})"
 }
 
 # hack/realnode.sh with what it needs to know of this instance.
 realnode() {
   RUN="$RUN" CACHE="$CACHE" KUBECONFIG_PATH="$KUBECONFIG_PATH" KUBECTL_BIN="$(bin_path kubectl)" \
-    KUBELET_BIN="$(bin_path kubelet)" bash "$ROOT/hack/realnode.sh" "$@"
+    KUBELET_BIN="$(bin_path kubelet)" COREDNS_BIN="$(bin_path coredns)" bash "$ROOT/hack/realnode.sh" "$@"
 }
 
 cmd_down() {
@@ -732,6 +769,7 @@ cmd_status() {
   if [[ -f "$RUN/ports" ]]; then
     printf 'ports: %s\n' "$(tr '\n' ' ' <"$RUN/ports")"
   fi
+  [[ -f "$RUN/features" ]] && printf 'features: %s\n' "$(<"$RUN/features")"
   if apiserver_ready 2>/dev/null; then
     echo "apiserver /readyz: ok"
     echo "kubeconfig: $KUBECONFIG_PATH"

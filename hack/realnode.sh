@@ -20,6 +20,10 @@
 #   bridge mj-cni0 10.123.0.1/24 (the node's InternalIP; Pods get 10.123.0.10-250)
 #   iptables nat chain MJ-REALNODE: Pods reach the API server at 10.96.0.1:443 (the `kubernetes`
 #   Service) by a DNAT to the loopback API server port, with route_localnet on the bridge
+#   cluster DNS: CoreDNS (built from its Go module, hack/controlplane/coredns) on 10.123.0.1:53
+#   with the kubernetes plugin (Services; a headless Service's Pods by hostname.subdomain, as a
+#   multi-node job's ranks use them) and the host's resolver for the rest; the kubelet gives it
+#   to Pods as their nameserver (clusterDNS, clusterDomain cluster.local)
 #   $RUN/realnode: configs, certificates, pids, logs (logs are kept)
 #
 # One real node per machine: the control plane instance that set it up owns it
@@ -41,6 +45,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 : "${KUBECONFIG_PATH:?}"
 : "${KUBECTL_BIN:?}"
 : "${KUBELET_BIN:?}"
+: "${COREDNS_BIN:?}"
 CACHE="${CACHE:-${MJ_CACHE_DIR:-$HOME/.cache/managed-jobs}/controlplane}"
 
 NODE_NAME=mj-real-node
@@ -341,7 +346,32 @@ evictionPressureTransitionPeriod: 10s
 maxPods: 30
 serializeImagePulls: false
 resolvConf: /etc/resolv.conf
+clusterDNS:
+- $NODE_IP
+clusterDomain: cluster.local
 EOF
+  # Cluster DNS for the node's Pods: on the bridge address only.
+  cat >"$NR/Corefile" <<EOF
+.:53 {
+    bind $NODE_IP
+    errors
+    health $NODE_IP:$DNS_HEALTH_PORT
+    cache 5
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $KUBECONFIG_PATH managed-jobs-dev
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    forward . /etc/resolv.conf
+}
+EOF
+}
+
+DNS_HEALTH_PORT=18053
+dns_ready() { curl -sf --max-time 2 "http://$NODE_IP:$DNS_HEALTH_PORT/health" >/dev/null; }
+start_dns() {
+  start_daemon coredns "$COREDNS_BIN" -conf "$NR/Corefile"
+  wait_until "cluster DNS (CoreDNS)" 30 dns_ready || { tail_log coredns; die "CoreDNS did not start"; }
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -521,9 +551,12 @@ owner() { [[ -f "$OWNER" ]] && cat "$OWNER"; return 0; }
 
 # The identity of the control plane the node was set up for: its API server port and CA. A node
 # set up for another (an instance stopped and started again) must be set up anew.
-control_plane_id() { printf '%s %s' "$(api_port)" "$(sha256sum <"$RUN/pki/ca.crt" | cut -c1-16)"; }
+# Bump REALNODE_LAYOUT when the node's configs change (2: cluster DNS), so that `up` sets up anew
+# a node made by an older version of this script instead of repairing it.
+REALNODE_LAYOUT=2
+control_plane_id() { printf '%s %s %s' "$(api_port)" "$(sha256sum <"$RUN/pki/ca.crt" | cut -c1-16)" "$REALNODE_LAYOUT"; }
 
-node_healthy() { pid_alive containerd && containerd_ready && pid_alive kubelet && node_ready 2>/dev/null; }
+node_healthy() { pid_alive containerd && containerd_ready && pid_alive coredns && pid_alive kubelet && node_ready 2>/dev/null; }
 
 cmd_up() {
   [[ $EUID == 0 ]] || die "the real node needs root (mounts, a bridge, iptables, cgroups)"
@@ -577,6 +610,7 @@ cmd_up() {
 
   save_sysctls
   save_chains
+  start_dns
   start_kubelet
   if ! wait_until "node $NODE_NAME Ready" 120 node_ready; then
     die "node $NODE_NAME did not become Ready"
@@ -609,6 +643,9 @@ repair() {
     start_containerd || return 1
   fi
   image_present "$SANDBOX_IMAGE" || cmd_load "$(pause_archive)" "$(busybox_archive)" || return 1
+  if ! pid_alive coredns; then
+    start_dns || return 1
+  fi
   if ! pid_alive kubelet; then
     start_kubelet || return 1
   fi
@@ -689,8 +726,9 @@ cmd_down() { # [force: the owner is a stopped instance being taken over]
     kc delete node "$NODE_NAME" --wait=false >/dev/null 2>&1 || true
     kc delete pv -l "$NODE_LABEL=true" --wait=false >/dev/null 2>&1 || true
   fi
-  # 2. The kubelet, then whatever still runs in containerd.
+  # 2. The kubelet and the cluster DNS, then whatever still runs in containerd.
   stop_daemon kubelet 15
+  stop_daemon coredns 5
   if containerd_ready; then
     local t
     for t in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true; done
@@ -710,7 +748,7 @@ cmd_down() { # [force: the owner is a stopped instance being taken over]
   remove_fixed_paths
   restore_sysctls
   rm -rf "$DATA" "$STATE"
-  rm -rf "$NR/pki" "$NR/pids" "$NR/images" "$NR/cni" "$NR"/*.yaml "$NR"/*.toml "$NR"/*.kubeconfig "$NR/netns-before" "$NR/control-plane"
+  rm -rf "$NR/pki" "$NR/pids" "$NR/images" "$NR/cni" "$NR"/*.yaml "$NR"/*.toml "$NR"/*.kubeconfig "$NR/Corefile" "$NR/netns-before" "$NR/control-plane"
   [[ -d "$DATA" || -d "$STATE" ]] && log "could not remove all of $DATA and $STATE (see above)"
   log "real node removed"
   return 0
@@ -718,7 +756,7 @@ cmd_down() { # [force: the owner is a stopped instance being taken over]
 
 cmd_status() {
   local d rc=0
-  for d in containerd kubelet; do
+  for d in containerd coredns kubelet; do
     if pid_alive "$d"; then echo "$d running (pid $(<"$NR/pids/$d.pid"))"; else echo "$d not running"; rc=1; fi
   done
   return "$rc"

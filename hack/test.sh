@@ -7,12 +7,16 @@
 # Flux from the official Go modules (about 15 + 11 minutes on 2 cores; cached per user
 # afterwards) and the release binary for the image.
 #
+# The control plane runs with kube-scheduler's gang scheduling on (`up --gang-scheduling`):
+# tests/gangs.rs checks multi-node jobs with PodGroups, and without them by the operator's
+# `--gang-scheduling off`.
+#
 # usage: hack/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 start=$(date +%s)
-hack/controlplane.sh build kubernetes etcd kwok helm kubelet
+hack/controlplane.sh build kubernetes etcd kwok helm kubelet coredns
 # Flux's source-controller and kustomize-controller for tests/flux.rs (about 11 min cold, cached).
 hack/flux.sh build
 # The previous release for the backward-compatibility tests (tests/upgrade.rs and the chart form
@@ -28,7 +32,7 @@ fi
 # cannot be had, the other tests still run; the real-node tests then skip, or fail under CI=true.
 real_node=0
 if [[ $EUID == 0 ]]; then
-  if MJ_KUBECONFIG="$(hack/controlplane.sh up --real-node)"; then
+  if MJ_KUBECONFIG="$(hack/controlplane.sh up --real-node --gang-scheduling)"; then
     real_node=1
   else
     echo "[test] the real node did not start (logs: ~/.cache/managed-jobs/controlplane/run/realnode/logs)" >&2
@@ -37,7 +41,7 @@ else
   echo "[test] not root: no real node; tests/real_node.rs will skip (or fail under CI=true)" >&2
 fi
 if [[ $real_node == 0 ]]; then
-  MJ_KUBECONFIG="$(hack/controlplane.sh up)"
+  MJ_KUBECONFIG="$(hack/controlplane.sh up --gang-scheduling)"
 fi
 export MJ_KUBECONFIG
 echo "[test] control plane ready after $(( $(date +%s) - start )) s; kubeconfig $MJ_KUBECONFIG" >&2

@@ -153,6 +153,13 @@ pub struct RunArgs {
     /// that label. Run one instance per shard to spread jobs over several controller nodes.
     #[arg(long, env = "MJ_SHARD")]
     pub shard: Option<String>,
+    /// Place a multi-node job's Pods with kube-scheduler's gang scheduling: `auto` creates a
+    /// PodGroup with the gang policy for each attempt where the API serves
+    /// `scheduling.k8s.io/v1alpha2` PodGroups (feature gate `GenericWorkload`), so no Pod binds
+    /// until all fit; `off` never does (a partly placed gang is then removed after its launch
+    /// timeout).
+    #[arg(long, env = "MJ_GANG_SCHEDULING", default_value = "auto", value_parser = ["auto", "off"])]
+    pub gang_scheduling: String,
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
@@ -191,6 +198,9 @@ pub struct LogsArgs {
     /// pipeline's log without it holds every task's output, in order, each under a header.
     #[arg(long)]
     pub task: Option<String>,
+    /// A multi-node job's member (0..N-1): its Pod's log. Without it, every rank's.
+    #[arg(long)]
+    pub rank: Option<u32>,
     /// State dir of the operator.
     #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
     pub state_dir: PathBuf,
@@ -526,8 +536,26 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
         }
         Some(t) => Some(task_index(&row, t)?),
     };
-    if row.executor == ExecutorKind::Pod {
-        print!("{}", pod_logs_hint(&row, task));
+    if let Some(rank) = args.rank {
+        let nodes = match task {
+            Some(i) => row.spec.task(i).nodes,
+            None => crate::lifecycle::tasks::current_task(&row).nodes,
+        };
+        match nodes {
+            None => anyhow::bail!(
+                "job {} is not a multi-node job (it has no nodes): --rank needs one",
+                row.key()
+            ),
+            Some(n) if rank >= n.max(1) as u32 => anyhow::bail!(
+                "job {} has ranks 0..{} (nodes: {n}): there is no rank {rank}",
+                row.key(),
+                n - 1
+            ),
+            Some(_) => {}
+        }
+    }
+    if row.executor.facts().api_objects {
+        print!("{}", pod_logs_hint(&row, task, args.rank));
         return Ok(());
     }
     if !row.spec.is_pipeline() {
@@ -586,15 +614,35 @@ fn task_index(row: &JobRow, which: &str) -> anyhow::Result<usize> {
 
 /// A pod job's output is its Pods' logs: the `kubectl logs` command for the last attempt of
 /// each task (or of `task`), or of the job.
-fn pod_logs_hint(row: &JobRow, task: Option<usize>) -> String {
+fn pod_logs_hint(row: &JobRow, task: Option<usize>, rank: Option<u32>) -> String {
     use crate::executor::pod;
     let ns = &row.namespace;
+    // The ranks to show of a task (or job) of `nodes` members: the one asked for, else all.
+    let ranks = |nodes: Option<i32>| -> Vec<Option<u32>> {
+        match (nodes, rank) {
+            (None, _) => vec![None],
+            (Some(_), Some(r)) => vec![Some(r)],
+            (Some(n), None) => (0..n.max(1) as u32).map(Some).collect(),
+        }
+    };
     if !row.spec.is_pipeline() {
         if row.launched_attempt == 0 {
             return format!("job {} has not launched a Pod yet\n", row.key());
         }
-        let name = pod::attempt_pod_name(row, row.attempt.max(1));
-        return format!("kubectl logs -n {ns} {name}\n");
+        let attempt = row.attempt.max(1);
+        return ranks(row.spec.nodes)
+            .into_iter()
+            .map(|r| match r {
+                None => format!(
+                    "kubectl logs -n {ns} {}\n",
+                    pod::attempt_pod_name(row, attempt)
+                ),
+                Some(r) => format!(
+                    "kubectl logs -n {ns} {}  # rank {r}\n",
+                    pod::member_pod_name(row, attempt, r)
+                ),
+            })
+            .collect();
     }
     let mut out = String::new();
     for (i, t) in row.tasks.iter().enumerate() {
@@ -604,8 +652,21 @@ fn pod_logs_hint(row: &JobRow, task: Option<usize>) -> String {
         if t.attempt == 0 {
             out.push_str(&format!("# task {} has not launched a Pod\n", t.name));
         } else {
-            let name = pod::task_pod_name(row, i, t.attempt);
-            out.push_str(&format!("kubectl logs -n {ns} {name}  # task {}\n", t.name));
+            for r in ranks(row.spec.task(i).nodes) {
+                match r {
+                    None => {
+                        let name = pod::task_pod_name(row, i, t.attempt);
+                        out.push_str(&format!("kubectl logs -n {ns} {name}  # task {}\n", t.name))
+                    }
+                    Some(r) => {
+                        let name = pod::task_member_pod_name(row, i, t.attempt, r);
+                        out.push_str(&format!(
+                            "kubectl logs -n {ns} {name}  # task {}, rank {r}\n",
+                            t.name
+                        ))
+                    }
+                }
+            }
         }
     }
     out

@@ -17,7 +17,6 @@ use tokio::sync::Notify;
 
 use crate::api::{ExecutorKind, JobPhase};
 use crate::capacity::Capacity;
-use crate::executor::Executor as _;
 use crate::executor::local::LocalExecutor;
 use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
 use crate::lifecycle::{
@@ -68,6 +67,9 @@ pub struct Config {
     pub self_exe: PathBuf,
     /// The shard this operator owns (`--shard`): None for the default instance.
     pub shard: Option<String>,
+    /// Multi-node jobs get a PodGroup with the gang policy where the API serves one
+    /// (`--gang-scheduling auto`); false: never.
+    pub gang_scheduling: bool,
     /// The queues come from the API (the operator): nothing is admitted until they are known
     /// ([`Engine::set_queues`]). False: one pool, no queue objects (the engine alone).
     pub queues_from_api: bool,
@@ -361,6 +363,7 @@ impl Engine {
             capacity: Some(cfg.capacity.to_string()),
             shard: cfg.shard.clone(),
             claims: cfg.claims,
+            gang_scheduling: cfg.gang_scheduling,
         });
         match shared {
             Ok(()) => {}
@@ -389,7 +392,8 @@ impl Engine {
                 c.reserved_mib
             );
         }
-        if cfg.executors.contains(&ExecutorKind::Local) && !std::path::Path::new("/bin/sh").exists()
+        if cfg.executors.iter().any(|k| k.facts().local_processes)
+            && !std::path::Path::new("/bin/sh").exists()
         {
             tracing::warn!(
                 "the local executor is on, but /bin/sh does not exist here: every job with spec.run will fail to start (the operator's image has no shell; use spec.template)"
@@ -754,7 +758,7 @@ impl Engine {
                         let mut local = LocalExecutor::new(&self.dir);
                         let grace = lifecycle::stop_grace(&row, self.cfg.cancel_grace);
                         tokio::spawn(async move {
-                            let _ = local.stop(&row, grace).await;
+                            let _ = local.stop_job(&row, grace).await;
                         });
                     }
                     // The engine has no API client: the world check deletes a Done job's
@@ -792,7 +796,11 @@ impl Engine {
         let processes = LocalExecutor::new(&self.dir).wrappers();
         let controllers = controller_processes(&self.cfg.state_dir);
         let store = self.store();
-        let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
+        let mut jobs: Vec<world::Job> = store
+            .live_jobs()?
+            .iter()
+            .map(|r| world::Job::live(r, crate::executor::member_names(r)))
+            .collect();
         jobs.extend(
             store
                 .pending_jobs_brief()?

@@ -17,9 +17,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::ExecutorKind;
-use crate::executor::local::LocalExecutor;
-use crate::executor::pod::PodExecutor;
-use crate::executor::{Executor, ExecutorError, Launched, Stop};
+use crate::executor::{AnyExecutor, Executor, ExecutorError, Launched, Stop};
 use crate::lifecycle::{self, Action, AfterRefusal, Context, JobRow, Transition, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::{Cas, Store, StoreError};
@@ -70,14 +68,14 @@ enum Flow {
     Exit,
 }
 
-struct JobController<E: Executor> {
+struct JobController {
     store: Store,
     /// The store's path, and the identity of the file opened there: while another file (or
     /// none) is at the path, the store was replaced and this process no longer acts.
     store_path: PathBuf,
     store_id: lifecycle::world::FileId,
     job_id: i64,
-    executor: E,
+    executor: AnyExecutor,
     waker: OperatorWaker,
     wake: Signal,
     grace: Duration,
@@ -127,41 +125,28 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
         )
     })?;
     let settings = store.settings()?;
-    let executor = store.get(job_id)?.executor;
-    // A local attempt's detached processes are reparented to this process when their parent
-    // exits, so that the attempt's end finds and stops them (executor::contain).
-    if executor == ExecutorKind::Local && !crate::executor::contain::become_subreaper() {
-        tracing::warn!(
-            "cannot become a child subreaper; detached processes are found by their environment mark instead"
-        );
-    }
-    tracing::info!(job_id, pid = std::process::id(), %executor, "job controller started");
+    let kind = store.get(job_id)?.executor;
+    let mut executor = crate::executor::for_job(kind, &dir, &settings);
+    executor.prepare();
+    tracing::info!(job_id, pid = std::process::id(), executor = %kind, "job controller started");
     let waker = OperatorWaker::new(&dir);
-    macro_rules! drive {
-        ($executor:expr) => {
-            JobController {
-                store,
-                store_path: dir.store(),
-                store_id,
-                job_id,
-                executor: $executor,
-                waker,
-                wake,
-                grace: Duration::from_millis(settings.cancel_grace_ms),
-                backoff_base: Duration::from_millis(settings.restart_backoff_ms),
-                launch_timeout: Duration::from_millis(settings.launch_timeout_ms),
-                max_launch_timeouts: settings.max_launch_timeouts,
-                executors: settings.executors,
-                claims: settings.claims,
-            }
-            .drive()
-            .await
-        };
+    JobController {
+        store,
+        store_path: dir.store(),
+        store_id,
+        job_id,
+        executor,
+        waker,
+        wake,
+        grace: Duration::from_millis(settings.cancel_grace_ms),
+        backoff_base: Duration::from_millis(settings.restart_backoff_ms),
+        launch_timeout: Duration::from_millis(settings.launch_timeout_ms),
+        max_launch_timeouts: settings.max_launch_timeouts,
+        executors: settings.executors,
+        claims: settings.claims,
     }
-    match executor {
-        ExecutorKind::Local => drive!(LocalExecutor::new(&dir)),
-        ExecutorKind::Pod => drive!(PodExecutor::new(settings.shard.clone())),
-    }
+    .drive()
+    .await
 }
 
 /// The identity (device, inode) of the file at `path`, if any.
@@ -170,7 +155,7 @@ fn file_id(path: &std::path::Path) -> Option<lifecycle::world::FileId> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-impl<E: Executor> JobController<E> {
+impl JobController {
     /// Read, decide, act, until the job is Done. A turn that fails because the state dir
     /// cannot be read or written (disk full, I/O error) is tried again with a back-off, for as
     /// long as it takes: this process may hold the only knowledge of an outcome (decided again
@@ -226,16 +211,15 @@ impl<E: Executor> JobController<E> {
             let cx = Context {
                 now_ms: now_ms(),
                 executor_enabled: self.executors.contains(&row.executor),
-                create_is_idempotent: E::CREATE_IS_IDEMPOTENT,
+                create_is_idempotent: self.executor.create_is_idempotent(),
                 backoff_base: self.backoff_base,
-                stop_after_exit: E::STOPS_AFTER_EXIT,
+                stop_after_exit: self.executor.stops_after_exit(),
                 launch_timeout: self.launch_timeout,
                 max_launch_timeouts: self.max_launch_timeouts,
                 // Asked only of a Pod waiting for a node (one indexed query).
-                run_slot_wanted: matches!(
-                    observed,
-                    Some(lifecycle::Observed::Unschedulable { .. })
-                ) && self.store.run_slot_wanted(now_ms())?,
+                run_slot_wanted: observed.as_ref().is_some_and(|o| {
+                    matches!(lifecycle::view(o), lifecycle::View::Unschedulable { .. })
+                }) && self.store.run_slot_wanted(now_ms())?,
                 stop_grace: self.grace,
                 // One small indexed read: launch only under a claim renewed lately.
                 claim: self.store.gate(&row.namespace, self.claims)?,
@@ -280,14 +264,14 @@ impl<E: Executor> JobController<E> {
                         }
                         // Observed as CreateFailed from now on: decided again at once.
                         Launched::Failed { .. } => {}
-                        Launched::Created if E::CREATE_IS_IDEMPOTENT => {
+                        Launched::Created if self.executor.create_is_idempotent() => {
                             // Its state comes from the operator's watch, which wakes us.
                             self.wait(None, POD_REPORT_WAIT).await;
                         }
                         Launched::Created => {}
                     }
                 }
-                Action::StopThen(t) => match self.executor.stop(&row, grace).await? {
+                Action::StopThen(t) => match self.executor.stop(&self.store, &row, grace).await? {
                     Stop::Gone { forced } => {
                         self.set(&row, &t.with_notes(&forced))?;
                     }
@@ -305,7 +289,9 @@ impl<E: Executor> JobController<E> {
                     // as lost (a recovery) instead of what the decision was (a launch timeout).
                     let start = std::time::Instant::now();
                     loop {
-                        if let Stop::Gone { forced } = self.executor.stop(&row, grace).await? {
+                        if let Stop::Gone { forced } =
+                            self.executor.stop(&self.store, &row, grace).await?
+                        {
                             self.set(&row, &t.with_notes(&forced))?;
                             break;
                         }

@@ -53,6 +53,7 @@ fn main() -> anyhow::Result<()> {
                     std::env::current_exe()?
                 },
                 shard: args.shard()?,
+                gang_scheduling: args.gang_scheduling == "auto",
                 queues_from_api: true,
                 claims: true,
             };

@@ -122,6 +122,7 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         exit_code: row.exit_code,
         failure_reason: row.failure_reason.as_ref().map(|f| f.to_string()),
         workload: row.workload.as_ref().map(|w| w.to_string()),
+        ready_nodes: row.ready_nodes.clone(),
         observed_generation: Some(row.generation),
         conditions: conditions(row),
         current_task: row.spec.is_pipeline().then_some(row.task_index),
@@ -338,6 +339,7 @@ mod tests {
         row.attempts = (0..10)
             .map(|i| AttemptStatus {
                 attempt: 9990 + i,
+                rank: Some(63),
                 task: Some(name(0)),
                 exit_code: Some(255),
                 reason: "x".repeat(64),

@@ -26,6 +26,7 @@ fn config(dir: &Path, caps: Caps) -> Config {
         max_launch_timeouts: managed_jobs::defaults::MAX_LAUNCH_TIMEOUTS,
         self_exe: env!("CARGO_BIN_EXE_managed-jobs").into(),
         shard: None,
+        gang_scheduling: true,
         queues_from_api: false,
         claims: false,
     }

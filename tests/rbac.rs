@@ -101,6 +101,14 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         ("patch", "managedjobs.managedjobs.dev", "yes"),
         ("create", "pods", "yes"),
         ("update", "pods", "no"),
+        // A multi-node job's headless Service and its attempts' PodGroups (kube-scheduler's
+        // gang): created (and the PodGroups deleted), never changed; nothing else of Services.
+        ("create", "services", "yes"),
+        ("delete", "services", "no"),
+        ("update", "services", "no"),
+        ("create", "podgroups.scheduling.k8s.io", "yes"),
+        ("delete", "podgroups.scheduling.k8s.io", "yes"),
+        ("patch", "podgroups.scheduling.k8s.io", "no"),
         ("get", "secrets", "no"),
         ("delete", "nodes", "no"),
         // Is the node of a Pod stuck terminating Ready? (cluster-wide installs only)

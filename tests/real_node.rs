@@ -1425,3 +1425,55 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
     pods_task.abort();
     phases_task.abort();
 }
+
+/// A 2-rank job on the real node, through the installed operator: the ranks reach each other
+/// by the addresses the job gave them (rank 1 connects to `MASTER_ADDR:MASTER_PORT`, a name of
+/// the job's headless Service resolved by the node's cluster DNS; rank 0 hears it), so a
+/// training framework's rendezvous works unwrapped. `examples/distributed-training.yaml` as
+/// it is.
+#[tokio::test]
+async fn a_two_rank_job_reaches_its_ranks_by_the_addresses_it_was_given() {
+    let (cp, _guard, client) = real_node_or_skip!();
+    let _release = Release::install(cp, &[]);
+    let ns = support::TestNamespace::new(&client, cp, "real-gang").await;
+    let yaml = std::fs::read_to_string(support::root().join("examples/distributed-training.yaml"))
+        .unwrap();
+    create(&client, &ns.name, &yaml).await;
+    let s = finished(&client, &ns.name, "distributed-training").await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let mut logs = BTreeMap::new();
+    for p in &pods {
+        let rank = p
+            .labels()
+            .get("managedjobs.dev/rank")
+            .cloned()
+            .unwrap_or_default();
+        let (_, log) = kubectl(cp, &["-n", &ns.name, "logs", &p.name_any()]);
+        logs.insert(rank, log);
+    }
+    assert_eq!(
+        (s.phase, s.attempt, s.restart_count),
+        (Some(JobPhase::Succeeded), 1, 0),
+        "{s:#?}\nlogs: {logs:#?}"
+    );
+    let addrs = logs["0"]
+        .lines()
+        .find_map(|l| l.split("nodes ").nth(1))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        addrs.contains("distributed-training-0.") && addrs.contains("distributed-training-1."),
+        "{logs:#?}"
+    );
+    assert!(logs["0"].contains("rank 0 heard: rank 1 of 2"), "{logs:#?}");
+    assert!(logs["0"].contains("all 2 ranks reported in"), "{logs:#?}");
+    assert!(logs["1"].contains("reported to rank 0"), "{logs:#?}");
+    assert!(
+        logs["1"].contains(&format!("nodes {addrs}")),
+        "both ranks got the same address list: {logs:#?}"
+    );
+}

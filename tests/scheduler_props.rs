@@ -90,8 +90,8 @@ use managed_jobs::capacity::SlotUsage;
 use managed_jobs::defaults;
 use managed_jobs::lifecycle::{
     self, Action, AtStart, CancelRoute, Context, ControllerExit, Evidence, Expect, FailureReason,
-    JobRow, Liveness, Observed, Outcome, Reason, StopAfterGiveUp, Transition, Workload, faults,
-    world,
+    JobRow, Liveness, MemberState, Observed, Outcome, Reason, StopAfterGiveUp, Transition,
+    Workload, faults, world,
 };
 use managed_jobs::operator;
 use managed_jobs::scheduler::{self, Admission, Candidate, PassResult, plan};
@@ -980,7 +980,7 @@ impl Model {
     /// (recording the intent, Starting on the first), the executor creates the workload, and
     /// once observed running the job is Running + Alive.
     fn launch_done(&mut self, id: i64) -> TestResult {
-        let action = self.controller_turn(id, Some(Observed::NotFound))?;
+        let action = self.controller_turn(id, Some(Observed::not_found()))?;
         prop_assert!(
             matches!(action, Action::Launch { .. }),
             "job {}: a Launching job's controller launches, not {:?}",
@@ -989,7 +989,7 @@ impl Model {
         );
         let row = self.get(id);
         let attempt = row.current_attempt();
-        let pod = lifecycle::pod::attempt_pod_name(&row, attempt);
+        let pod = managed_jobs::executor::pod::attempt_pod_name(&row, attempt);
         let workload = match row.executor {
             ExecutorKind::Pod => Workload::Pod(pod.clone()),
             ExecutorKind::Local => Workload::Process(10_000 + id as i32),
@@ -1002,7 +1002,10 @@ impl Model {
                 pod,
             },
         );
-        let action = self.controller_turn(id, Some(Observed::Running { workload }))?;
+        let action = self.controller_turn(
+            id,
+            Some(Observed::one(Some(workload), MemberState::Running)),
+        )?;
         prop_assert!(matches!(action, Action::Apply(_)), "{:?}", action);
         let row = self.get(id);
         prop_assert_eq!(
@@ -1050,7 +1053,7 @@ impl Model {
             ((read.task_index as usize) + 1 < read.spec.tasks.len()).then_some(read.task_index + 1);
         let action = lifecycle::next_action(
             &read,
-            Some(&Observed::Ended(outcome)),
+            Some(&Observed::one(None, MemberState::Ended(outcome))),
             &Model::context(&read),
         );
         let Action::Apply(t) = action else {
@@ -1224,7 +1227,7 @@ impl Model {
             .live_jobs()
             .expect("live_jobs")
             .iter()
-            .map(world::Job::live)
+            .map(|r| world::Job::live(r, managed_jobs::executor::member_names(r)))
             .collect();
         jobs.extend(
             self.store

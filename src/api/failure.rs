@@ -166,6 +166,9 @@ pub struct OnPodCondition {
 pub struct AttemptStatus {
     /// The attempt's number, counted over the whole job (as `status.attempt`).
     pub attempt: i32,
+    /// The rank that decided a multi-node attempt's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<i32>,
     /// A pipeline's task the attempt ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,

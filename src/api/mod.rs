@@ -31,13 +31,15 @@ pub use queue::{
     is_queue_name, queue_crd, queue_crd_yaml,
 };
 pub use schema::{crd, crd_yaml, status_default};
-pub use states::{ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
+pub use states::{ExecutorFacts, ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
 pub use types::{
-    EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK, ManagedJob,
-    ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus, TaskView, shard_selector,
+    EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_GANG, LABEL_JOB_ID, LABEL_RANK, LABEL_SHARD,
+    LABEL_TASK, ManagedJob, ManagedJobSpec, ManagedJobStatus, RecoverySpec, TaskSpec, TaskStatus,
+    TaskView, shard_selector,
 };
 pub use validation::{
-    ETCD_OBJECT_BYTES, MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_SCRIPT_BYTES,
-    MAX_SPEC_PAYLOAD, MAX_STATUS_BYTES, MAX_STATUS_MESSAGE_BYTES, MAX_TASK_ENV_VALUE_BYTES,
-    MAX_TASK_ENV_VARS, MAX_TASKS, is_dns_label, spec_payload, validate_spec,
+    DEFAULT_MASTER_PORT, ETCD_OBJECT_BYTES, MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS,
+    MAX_NODES, MAX_SCRIPT_BYTES, MAX_SPEC_PAYLOAD, MAX_STATUS_BYTES, MAX_STATUS_MESSAGE_BYTES,
+    MAX_TASK_ENV_VALUE_BYTES, MAX_TASK_ENV_VARS, MAX_TASKS, is_dns_label, spec_payload,
+    validate_spec,
 };

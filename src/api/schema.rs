@@ -14,7 +14,7 @@ use super::states::JobPhase;
 use super::types::ManagedJob;
 use super::validation::{
     ETCD_OBJECT_BYTES, MAX_ENV_BYTES, MAX_ENV_VALUE_BYTES, MAX_ENV_VARS, MAX_GRACE_SECONDS,
-    MAX_POD_CONTAINERS, MAX_SCRIPT_BYTES, MAX_SPEC_PAYLOAD, MAX_TASK_ENV_VALUE_BYTES,
+    MAX_NODES, MAX_POD_CONTAINERS, MAX_SCRIPT_BYTES, MAX_SPEC_PAYLOAD, MAX_TASK_ENV_VALUE_BYTES,
     MAX_TASK_ENV_VARS, MAX_TASKS,
 };
 
@@ -121,8 +121,9 @@ fn owner_rule() -> Value {
 }
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 11] = [
+    const IMMUTABLE: [&str; 12] = [
         "queue",
+        "nodes",
         "run",
         "setup",
         "env",
@@ -142,6 +143,10 @@ fn refine_spec_schema(spec: &mut Value) {
         rule(
             "!has(self.tasks) || !has(self.setup)",
             "spec.setup cannot be set with spec.tasks: give each task its own setup",
+        ),
+        rule(
+            "!has(self.nodes) || has(self.template)",
+            "spec.nodes needs spec.template",
         ),
     ];
     for field in IMMUTABLE {
@@ -257,7 +262,14 @@ fn refine_spec_schema(spec: &mut Value) {
     refine_recovery(&mut props["recovery"]);
     props["recovery"]["default"] = json!({});
     props["template"] = pod_template_schema("spec.template");
+    refine_nodes(props);
     refine_tasks(&mut props["tasks"]);
+}
+
+/// `nodes` (1..MAX_NODES) of a job or a task.
+fn refine_nodes(props: &mut Value) {
+    props["nodes"]["minimum"] = json!(1);
+    props["nodes"]["maximum"] = json!(MAX_NODES);
 }
 
 fn refine_env(env: &mut Value, field: &str, max_items: usize, max_value_bytes: usize) {
@@ -459,6 +471,10 @@ fn refine_tasks(tasks: &mut Value) {
             "spec.tasks[].setup runs before run (the local executor); a task with a template has no setup (use the Pod's init containers)",
         ),
         rule(
+            "!has(self.nodes) || has(self.template)",
+            "spec.tasks[].nodes needs the task's template",
+        ),
+        rule(
             &format!(
                 "!has(self.env) || self.env.map(e, size(e.name) + (has(e.value) ? size(bytes(e.value)) : 0)).sum() <= {MAX_ENV_BYTES}"
             ),
@@ -468,6 +484,7 @@ fn refine_tasks(tasks: &mut Value) {
         ),
     ]);
     let props = &mut item["properties"];
+    refine_nodes(props);
     props["name"]["pattern"] = json!("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
     props["name"]["maxLength"] = json!(63);
     props["name"]["description"] = json!(
@@ -568,9 +585,23 @@ fn pod_template_schema(field: &str) -> Value {
 mod tests {
     use super::*;
 
+    /// `kubectl apply -f crds/` (client-side) stores the whole object, as compact JSON, in its
+    /// `kubectl.kubernetes.io/last-applied-configuration` annotation, and the API refuses an
+    /// object whose annotations exceed 256 KiB (`TotalAnnotationSizeLimitB`, 262,144 bytes, in
+    /// apimachinery's ValidateAnnotations). Half of that is our budget, so that the CRD can
+    /// grow without surprising anyone at install time.
     #[test]
     fn crd_is_small_enough_for_client_side_apply() {
-        let yaml = crd_yaml();
-        assert!(yaml.len() < 64 * 1024, "CRD is {} bytes", yaml.len());
+        let json = serde_json::to_string(&crd()).expect("a CRD serializes");
+        assert!(
+            json.len() < 128 * 1024,
+            "the CRD is {} bytes of JSON: over half the 262,144-byte annotation limit",
+            json.len()
+        );
+        println!(
+            "CRD: {} bytes of JSON, {} of YAML",
+            json.len(),
+            crd_yaml().len()
+        );
     }
 }

@@ -248,22 +248,51 @@ pub enum ExecutorKind {
     Pod,
 }
 
+/// What the rest of the operator knows of an executor kind, declared once per kind
+/// ([`ExecutorKind::facts`]) so that nothing else matches on the kind (the executor itself is
+/// chosen in `executor::for_job`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutorFacts {
+    /// Its name: `spec`-derived, stored in the job record, named by `--executors`.
+    pub name: &'static str,
+    /// Its workloads are processes on the operator's node, marked in the state dir: they need
+    /// `/bin/sh`, a job given up has them stopped by the engine, the world check finds them by
+    /// their mark.
+    pub local_processes: bool,
+    /// Its workloads are API objects in the job's namespace that the operator's shared watch
+    /// reports (Pods): a job given up has them deleted by the world check, a lost store is
+    /// rebuilt from them, `managed-jobs logs` reads them through the API.
+    pub api_objects: bool,
+}
+
 impl ExecutorKind {
+    /// Every kind.
+    pub const ALL: [ExecutorKind; 2] = [ExecutorKind::Local, ExecutorKind::Pod];
+
+    /// What the operator knows of this kind.
+    pub const fn facts(self) -> ExecutorFacts {
+        match self {
+            ExecutorKind::Local => ExecutorFacts {
+                name: "local",
+                local_processes: true,
+                api_objects: false,
+            },
+            ExecutorKind::Pod => ExecutorFacts {
+                name: "pod",
+                local_processes: false,
+                api_objects: true,
+            },
+        }
+    }
+
     /// `local` or `pod`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ExecutorKind::Local => "local",
-            ExecutorKind::Pod => "pod",
-        }
+        self.facts().name
     }
 
     /// Parses `local` or `pod`.
     pub fn parse(s: &str) -> Option<ExecutorKind> {
-        match s {
-            "local" => Some(ExecutorKind::Local),
-            "pod" => Some(ExecutorKind::Pod),
-            _ => None,
-        }
+        ExecutorKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 

@@ -21,6 +21,11 @@ pub const LABEL_JOB_ID: &str = "managedjobs.dev/job-id";
 pub const LABEL_ATTEMPT: &str = "managedjobs.dev/attempt";
 /// Label carrying the task's name on every Pod of a pipeline (`spec.tasks`).
 pub const LABEL_TASK: &str = "managedjobs.dev/task";
+/// Label with a multi-node job's member rank (0..N-1) on each of its Pods.
+pub const LABEL_RANK: &str = "managedjobs.dev/rank";
+/// Label with a multi-node job's headless Service name on each of its Pods: the Service's
+/// selector (unique per job object: the name carries the uid's tag).
+pub const LABEL_GANG: &str = "managedjobs.dev/gang";
 /// Label that assigns a ManagedJob (and its Pods) to an operator shard: the instance started
 /// with `--shard NAME` owns the jobs labelled `managedjobs.dev/shard=NAME`; the default
 /// instance owns the jobs without the label. Set at creation and never changed, finished jobs
@@ -51,6 +56,7 @@ pub fn shard_selector(shard: Option<&str>) -> String {
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase","description":"Phase of the job"}"#,
     printcolumn = r#"{"name":"Schedule","type":"string","jsonPath":".status.scheduleState","description":"Scheduler state"}"#,
     printcolumn = r#"{"name":"Task","type":"string","jsonPath":".status.taskProgress","description":"A pipeline's current task: <number>/<count> <name>"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.readyNodes","description":"Running members of a multi-node job"}"#,
     printcolumn = r#"{"name":"Recoveries","type":"integer","jsonPath":".status.recoveryCount","description":"Relaunches after preemption or node loss"}"#,
     printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue","priority":1,"description":"The ManagedJobQueue the job waits in"}"#,
     printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".status.owner","priority":1,"description":"The operator instance that owns the job"}"#,
@@ -75,6 +81,11 @@ pub struct ManagedJobSpec {
     /// one of `run`, `template` and `tasks` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
+    /// Nodes of a multi-node job, 1..64: each attempt runs this many Pods from `template`
+    /// (rank 0..N-1), placed, stopped and recovered all together, each with a DNS name and the
+    /// variables distributed frameworks read (README "Multi-node jobs"). Unset: one Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i32>,
     /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority
     /// (within the job's queue: priorities never arbitrate between queues).
     #[serde(default)]
@@ -146,6 +157,9 @@ pub struct TaskSpec {
     /// Pod template of the task (pod executor). Exactly one of `run` and `template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplateSpec>,
+    /// Nodes of the task, as `spec.nodes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i32>,
     /// Environment of the task, merged over `spec.env` (a name here wins).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
@@ -178,6 +192,8 @@ pub struct TaskView<'a> {
     pub setup: Option<&'a str>,
     /// Pod template (pod executor).
     pub template: Option<&'a PodTemplateSpec>,
+    /// Nodes of a multi-node task or job (`nodes`); None: one Pod, no gang.
+    pub nodes: Option<i32>,
     /// Environment: the job's, with the task's variables replacing or added.
     pub env: Vec<EnvVar>,
     /// Restart and recovery budgets of the task.
@@ -189,6 +205,11 @@ pub struct TaskView<'a> {
 }
 
 impl TaskView<'_> {
+    /// Members of each attempt: `nodes`, or 1.
+    pub fn size(&self) -> usize {
+        self.nodes.unwrap_or(1).max(1) as usize
+    }
+
     /// `task 2/3 train` (1-based), or None for a job of one task.
     pub fn label(&self) -> Option<String> {
         self.name
@@ -289,9 +310,12 @@ pub struct ManagedJobStatus {
     /// `FailureRule` when a failure rule's `FailJob` ended the job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
-    /// The current attempt's workload: `pod/<name>` or `pid/<pid>`.
+    /// The current attempt's workload: `pod/<name>` (rank 0's) or `pid/<pid>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<String>,
+    /// A multi-node job's running members, e.g. `3/4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_nodes: Option<String>,
     /// `metadata.generation` this status reflects. 0 until the operator has seen the object
     /// (the schema's default status), so GitOps tools read a brand-new job as in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -401,6 +425,7 @@ impl ManagedJobSpec {
                 run: self.run.as_deref(),
                 setup: self.setup.as_deref(),
                 template: self.template.as_ref(),
+                nodes: self.nodes,
                 env: self.env.clone(),
                 recovery: &self.recovery,
                 failure_policy: self.failure_policy.as_ref(),
@@ -421,6 +446,7 @@ impl ManagedJobSpec {
             run: task.run.as_deref(),
             setup: task.setup.as_deref(),
             template: task.template.as_ref(),
+            nodes: task.nodes,
             env,
             recovery: task.recovery.as_ref().unwrap_or(&self.recovery),
             failure_policy: task

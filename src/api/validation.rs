@@ -11,6 +11,15 @@ use super::types::{ManagedJobSpec, TaskView};
 /// Longest `spec.terminationGracePeriodSeconds`: a day. Every wait is bounded (a cancel or a
 /// `kubectl delete mj` must end), and a Pod delete takes the grace as a 32-bit count.
 pub const MAX_GRACE_SECONDS: i64 = 86_400;
+/// Most nodes of a multi-node job (`spec.nodes`, a task's `nodes`). The distributed jobs this
+/// serves run 2 to 64 workers; each attempt writes one Pod per node, and
+/// `MANAGEDJOB_NODE_ADDRS` lists them all (64 names of at most 127 characters: about 8 KiB, far
+/// below a variable's 128 KiB). A rank has at most 2 digits, which the Pod name leaves room for
+/// (`executor::pod::names`).
+pub const MAX_NODES: i32 = 64;
+/// `MASTER_PORT` when the template's containers set none: torchrun's default
+/// (`--master-port 29500`).
+pub const DEFAULT_MASTER_PORT: i32 = 29500;
 
 /// Most tasks in one pipeline (`spec.tasks`).
 pub const MAX_TASKS: usize = 32;
@@ -110,6 +119,22 @@ pub fn spec_payload_message(payload: usize) -> String {
 /// failure rule's `onExitCodes.containerName` names one of them is costed from this bound.
 pub const MAX_POD_CONTAINERS: usize = 64;
 
+/// Checks a multi-node job's (or task's) `nodes` at `field`: within 1..[`MAX_NODES`], and only
+/// with a pod template (`pods`).
+fn check_nodes(nodes: Option<i32>, pods: bool, field: &str) -> Result<(), String> {
+    if let Some(n) = nodes {
+        if !(1..=MAX_NODES).contains(&n) {
+            return Err(format!("{field}.nodes {n} is outside 1..{MAX_NODES}"));
+        }
+        if !pods {
+            return Err(format!(
+                "{field}.nodes needs a pod template: a local job runs on the operator's node only"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Validates what the API schema cannot: returns a sentence naming the field, or `Ok(())`.
 ///
 /// Used when the CRD was installed without our rules (e.g. an older copy): the operator then fails
@@ -154,6 +179,7 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
     if payload > MAX_SPEC_PAYLOAD {
         return Err(spec_payload_message(payload));
     }
+    check_nodes(spec.nodes, spec.template.is_some(), "spec")?;
     if spec.is_pipeline() {
         if spec.setup.is_some() {
             return Err(
@@ -188,6 +214,11 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
                     "spec.tasks[{i}] must set exactly one of run and template"
                 ));
             }
+            check_nodes(
+                task.nodes,
+                task.template.is_some(),
+                &format!("spec.tasks[{i}]"),
+            )?;
             if task.setup.is_some() && task.run.is_none() {
                 return Err(format!(
                     "spec.tasks[{i}].setup runs before run (the local executor); a task with a template has no setup"

@@ -105,6 +105,10 @@ struct Args {
     /// How many nodes to churn in all (0: one every `--churn-seconds` until the run ends).
     #[arg(long, default_value_t = 0)]
     churn_count: usize,
+    /// Nodes of each `pod` scenario job (a multi-node job, `spec.nodes`): the report adds the
+    /// time from each job's admission to all its members running, and API writes per member Pod.
+    #[arg(long)]
+    nodes: Option<i32>,
 }
 
 /// Deletes the `k`-th node (by name order) and creates it again `outage` later, as a node that
@@ -268,7 +272,16 @@ async fn apiserver_requests(
         };
         let resource = get("resource");
         let sub = get("subresource");
-        if !["managedjobs", "managedjobqueues", "pods", "events"].contains(&resource.as_str()) {
+        if ![
+            "managedjobs",
+            "managedjobqueues",
+            "pods",
+            "events",
+            "podgroups",
+            "services",
+        ]
+        .contains(&resource.as_str())
+        {
             continue;
         }
         let resource = if sub.is_empty() {
@@ -693,6 +706,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|i| {
             let api = api.clone();
             let scenario = args.scenario.clone();
+            let nodes = args.nodes;
             let seen = seen.clone();
             let queue =
                 (!queue_names.is_empty()).then(|| queue_names[i % queue_names.len()].clone());
@@ -701,9 +715,12 @@ async fn main() -> anyhow::Result<()> {
                     let at = start + Duration::from_secs_f64(i as f64 / rate);
                     tokio::time::sleep_until(at.into()).await;
                 }
-                let mj: ManagedJob =
+                let mut mj: ManagedJob =
                     serde_json::from_value(job_in_queue(&scenario, i, hold, queue.as_deref()))
                         .unwrap();
+                if scenario == "pod" {
+                    mj.spec.nodes = nodes;
+                }
                 let name = mj.metadata.name.clone().unwrap();
                 seen.lock()
                     .unwrap()
@@ -861,6 +878,29 @@ async fn main() -> anyhow::Result<()> {
             per_job.insert(format!("{verb} {resource}"), d / args.jobs as f64);
         }
     }
+    // A multi-node job: from its admission (Launching) to every member running (Running).
+    let to_all_running = sorted(
+        bench_jobs
+            .iter()
+            .filter_map(|r| {
+                let h = history(r.id);
+                let admitted = h
+                    .iter()
+                    .find(|t| t.to_schedule == ScheduleState::Launching)?;
+                let running = h
+                    .iter()
+                    .find(|t| t.reason == managed_jobs::lifecycle::Reason::Running)?;
+                Some((running.at_ms - admitted.at_ms) as f64)
+            })
+            .collect(),
+    );
+    let members = (args.jobs as f64) * f64::from(args.nodes.unwrap_or(1).max(1));
+    let writes_per_member: f64 = per_job
+        .iter()
+        .filter(|(k, _)| !k.starts_with("GET") && !k.starts_with("LIST") && !k.starts_with("WATCH"))
+        .map(|(_, v)| v * args.jobs as f64)
+        .sum::<f64>()
+        / members;
     let uss = sorted(samples.iter().map(|s| s.1 as f64 / 1024.0).collect());
     let pss = sorted(samples.iter().map(|s| s.2 as f64 / 1024.0).collect());
     let rss = sorted(samples.iter().map(|s| s.0 as f64 / 1024.0).collect());
@@ -981,6 +1021,10 @@ async fn main() -> anyhow::Result<()> {
         "operator_terminal_status_lag_ms_p50_at_most": operator_lag.map(|l| l.0),
         "operator_terminal_status_lag_ms_p99_at_most": operator_lag.map(|l| l.1),
         "api_requests_per_job": per_job,
+        "nodes_per_job": args.nodes,
+        "admission_to_all_running_ms_p50": percentile(&to_all_running, 0.5),
+        "admission_to_all_running_ms_p99": percentile(&to_all_running, 0.99),
+        "api_writes_per_member_pod": writes_per_member,
         "operator_rss_mib": op_mem.0 as f64 / 1024.0,
         "operator_cpu_seconds": cpu,
         "control_plane_cpu_seconds": control_plane_cpu_s,

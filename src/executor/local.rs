@@ -17,7 +17,9 @@ use tokio::process::{Child, Command};
 
 use super::{Executor, Launched, Result, Stop, contain};
 use crate::lifecycle::world::ProcessSeen;
-use crate::lifecycle::{Evidence, FailureReason, JobRow, Observed, Outcome, Refused, Workload};
+use crate::lifecycle::{
+    Evidence, FailureReason, JobRow, MemberState, Observed, Outcome, Refused, Workload,
+};
 use crate::process;
 use crate::state_dir::StateDir;
 use crate::store::Store;
@@ -81,6 +83,23 @@ pub enum Found {
 }
 
 impl LocalExecutor {
+    /// Stops the current attempt's processes; after an attempt that ended on its own, says
+    /// how many it had left running.
+    pub async fn stop_job(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
+        let mut forced = Vec::new();
+        if job.attempt > 0 {
+            let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
+            let left = self.stop_attempt(job.id, job.attempt, grace).await;
+            if ended && left > 0 {
+                forced.push(format!(
+                    "stopped {left} process{} the attempt left running",
+                    if left == 1 { "" } else { "es" }
+                ));
+            }
+        }
+        Ok(Stop::Gone { forced })
+    }
+
     /// An executor keeping its files under `state_dir` (`run/`, `logs/`, `work/`).
     pub fn new(state_dir: &StateDir) -> LocalExecutor {
         LocalExecutor {
@@ -271,12 +290,27 @@ impl LocalExecutor {
 }
 
 impl Executor for LocalExecutor {
-    const CREATE_IS_IDEMPOTENT: bool = false;
-    const STOPS_AFTER_EXIT: bool = true;
+    fn create_is_idempotent(&self) -> bool {
+        false
+    }
+
+    fn stops_after_exit(&self) -> bool {
+        true
+    }
+
+    /// A local attempt's detached processes are reparented to this process when their parent
+    /// exits, so that the attempt's end finds and stops them ([`super::contain`]).
+    fn prepare(&mut self) {
+        if !super::contain::become_subreaper() {
+            tracing::warn!(
+                "cannot become a child subreaper; detached processes are found by their environment mark instead"
+            );
+        }
+    }
 
     /// The attempt held (started or adopted) and still running; else its exit file; else, once
     /// its launch intent is recorded, its process group found by its marker (a resumed
-    /// controller adopts it). Never launched: [`Observed::NotFound`] without a /proc scan.
+    /// controller adopts it). Never launched: nothing found without a /proc scan.
     async fn observe(&mut self, _store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
         if let Some((a, w)) = self.current.as_mut() {
             // An attempt this executor started is reported running once even if it already
@@ -284,31 +318,32 @@ impl Executor for LocalExecutor {
             // (startedAt, the Launched Event) must not be skipped.
             if *a == attempt && (w.is_running() || !w.reported) {
                 w.reported = true;
-                return Ok(Observed::Running {
-                    workload: w.describe(),
-                });
+                return Ok(Observed::one(Some(w.describe()), MemberState::Running));
             }
             // Ended: kept (its group and child) for the stop that sweeps what it left behind.
             if *a == attempt {
                 // Its exit file, or lost: the wrapper was killed before it recorded one
                 // (`ProcessLost`; its children may run on, and the stop that follows ends them).
-                return Ok(Observed::Ended(w.outcome()));
+                return Ok(Observed::one(
+                    Some(w.describe()),
+                    MemberState::Ended(w.outcome()),
+                ));
             }
             self.current = None;
         }
         if job.launched_attempt < attempt {
-            return Ok(Observed::NotFound);
+            return Ok(Observed::not_found());
         }
         Ok(match self.find(job.id, attempt) {
-            Found::Exited(outcome) => Observed::Ended(outcome),
+            Found::Exited(outcome) => Observed::one(None, MemberState::Ended(outcome)),
             Found::Running(mut w) => {
                 tracing::info!(attempt, pid = w.pid, "adopted the running workload");
                 w.reported = true;
                 let workload = w.describe();
                 self.current = Some((attempt, w));
-                Observed::Running { workload }
+                Observed::one(Some(workload), MemberState::Running)
             }
-            Found::Missing => Observed::NotFound,
+            Found::Missing => Observed::not_found(),
         })
     }
 
@@ -343,21 +378,8 @@ impl Executor for LocalExecutor {
         }
     }
 
-    /// Stops the current attempt's processes; after an attempt that ended on its own, says
-    /// how many it had left running.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
-        let mut forced = Vec::new();
-        if job.attempt > 0 {
-            let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
-            let left = self.stop_attempt(job.id, job.attempt, grace).await;
-            if ended && left > 0 {
-                forced.push(format!(
-                    "stopped {left} process{} the attempt left running",
-                    if left == 1 { "" } else { "es" }
-                ));
-            }
-        }
-        Ok(Stop::Gone { forced })
+    async fn stop(&mut self, _store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
+        self.stop_job(job, grace).await
     }
 }
 

@@ -1,12 +1,19 @@
-//! Executors: how a job's workload runs, behind one interface ([`Executor`]).
+//! Executors: how a job's workload runs, behind one interface ([`Executor`]), one module per
+//! kind (as Kueue's `GenericJob` integrations are):
 //!
 //! - [`local`]: `setup` then `run` under `sh`, a process group of its own on the controller node;
-//! - [`pod`]: one Pod per attempt, observed by the operator's one shared Pod watch
-//!   (`operator::pod_watch`).
+//! - [`pod`]: the Pods of each attempt (one, or one per node of a multi-node job), observed by
+//!   the operator's one shared Pod watch (`operator::pod_watch`).
 //!
 //! The job controller asks its executor what it [`observe`](Executor::observe)s of the current
-//! attempt, lets [`crate::lifecycle::next_action`] decide, and asks the executor to
-//! [`launch`](Executor::launch) or [`stop`](Executor::stop).
+//! attempt's members (kind-neutral: [`crate::lifecycle::Observed`]), lets
+//! [`crate::lifecycle::next_action`] decide, and asks the executor to
+//! [`launch`](Executor::launch) or [`stop`](Executor::stop). [`any`] is the only place that
+//! chooses an executor by kind ([`for_job`], [`member_names`]); what the rest of the operator
+//! knows of a kind is declared once, in [`crate::api::ExecutorFacts`].
+//!
+//! A new kind is a module implementing [`Executor`], its variant of [`AnyExecutor`] (a few
+//! lines in [`any`]) and its variant of `api::ExecutorKind` with its facts.
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,9 +21,12 @@ use std::time::Duration;
 use crate::lifecycle::{JobRow, Observed, Refused};
 use crate::store::{Store, StoreError};
 
+pub mod any;
 pub mod contain;
 pub mod local;
 pub mod pod;
+
+pub use any::{AnyExecutor, for_job, member_names};
 
 /// Why an executor could not observe, launch or stop (a refused or failed create is no error:
 /// see [`Launched`]).
@@ -77,20 +87,26 @@ pub enum Stop {
 }
 
 /// One way of running a job's attempts. Implemented by [`local::LocalExecutor`] and
-/// [`pod::PodExecutor`]; the job controller drives one of them.
+/// [`pod::PodExecutor`]; the job controller drives one of them ([`AnyExecutor`]).
 pub trait Executor {
     /// True when creating an attempt's workload twice adopts the first (a Pod's deterministic
     /// name), so an attempt not observed after its launch intent is created again instead of
     /// counted lost.
-    const CREATE_IS_IDEMPOTENT: bool;
+    fn create_is_idempotent(&self) -> bool;
 
     /// True when an attempt that ended may leave processes behind (a local script's background
     /// or detached children): the job controller then [`stop`](Executor::stop)s the job's
     /// workloads before it records the outcome. False for Pods (their containers end with
     /// them, and a finished Pod is kept for its logs).
-    const STOPS_AFTER_EXIT: bool;
+    fn stops_after_exit(&self) -> bool;
 
-    /// What exists now of `attempt` of `job`. `store` holds what the operator's Pod watch saw.
+    /// Called once when the job controller starts, before anything is observed (a local
+    /// executor becomes a child subreaper, so that its attempts' detached processes are
+    /// reparented to it).
+    fn prepare(&mut self) {}
+
+    /// What exists now of `attempt` of `job`: every member, by rank. `store` holds what the
+    /// operator's Pod watch saw.
     fn observe(
         &mut self,
         store: &Store,
@@ -109,5 +125,10 @@ pub trait Executor {
 
     /// Stops every attempt of `job` (SIGTERM or a Pod delete, up to `grace`, then SIGKILL; a
     /// zero `grace` removes at once). Called again until it returns [`Stop::Gone`].
-    fn stop(&mut self, job: &JobRow, grace: Duration) -> impl Future<Output = Result<Stop>>;
+    fn stop(
+        &mut self,
+        store: &Store,
+        job: &JobRow,
+        grace: Duration,
+    ) -> impl Future<Output = Result<Stop>>;
 }

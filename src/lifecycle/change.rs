@@ -70,6 +70,8 @@ pub struct Change {
     /// The record of the attempt that ended (its `finished_at` is stamped when applied), added
     /// to `attempts` (the latest [`MAX_ATTEMPT_RECORDS`] are kept).
     pub(in crate::lifecycle) attempt_record: Option<AttemptStatus>,
+    /// New count of a multi-node job's ready members (`3/4`).
+    pub(in crate::lifecycle) ready_nodes: Option<Option<String>>,
 }
 
 /// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
@@ -112,6 +114,7 @@ impl Change {
             wait_reason: None,
             ignored_count: None,
             attempt_record: None,
+            ready_nodes: None,
         }
     }
 
@@ -303,6 +306,9 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     }
     if let Some(w) = &change.workload {
         after.workload = w.clone();
+    }
+    if let Some(r) = &change.ready_nodes {
+        after.ready_nodes = r.clone();
     }
     if let Some(b) = change.backoff_until_ms {
         after.backoff_until_ms = b;

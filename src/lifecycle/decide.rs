@@ -12,10 +12,11 @@ use super::clock::earliest;
 use super::deadlines::{
     deadline_ms, launch_deadline_ms, launch_timeout, node_wait_deadline_ms, stop_grace,
 };
-use super::outcome::{Observed, Outcome, Refused, Workload};
+use super::members::{Observed, View, view};
+use super::outcome::{Outcome, Refused};
 use super::reason::{Failure, FailureReason};
 use super::record::JobRow;
-use super::tasks::stored_message;
+use super::tasks::{current_task, stored_message};
 use super::transitions as t;
 
 /// What the job controller knows besides the row and the observation.
@@ -123,7 +124,11 @@ pub fn next_action(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> A
     let action = decide(row, observed, cx);
     let gate = cx.claim;
     let local_running = !cx.create_is_idempotent
-        && matches!(observed, Some(Observed::Running { .. }))
+        && observed.is_some_and(|o| {
+            o.members
+                .iter()
+                .any(|m| matches!(m.state, super::members::MemberState::Running))
+        })
         && !row.cancel_requested;
     if local_running && gate.lapsed(cx.now_ms) && !cx.operator_alive {
         return Action::StopThen(t::claim_lapsed(row, row.current_attempt()));
@@ -219,24 +224,48 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
         }
     }
     let wait = Action::Wait { until_ms: deadline };
-    match observed.unwrap_or(&Observed::NotFound) {
-        // It cannot start and would wait forever: remove it, then fail.
-        Observed::Ended(outcome @ Outcome::Invalid { .. }) => Action::RemoveThen(t::after_outcome(
+    let not_found = Observed::not_found();
+    let observed = observed.unwrap_or(&not_found);
+    let view = view(observed);
+    // A multi-node job's ready members (`3/4`) follow its launched attempt; its start and its
+    // end write theirs with their own transitions.
+    if current_task(row).nodes.is_some()
+        && row.launched_attempt >= attempt
+        && !matches!(view, View::Ended { .. } | View::Running { .. })
+    {
+        let (ready, size) = observed.ready();
+        let shown = format!("{ready}/{size}");
+        if row.ready_nodes.as_deref() != Some(shown.as_str()) {
+            return Action::Apply(t::nodes_ready(row, shown));
+        }
+    }
+    match view {
+        // It cannot start and would wait forever: remove it (every member), then fail.
+        View::Ended {
+            outcome: outcome @ Outcome::Invalid { .. },
+            ..
+        } => Action::RemoveThen(t::after_outcome(
             row,
             attempt,
-            outcome,
+            &outcome,
             cx.now_ms,
             cx.backoff_base,
         )),
-        Observed::Ended(outcome) => {
-            let t = t::after_outcome(row, attempt, outcome, cx.now_ms, cx.backoff_base);
-            if cx.stop_after_exit {
+        View::Ended {
+            outcome,
+            others_alive,
+            ..
+        } => {
+            let t = t::after_outcome(row, attempt, &outcome, cx.now_ms, cx.backoff_base);
+            // Fail fast: the members still alive are stopped (with the job's grace) before the
+            // end is recorded, so no member of the next attempt runs beside them.
+            if cx.stop_after_exit || others_alive {
                 Action::StopThen(t)
             } else {
                 Action::Apply(t)
             }
         }
-        Observed::NotFound if row.launched_attempt < attempt => {
+        View::NotFound if row.launched_attempt < attempt => {
             if !launching {
                 // Alive without a launch of this attempt cannot happen through the transitions;
                 // wait for the operator rather than launch outside a launch slot.
@@ -254,7 +283,7 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
         }
         // Created (or adopted) but never reported, e.g. a Pod of that name that is not the
         // attempt's: created again until the launch deadline, then timed out like any launch.
-        Observed::NotFound if cx.create_is_idempotent => {
+        View::NotFound if cx.create_is_idempotent => {
             if launch_deadline_ms(row, cx.launch_timeout).is_some_and(|d| d <= cx.now_ms) {
                 return Action::RemoveThen(t::launch_timed_out(
                     row,
@@ -272,8 +301,8 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
                 intent: None,
             }
         }
-        Observed::CreateFailed {
-            pod,
+        View::CreateFailed {
+            noun,
             message,
             retry_at_ms,
         } => {
@@ -283,31 +312,31 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
                     row,
                     attempt,
                     Some(Failure::Operator(FailureReason::CreateFailed)),
-                    message,
+                    &message,
                     launch_timeout(row, cx.launch_timeout),
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
                 ));
             }
-            let waiting = format!("creating Pod {pod} failed, trying again: {message}");
+            let waiting = format!("creating {noun} failed, trying again: {message}");
             if row.message != stored_message(row, &waiting) {
                 return Action::Apply(t::waiting_to_start(row, waiting));
             }
-            if *retry_at_ms <= cx.now_ms {
+            if retry_at_ms <= cx.now_ms {
                 return Action::Launch {
                     attempt,
                     intent: None,
                 };
             }
             Action::Wait {
-                until_ms: sooner(earliest(Some(*retry_at_ms), launch_deadline)),
+                until_ms: sooner(earliest(Some(retry_at_ms), launch_deadline)),
             }
         }
         // Its wrapper vanished (killed) but what it started may run on: a local attempt's
         // processes are stopped before the attempt is taken as lost, or it would run beside the
         // next attempt (or after the job ended).
-        Observed::NotFound => {
+        View::NotFound => {
             let t = t::after_outcome(
                 row,
                 attempt,
@@ -324,45 +353,55 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
                 Action::Apply(t)
             }
         }
-        Observed::Running { workload } => {
+        View::Running { workload } => {
             if launching || row.phase != JobPhase::Running {
-                Action::Apply(t::running(row, attempt, workload.clone()))
+                Action::Apply(t::running(row, attempt, workload))
             } else {
                 wait
             }
         }
-        Observed::Unschedulable { pod, message } => {
+        View::Unschedulable {
+            noun,
+            workload,
+            message,
+            holds_nodes,
+        } => {
             // A run slot held by a Pod no node takes is given back after its launch timeout,
-            // when another job wants it.
+            // when another job wants it; a gang partly placed (it holds nodes) gives everything
+            // back after its launch timeout whether or not another job waits.
             let timeout = launch_timeout(row, cx.launch_timeout);
             let give_back_at = node_wait_deadline_ms(row, cx.launch_timeout);
-            if !launching && cx.run_slot_wanted && give_back_at.is_some_and(|at| at <= cx.now_ms) {
+            if !launching
+                && (cx.run_slot_wanted || holds_nodes)
+                && give_back_at.is_some_and(|at| at <= cx.now_ms)
+            {
                 return Action::RemoveThen(t::node_wait_timed_out(
                     row,
                     attempt,
-                    message,
+                    &message,
                     timeout,
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
                 ));
             }
-            let message = format!("waiting for a node for Pod {pod}: {message}");
+            let message = format!("waiting for a node for {noun}: {message}");
             if launching || row.message != stored_message(row, &message) {
-                Action::Apply(t::unschedulable(row, Workload::Pod(pod.clone()), message))
+                Action::Apply(t::unschedulable(row, workload, message))
             } else {
                 Action::Wait {
                     until_ms: sooner(give_back_at.filter(|at| *at > cx.now_ms)),
                 }
             }
         }
-        Observed::Terminating {
-            pod,
+        View::Terminating {
+            noun: _,
+            workload,
             message,
             force_at_ms,
             node_ready,
         } => {
-            if force_at_ms.is_some_and(|f| f <= cx.now_ms) && *node_ready == Some(false) {
+            if force_at_ms.is_some_and(|f| f <= cx.now_ms) && node_ready == Some(false) {
                 // As the pod GC does for a node that is gone: nobody will ever confirm.
                 return Action::RemoveThen(t::after_outcome(
                     row,
@@ -379,14 +418,14 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
             }
             let waiting = format!("{message}; relaunching once it is gone");
             if row.message != stored_message(row, &waiting) {
-                return Action::Apply(t::terminating(row, Workload::Pod(pod.clone()), waiting));
+                return Action::Apply(t::terminating(row, workload, waiting));
             }
             Action::Wait {
                 until_ms: sooner(force_at_ms.filter(|f| *f > cx.now_ms)),
             }
         }
-        Observed::Pending {
-            pod,
+        View::Pending {
+            noun,
             reason,
             message,
         } => {
@@ -398,16 +437,16 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
                     row,
                     attempt,
                     (!reason.is_empty()).then(|| Failure::Workload(reason.clone())),
-                    message,
+                    &message,
                     launch_timeout(row, cx.launch_timeout),
                     cx.max_launch_timeouts,
                     cx.now_ms,
                     cx.backoff_base,
                 ));
             }
-            let waiting = match t::reason_and_message(reason, message) {
-                w if w.is_empty() => format!("waiting for Pod {pod} to start"),
-                w => format!("waiting for Pod {pod} to start: {w}"),
+            let waiting = match t::reason_and_message(&reason, &message) {
+                w if w.is_empty() => format!("waiting for {noun} to start"),
+                w => format!("waiting for {noun} to start: {w}"),
             };
             // The clock stopped while the Pod waited for a node starts again once it is bound.
             // A reason to wait is worth a status message at once; what a Pod that is merely slow
@@ -477,7 +516,8 @@ pub(crate) mod tests {
     };
     use crate::lifecycle::change::check_edge;
     use crate::lifecycle::edges::legal_state;
-    use crate::lifecycle::outcome::Evidence;
+    use crate::lifecycle::members::MemberState;
+    use crate::lifecycle::outcome::{Evidence, Workload};
     use crate::lifecycle::reason::Reason;
     use crate::lifecycle::record::Object;
     use proptest::prelude::*;
@@ -545,14 +585,14 @@ pub(crate) mod tests {
         let mut c = cx(false);
         c.claim = overdue;
         assert!(matches!(
-            next_action(&first, Some(&Observed::NotFound), &c),
+            next_action(&first, Some(&Observed::not_found()), &c),
             Action::Wait {
                 until_ms: Some(11_000)
             }
         ));
         c.claim = Gate::of(Some(1_000), &t);
         assert!(matches!(
-            next_action(&first, Some(&Observed::NotFound), &c),
+            next_action(&first, Some(&Observed::not_found()), &c),
             Action::Launch { .. }
         ));
         // A pod job's cancel deletes no Pod while the claim is overdue.
@@ -568,9 +608,7 @@ pub(crate) mod tests {
         let mut running = row(JobPhase::Running, ScheduleState::Alive);
         running.attempt = 1;
         running.launched_attempt = 1;
-        let seen = Observed::Running {
-            workload: Workload::Process(5),
-        };
+        let seen = Observed::one(Some(Workload::Process(5)), MemberState::Running);
         let mut local = cx(false);
         local.claim = lapsed;
         assert!(matches!(
@@ -598,7 +636,7 @@ pub(crate) mod tests {
     #[test]
     fn a_first_launch_records_starting_with_its_intent() {
         let r = row(JobPhase::Submitted, ScheduleState::Launching);
-        let a = next_action(&r, Some(&Observed::NotFound), &cx(false));
+        let a = next_action(&r, Some(&Observed::not_found()), &cx(false));
         assert!(matches!(a, Action::Launch { attempt: 1, .. }), "{a:?}");
         assert_eq!(reason(&a), Some(Reason::Starting));
     }
@@ -608,11 +646,11 @@ pub(crate) mod tests {
         let mut r = row(JobPhase::Starting, ScheduleState::Launching);
         r.attempt = 1;
         r.launched_attempt = 1;
-        let local = next_action(&r, Some(&Observed::NotFound), &cx(false));
+        let local = next_action(&r, Some(&Observed::not_found()), &cx(false));
         assert_eq!(reason(&local), Some(Reason::Recovering));
         // What the vanished wrapper started is stopped before the job goes on.
         assert!(matches!(local, Action::StopThen(_)), "{local:?}");
-        let pod = next_action(&r, Some(&Observed::NotFound), &cx(true));
+        let pod = next_action(&r, Some(&Observed::not_found()), &cx(true));
         assert_eq!(
             pod,
             Action::Launch {
@@ -659,9 +697,7 @@ pub(crate) mod tests {
         r.attempt = 1;
         r.launched_attempt = 1;
         r.spec.active_deadline_seconds = Some(5);
-        let running = Observed::Running {
-            workload: Workload::Process(5),
-        };
+        let running = Observed::one(Some(Workload::Process(5)), MemberState::Running);
         // Never ran: no deadline yet.
         assert_eq!(deadline_ms(&r), None);
         r.started_at_ms = Some(6_000);
@@ -719,15 +755,17 @@ pub(crate) mod tests {
     }
 
     fn pending(reason: &str) -> Observed {
-        Observed::Pending {
-            pod: "j-1-1".into(),
-            reason: reason.into(),
-            message: if reason.is_empty() {
-                String::new()
-            } else {
-                "container main: Back-off pulling image \"nope\"".into()
+        Observed::one(
+            Some(Workload::Pod("j-1-1".into())),
+            MemberState::Pending {
+                reason: reason.into(),
+                message: if reason.is_empty() {
+                    String::new()
+                } else {
+                    "container main: Back-off pulling image \"nope\"".into()
+                },
             },
-        }
+        )
     }
 
     /// A launched Pod that does not start within its launch deadline (2 s here) is removed at
@@ -812,11 +850,13 @@ pub(crate) mod tests {
         r.attempt = 1;
         r.launched_attempt = 1;
         r.launched_at_ms = Some(9_000);
-        let bound = Observed::Pending {
-            pod: "j-1-1".into(),
-            reason: String::new(),
-            message: "bound to node n9, which has not started it".into(),
-        };
+        let bound = Observed::one(
+            Some(Workload::Pod("j-1-1".into())),
+            MemberState::Pending {
+                reason: String::new(),
+                message: "bound to node n9, which has not started it".into(),
+            },
+        );
         assert_eq!(
             next_action(&r, Some(&bound), &cx(true)),
             Action::Wait {
@@ -846,10 +886,12 @@ pub(crate) mod tests {
         r.launched_at_ms = None;
         r.message = "waiting for a node for Pod j-1-2: 0/4 nodes are available".into();
         assert!(observes(&r) && !in_backoff(&r));
-        let unschedulable = Observed::Unschedulable {
-            pod: "j-1-2".into(),
-            message: "0/4 nodes are available".into(),
-        };
+        let unschedulable = Observed::one(
+            Some(Workload::Pod("j-1-2".into())),
+            MemberState::Unschedulable {
+                message: "0/4 nodes are available".into(),
+            },
+        );
         assert_eq!(
             next_action(&r, Some(&unschedulable), &cx(true)),
             Action::Wait { until_ms: None }
@@ -887,11 +929,15 @@ pub(crate) mod tests {
         r.executor = ExecutorKind::Pod;
         r.attempt = 1;
         r.launched_attempt = 1;
-        let terminating = |force_at_ms, node_ready| Observed::Terminating {
-            pod: "j-1-1".into(),
-            message: "Pod j-1-1 on node n1 is terminating".into(),
-            force_at_ms: Some(force_at_ms),
-            node_ready,
+        let terminating = |force_at_ms, node_ready| {
+            Observed::one(
+                Some(Workload::Pod("j-1-1".into())),
+                MemberState::Terminating {
+                    message: "Pod j-1-1 on node n1 is terminating".into(),
+                    force_at_ms: Some(force_at_ms),
+                    node_ready,
+                },
+            )
         };
         let a = next_action(&r, Some(&terminating(40_000, None)), &cx(true));
         let Action::Apply(t) = &a else {
@@ -950,10 +996,14 @@ pub(crate) mod tests {
         r.launched_attempt = 1;
         r.launched_at_ms = Some(9_000);
         r.spec.launch_timeout_seconds = Some(5);
-        let failing = |retry_at_ms| Observed::CreateFailed {
-            pod: "j-1-1-x".into(),
-            message: "the API answered 500: failed calling webhook".into(),
-            retry_at_ms,
+        let failing = |retry_at_ms| {
+            Observed::one(
+                Some(Workload::Pod("j-1-1-x".into())),
+                MemberState::CreateFailed {
+                    message: "the API answered 500: failed calling webhook".into(),
+                    retry_at_ms,
+                },
+            )
         };
         let a = next_action(&r, Some(&failing(10_500)), &cx(true));
         let Action::Apply(t) = &a else {
@@ -992,7 +1042,7 @@ pub(crate) mod tests {
             Some(Some(Failure::parse("CreateFailed")))
         );
         // A created Pod the watch never reports is timed out the same way, not created forever.
-        let Action::RemoveThen(t) = next_action(&r, Some(&Observed::NotFound), &cx(true)) else {
+        let Action::RemoveThen(t) = next_action(&r, Some(&Observed::not_found()), &cx(true)) else {
             panic!()
         };
         assert_eq!(
@@ -1028,6 +1078,50 @@ pub(crate) mod tests {
         assert!(check_edge(&r, &t.change).is_ok());
     }
 
+    /// A gang partly placed without gang scheduling holds nodes: past its launch timeout it is
+    /// removed whole and gives its run slot back, whether or not another job wants the slot;
+    /// placed together (a PodGroup), it waits as one Pod does.
+    #[test]
+    fn a_partly_placed_gang_gives_everything_back_at_its_launch_timeout() {
+        let mut r = row(JobPhase::Starting, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.spec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "nodes": 2, "launchTimeoutSeconds": 5,
+        }))
+        .unwrap();
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        r.ready_nodes = Some("1/2".into());
+        r.node_wait_since_ms = Some(4_000);
+        let members = |together| Observed {
+            members: vec![
+                crate::lifecycle::Member {
+                    rank: 0,
+                    workload: Some(Workload::Pod("j-1-1-0".into())),
+                    state: MemberState::Running,
+                    ended_at_ms: None,
+                },
+                crate::lifecycle::Member {
+                    rank: 1,
+                    workload: Some(Workload::Pod("j-1-1-1".into())),
+                    state: MemberState::Unschedulable {
+                        message: "0/4 nodes are available".into(),
+                    },
+                    ended_at_ms: None,
+                },
+            ],
+            placed_together: together,
+        };
+        let Action::RemoveThen(t) = next_action(&r, Some(&members(false)), &cx(true)) else {
+            panic!("{:?}", next_action(&r, Some(&members(false)), &cx(true)))
+        };
+        assert_eq!(t.change.reason, Reason::Requeued);
+        assert_eq!(t.change.schedule, Some(ScheduleState::Waiting));
+        let a = next_action(&r, Some(&members(true)), &cx(true));
+        assert!(!matches!(a, Action::RemoveThen(_)), "{a:?}");
+    }
+
     /// Issue 21, class 7: a Pod no node takes holds its job's run slot only for its launch
     /// timeout, and only while another job waits for one; then it is removed and the job goes
     /// back to the queue (the back of its priority, after a back-off, its controller released),
@@ -1042,10 +1136,12 @@ pub(crate) mod tests {
         r.spec.launch_timeout_seconds = Some(5);
         r.message = "waiting for a node for Pod j-1-1: 0/4 nodes are available".into();
         r.node_wait_since_ms = Some(4_000);
-        let waiting = Observed::Unschedulable {
-            pod: "j-1-1".into(),
-            message: "0/4 nodes are available".into(),
-        };
+        let waiting = Observed::one(
+            Some(Workload::Pod("j-1-1".into())),
+            MemberState::Unschedulable {
+                message: "0/4 nodes are available".into(),
+            },
+        );
         // Past its timeout, but nobody wants the slot: it keeps it.
         assert_eq!(
             next_action(&r, Some(&waiting), &cx(true)),
@@ -1109,53 +1205,78 @@ pub(crate) mod tests {
     fn observed() -> impl Strategy<Value = Option<Observed>> {
         prop_oneof![
             Just(None),
-            Just(Some(Observed::NotFound)),
-            Just(Some(Observed::Terminating {
-                pod: "p".into(),
-                message: "Pod p on node n is terminating".into(),
-                force_at_ms: Some(5_000),
-                node_ready: Some(false),
-            })),
-            Just(Some(Observed::Terminating {
-                pod: "p".into(),
-                message: "Pod p on node n is terminating".into(),
-                force_at_ms: Some(50_000),
-                node_ready: None,
-            })),
-            Just(Some(Observed::Pending {
-                pod: "p".into(),
-                reason: "ImagePullBackOff".into(),
-                message: "container main: back-off".into(),
-            })),
-            Just(Some(Observed::Running {
-                workload: Workload::Pod("p".into())
-            })),
-            Just(Some(Observed::CreateFailed {
-                pod: "p".into(),
-                message: "the API answered 500".into(),
-                retry_at_ms: 9_000,
-            })),
-            Just(Some(Observed::CreateFailed {
-                pod: "p".into(),
-                message: "the API answered 500".into(),
-                retry_at_ms: 20_000,
-            })),
-            Just(Some(Observed::Unschedulable {
-                pod: "p".into(),
-                message: "0/1 nodes".into()
-            })),
-            Just(Some(Observed::Ended(Outcome::Succeeded))),
-            Just(Some(Observed::Ended(Outcome::Failed {
-                code: 2,
-                reason: "ExitCode".into(),
-                detail: None,
-                evidence: Evidence::exit("run", false, 2, "ExitCode"),
-            }))),
-            Just(Some(Observed::Ended(Outcome::lost("evicted", "Evicted")))),
-            Just(Some(Observed::Ended(Outcome::Invalid {
-                reason: "InvalidImageName".into(),
-                message: "container main: bad".into()
-            }))),
+            Just(Some(Observed::not_found())),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::Terminating {
+                    message: "Pod p on node n is terminating".into(),
+                    force_at_ms: Some(5_000),
+                    node_ready: Some(false),
+                }
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::Terminating {
+                    message: "Pod p on node n is terminating".into(),
+                    force_at_ms: Some(50_000),
+                    node_ready: None,
+                }
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::Pending {
+                    reason: "ImagePullBackOff".into(),
+                    message: "container main: back-off".into(),
+                }
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::Running
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::CreateFailed {
+                    message: "the API answered 500".into(),
+                    retry_at_ms: 9_000,
+                }
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::CreateFailed {
+                    message: "the API answered 500".into(),
+                    retry_at_ms: 20_000,
+                }
+            ))),
+            Just(Some(Observed::one(
+                Some(Workload::Pod("p".into())),
+                MemberState::Unschedulable {
+                    message: "0/1 nodes".into()
+                }
+            ))),
+            Just(Some(Observed::one(
+                None,
+                MemberState::Ended(Outcome::Succeeded)
+            ))),
+            Just(Some(Observed::one(
+                None,
+                MemberState::Ended(Outcome::Failed {
+                    code: 2,
+                    reason: "ExitCode".into(),
+                    detail: None,
+                    evidence: Evidence::exit("run", false, 2, "ExitCode"),
+                })
+            ))),
+            Just(Some(Observed::one(
+                None,
+                MemberState::Ended(Outcome::lost("evicted", "Evicted"))
+            ))),
+            Just(Some(Observed::one(
+                None,
+                MemberState::Ended(Outcome::Invalid {
+                    reason: "InvalidImageName".into(),
+                    message: "container main: bad".into()
+                })
+            ))),
         ]
     }
 

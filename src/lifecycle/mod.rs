@@ -10,13 +10,15 @@
 //!   take, renew or leave it, what it allows its job controllers, when a row is stale);
 //! - [`reason`]: why a transition happened ([`Reason`]) and why a job failed ([`Failure`]:
 //!   the operator's [`FailureReason`] or the workload's text);
-//! - [`outcome`]: what executors report ([`Workload`], [`Observed`], [`Outcome`] and the
-//!   [`Evidence`] failure rules read, [`Refused`]);
+//! - [`outcome`]: what executors report ([`Workload`], [`Outcome`] and the [`Evidence`]
+//!   failure rules read, [`Refused`]);
+//! - [`members`]: what is observed of an attempt's members ([`Observed`], [`Member`],
+//!   [`MemberState`], kind-neutral) and what they mean for the attempt ([`view`]: all or
+//!   nothing, fail fast, recover as one);
 //! - [`rules`]: failure rules: which rule of a task's policy decides an ended attempt
 //!   ([`rules::decide`], [`Verdict`]);
 //! - [`record`]: the job record ([`JobRow`], its columns declared once) and its history entries;
 //! - [`tasks`]: a pipeline's current task and how each task's record follows the job;
-//! - [`pod`]: each attempt's Pod name, and what a Pod observation means for the attempt;
 //! - [`deadlines`]: the job's and its task's deadlines, the launch deadline;
 //! - [`edges`]: the legal moves ([`SCHEDULE_EDGES`], [`PHASE_EDGES`], [`legal_state`]) and the
 //!   guard of a compare-and-set ([`Expect`]);
@@ -45,8 +47,8 @@ pub mod decide;
 pub mod edges;
 #[doc(hidden)]
 pub mod faults;
+pub mod members;
 pub mod outcome;
-pub mod pod;
 pub mod reason;
 pub mod record;
 pub mod restore;
@@ -69,7 +71,8 @@ pub use edges::{
     Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,
     legal_state,
 };
-pub use outcome::{Evidence, Observed, Outcome, PartExit, Refused, Workload};
+pub use members::{Member, MemberState, Observed, View, view};
+pub use outcome::{Evidence, Outcome, PartExit, Refused, Workload};
 pub use reason::{Failure, FailureReason, Reason};
 pub use record::{HistoryEntry, JobRow, Object, Step};
 pub use restore::restore;
@@ -84,6 +87,6 @@ pub use transitions::{
     admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, claim_lapsed,
     controller_gave_up, controller_resumed, controller_start_failed, controller_started,
     current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out,
-    node_wait_timed_out, queued, queued_message, reason_and_message, running, starting, stopping,
-    terminating, unschedulable, waiting_to_start,
+    node_wait_timed_out, nodes_ready, queued, queued_message, reason_and_message, running,
+    starting, stopping, terminating, unschedulable, waiting_to_start,
 };

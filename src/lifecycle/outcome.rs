@@ -1,6 +1,6 @@
-//! What the executors report, as the decisions read it: an attempt's [`Workload`], what is
-//! [`Observed`] of it, how it ended ([`Outcome`], with the [`Evidence`] a failure rule reads)
-//! and a launch refused for good ([`Refused`]).
+//! What the executors report, as the decisions read it: an attempt's [`Workload`], how it ended
+//! ([`Outcome`], with the [`Evidence`] a failure rule reads) and a launch refused for good
+//! ([`Refused`]). What is observed of an attempt's members is [`super::members`]'s.
 
 use std::fmt;
 
@@ -41,6 +41,14 @@ impl Workload {
         match self {
             Workload::Process(pid) => Some(*pid),
             Workload::Pod(_) => None,
+        }
+    }
+
+    /// How messages name it: "Pod x-1-1", "process 42".
+    pub fn noun(&self) -> String {
+        match self {
+            Workload::Process(pid) => format!("process {pid}"),
+            Workload::Pod(name) => format!("Pod {name}"),
         }
     }
 }
@@ -86,6 +94,10 @@ pub struct Evidence {
     /// operator's (`PodDeleted`, `ProcessLost`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// The rank of the member of a multi-node attempt that decided its end (None for a job of
+    /// one member).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 impl Evidence {
@@ -232,6 +244,52 @@ impl Outcome {
         }
     }
 
+    /// The same outcome as decided by member `rank` of a multi-node attempt (`noun`: how
+    /// messages name that member): its detail and a lost member's sentence name the member, its
+    /// evidence records the rank.
+    pub fn of_rank(mut self, rank: u32, noun: &str) -> Outcome {
+        match &mut self {
+            Outcome::Succeeded => {}
+            Outcome::SetupFailed {
+                code,
+                detail,
+                evidence,
+                ..
+            }
+            | Outcome::Failed {
+                code,
+                detail,
+                evidence,
+                ..
+            } => {
+                *detail = Some(match detail.take() {
+                    Some(d) => format!("{noun}: {d}"),
+                    None => format!("{noun} exited with code {code}"),
+                });
+                evidence.rank = Some(rank);
+            }
+            Outcome::Refused {
+                message, evidence, ..
+            } => {
+                *message = format!("{noun}: {message}");
+                evidence.rank = Some(rank);
+            }
+            Outcome::DeadlineExceeded {
+                message, evidence, ..
+            } => {
+                *message = format!("{noun}: {message}");
+                evidence.rank = Some(rank);
+            }
+            Outcome::Invalid { message, .. } => *message = format!("{noun}: {message}"),
+            // A lost member's sentence names its workload already.
+            Outcome::Lost { reason, evidence } => {
+                *reason = format!("rank {rank}: {reason}");
+                evidence.rank = Some(rank);
+            }
+        }
+        self
+    }
+
     /// The exit code of the part that decided it, when one exited.
     pub fn exit_code(&self) -> Option<i32> {
         match self {
@@ -241,63 +299,6 @@ impl Outcome {
             _ => None,
         }
     }
-}
-
-/// What an executor observes of one attempt's workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Observed {
-    /// No trace of it: never created, not seen yet (a Pod the watch has not reported), or gone
-    /// without a recorded end.
-    NotFound,
-    /// Its Pod was created and does not run yet (being scheduled, pulling its image...).
-    Pending {
-        /// The Pod's name.
-        pod: String,
-        /// CamelCase reason of what it waits on (e.g. `ImagePullBackOff`), empty when nothing
-        /// says.
-        reason: String,
-        /// What it waits on, naming the container (e.g. "container main: Back-off pulling
-        /// image ..."), or where it is bound; may be empty.
-        message: String,
-    },
-    /// Its Pod waits for a node; `message` is the scheduler's reason.
-    Unschedulable {
-        /// The Pod's name.
-        pod: String,
-        /// E.g. "0/4 nodes are available: ...".
-        message: String,
-    },
-    /// Its Pod was deleted (by someone else: a user, a controller, an eviction) but is not gone
-    /// yet, and had not exited: it no longer counts as running.
-    Terminating {
-        /// The Pod's name.
-        pod: String,
-        /// E.g. "Pod x-1-1 on node n1 is terminating".
-        message: String,
-        /// When it has outlived its grace period plus a margin (ms since epoch): past it, on a
-        /// node that is not Ready, it is force-deleted.
-        force_at_ms: Option<i64>,
-        /// Whether its node is Ready, when asked (past `force_at_ms`); None: not asked or
-        /// unknown (never forced then).
-        node_ready: Option<bool>,
-    },
-    /// Its Pod's create failed and may succeed later (the API answered 5xx, or could not be
-    /// reached): tried again at `retry_at_ms`, against the launch deadline.
-    CreateFailed {
-        /// The Pod's name.
-        pod: String,
-        /// What the API said.
-        message: String,
-        /// When to try the create again (ms since epoch).
-        retry_at_ms: i64,
-    },
-    /// It runs.
-    Running {
-        /// The workload.
-        workload: Workload,
-    },
-    /// It ended; here is how.
-    Ended(Outcome),
 }
 
 /// The executor refused to start an attempt, for good (retrying cannot help).

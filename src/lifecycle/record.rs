@@ -358,6 +358,9 @@ job_record! {
         /// [`crate::api::failure::MAX_ATTEMPT_RECORDS`]): how each ended and the rule that
         /// decided it.
         State attempts: Vec<AttemptStatus> = Vec::new(),
+        /// A multi-node job's members of the current attempt that run (or have succeeded), of
+        /// its nodes, as `status.readyNodes` shows them (`3/4`); None for a job without `nodes`.
+        State ready_nodes: Option<String> = None,
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::api::{ExecutorKind, ScheduleState};
+use crate::api::ScheduleState;
 
 use super::change::Transition;
 use super::clock::backoff;
@@ -98,9 +98,10 @@ pub enum StopAfterGiveUp {
 
 /// How the workload of `row`, given up, is stopped.
 pub fn stop_after_give_up(row: &JobRow) -> StopAfterGiveUp {
-    match row.executor {
-        ExecutorKind::Local => StopAfterGiveUp::LocalProcesses,
-        ExecutorKind::Pod => StopAfterGiveUp::PodsByWorldCheck,
+    if row.executor.facts().local_processes {
+        StopAfterGiveUp::LocalProcesses
+    } else {
+        StopAfterGiveUp::PodsByWorldCheck
     }
 }
 

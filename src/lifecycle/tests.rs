@@ -8,7 +8,8 @@ use crate::api::{
 };
 
 use super::deadlines::deadline_ms;
-use super::outcome::{Evidence, Observed, Outcome};
+use super::members::{MemberState, Observed};
+use super::outcome::{Evidence, Outcome, Workload};
 use super::record::JobRow;
 use super::tasks::{progress, task_attempt, totals};
 use super::transitions::{after_outcome, deadline_exceeded};
@@ -103,13 +104,14 @@ fn drive(spec: ManagedJobSpec, end: Outcome, until: i64) -> (JobRow, i32) {
         let observed = if !crate::lifecycle::observes(&row) {
             None
         } else if row.launched_attempt < attempt {
-            Some(Observed::NotFound)
+            Some(Observed::not_found())
         } else if running_since.is_some_and(|t| now >= t + 100) {
-            Some(Observed::Ended(end.clone()))
+            Some(Observed::one(None, MemberState::Ended(end.clone())))
         } else {
-            Some(Observed::Running {
-                workload: super::outcome::Workload::Process(100 + attempt),
-            })
+            Some(Observed::one(
+                Some(super::outcome::Workload::Process(100 + attempt)),
+                MemberState::Running,
+            ))
         };
         match next_action(&row, observed.as_ref(), &cx) {
             Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => {
@@ -287,10 +289,12 @@ fn an_unchanged_wait_of_a_pipeline_task_writes_nothing() {
     let mut row = pipeline_row();
     row.phase = JobPhase::Starting;
     row.schedule_state = ScheduleState::Alive;
-    let observed = Observed::Unschedulable {
-        pod: "p-1-0-1".into(),
-        message: "0/4 nodes are available".into(),
-    };
+    let observed = Observed::one(
+        Some(Workload::Pod("p-1-0-1".into())),
+        MemberState::Unschedulable {
+            message: "0/4 nodes are available".into(),
+        },
+    );
     let cx = Context {
         now_ms: 10_000,
         executor_enabled: true,
@@ -445,7 +449,8 @@ mod failure_rules_model {
         OnExitCodes, OnPodCondition, RecoverySpec, ScheduleState, TaskSpec,
     };
     use crate::lifecycle::decide::{Action, Context, next_action};
-    use crate::lifecycle::outcome::{Evidence, Observed, Outcome, PartExit, Workload};
+    use crate::lifecycle::members::{MemberState, Observed};
+    use crate::lifecycle::outcome::{Evidence, Outcome, PartExit, Workload};
     use crate::lifecycle::reason::FailureReason;
     use crate::lifecycle::record::{JobRow, Object};
     use crate::lifecycle::rules::{DEFAULT_RULE, Verdict};
@@ -755,11 +760,9 @@ mod failure_rules_model {
                 _ => {
                     let attempt = row.current_attempt();
                     let observed = if row.launched_attempt < attempt {
-                        Observed::NotFound
+                        Observed::not_found()
                     } else {
-                        Observed::Running {
-                            workload: Workload::Process(100 + attempt),
-                        }
+                        Observed::one(Some(Workload::Process(100 + attempt)), MemberState::Running)
                     };
                     match next_action(&row, Some(&observed), &cx(now)) {
                         Action::Wait {
@@ -880,7 +883,7 @@ mod failure_rules_model {
             if matches!(end, End::Lost { .. }) {
                 losses += 1;
             }
-            let observed = Observed::Ended(outcome(&end));
+            let observed = Observed::one(None, MemberState::Ended(outcome(&end)));
             let Action::Apply(tr) = next_action(&row, Some(&observed), &cx(now)) else {
                 return Err(TestCaseError::fail("an ended attempt is written"));
             };

@@ -158,7 +158,12 @@ pub fn launch_intent(row: &JobRow, attempt: i32) -> Transition {
 /// The attempt's workload runs: Running + Alive.
 pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
     let shown = task_attempt(row, attempt);
+    let nodes = current_task(row).nodes.map(|n| n.max(1));
     let message = match (row.phase, &workload) {
+        (_, Workload::Pod(pod)) if nodes.is_some_and(|n| n > 1) => format!(
+            "running attempt {shown} on {} nodes (rank 0: {pod})",
+            nodes.unwrap_or(1)
+        ),
         (_, Workload::Pod(pod)) => format!("running attempt {shown} in {pod}"),
         (JobPhase::Recovering, _) => format!("running attempt {shown} (relaunched)"),
         _ => format!("running attempt {shown}"),
@@ -166,6 +171,11 @@ pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
     let mut change = Change::because(Reason::Running)
         .to(JobPhase::Running, ScheduleState::Alive)
         .message(message);
+    let task = current_task(row);
+    if task.nodes.is_some() {
+        let size = task.size();
+        change.ready_nodes = Some(Some(format!("{size}/{size}")));
+    }
     change.attempt = Some(attempt);
     change.workload = Some(Some(workload));
     change.started_now = true;
@@ -184,7 +194,7 @@ pub fn running(row: &JobRow, attempt: i32, workload: Workload) -> Transition {
 /// The attempt's Pod waits for a node: waiting on the cluster must not hold a launch slot, so
 /// the job keeps its run slot only (Launching -> Alive, phase unchanged, or Starting when the
 /// first launch was not recorded yet).
-pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Transition {
+pub fn unschedulable(row: &JobRow, workload: Option<Workload>, message: String) -> Transition {
     let mut change = Change::because(Reason::Unschedulable).message(message);
     change.schedule = Some(ScheduleState::Alive);
     // Its Pod exists, so its launch began, even if the store does not know it yet (a store
@@ -192,7 +202,9 @@ pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Trans
     if matches!(row.phase, JobPhase::Pending | JobPhase::Submitted) {
         change.phase = Some(JobPhase::Starting);
     }
-    change.workload = Some(Some(workload));
+    if workload.is_some() {
+        change.workload = Some(workload);
+    }
     change.launch_clock = Some(LaunchClock::Clear);
     if row.node_wait_since_ms.is_none() {
         change.node_wait = Some(LaunchClock::Start);
@@ -200,14 +212,24 @@ pub fn unschedulable(row: &JobRow, workload: Workload, message: String) -> Trans
     Transition::new(Expect::unchanged(row), change)
 }
 
+/// A multi-node job's members that run changed while its attempt starts (`ready`: `2/4`):
+/// `status.readyNodes` says so; nothing else changes.
+pub fn nodes_ready(row: &JobRow, ready: String) -> Transition {
+    let mut change = Change::because(Reason::WaitingToStart);
+    change.ready_nodes = Some(Some(ready));
+    Transition::new(Expect::unchanged(row), change)
+}
+
 /// The attempt's workload was deleted by someone else and is terminating: it no longer counts
 /// as running (a running job shows Recovering); it is relaunched once it is gone.
-pub fn terminating(row: &JobRow, workload: Workload, message: String) -> Transition {
+pub fn terminating(row: &JobRow, workload: Option<Workload>, message: String) -> Transition {
     let mut change = Change::because(Reason::PodTerminating).message(message);
     if row.schedule_state == ScheduleState::Alive {
         change.phase = Some(JobPhase::Recovering);
     }
-    change.workload = Some(Some(workload));
+    if workload.is_some() {
+        change.workload = Some(workload);
+    }
     Transition::new(Expect::unchanged(row), change)
 }
 
@@ -441,6 +463,7 @@ pub fn after_outcome(
     );
     let record = AttemptStatus {
         attempt,
+        rank: outcome.evidence().and_then(|e| e.rank).map(|r| r as i32),
         task: task.name.map(str::to_string),
         exit_code: outcome.exit_code(),
         reason: outcome.reason().to_string(),

@@ -34,7 +34,6 @@ use std::collections::{HashMap, HashSet};
 
 use crate::api::ExecutorKind;
 
-use super::pod::{attempt_pod_name, legacy_attempt_pod_name};
 use super::record::JobRow;
 
 /// A job as the world check sees it, from its row.
@@ -54,8 +53,9 @@ pub struct Job {
     pub deleting: bool,
     /// Its current attempt (the only one whose workload may run), 0 before any launch.
     pub attempt: i32,
-    /// The names its current attempt's Pod may have (pod jobs): its deterministic name, and the
-    /// name it had before Pod names carried a uid tag.
+    /// The names its current attempt's Pods may have (pod jobs: each member's deterministic
+    /// name, and the name a Pod had before names carried a uid tag), as its executor gives
+    /// them (`executor::member_names`); none for a local job.
     pub pod_names: Vec<String>,
     /// Its recorded job controller process (pid, start time).
     pub controller: Option<(i32, u64)>,
@@ -83,16 +83,10 @@ pub struct JobBrief {
 
 impl Job {
     /// A job holding a run slot, from its record: its current attempt, the names that
-    /// attempt's Pod may have (pod jobs), its recorded controller.
-    pub fn live(row: &JobRow) -> Job {
+    /// attempt's Pods may have (`pod_names`: its executor's, `executor::member_names`), its
+    /// recorded controller.
+    pub fn live(row: &JobRow, pod_names: Vec<String>) -> Job {
         let attempt = row.current_attempt();
-        let pod_names = match row.executor {
-            ExecutorKind::Pod => vec![
-                attempt_pod_name(row, attempt),
-                legacy_attempt_pod_name(row, attempt),
-            ],
-            ExecutorKind::Local => Vec::new(),
-        };
         Job {
             id: row.id,
             uid: row.uid.clone(),
@@ -253,7 +247,6 @@ pub enum Fix {
 /// attempt's.
 pub fn pod_is_live_attempt(job: &Job, pod: &PodSeen) -> bool {
     !job.done
-        && job.executor == ExecutorKind::Pod
         && pod.job_id == job.id
         && pod.attempt == job.attempt
         && pod.namespace == job.namespace
@@ -264,7 +257,7 @@ pub fn pod_is_live_attempt(job: &Job, pod: &PodSeen) -> bool {
 /// True when `process` is the current attempt's wrapper of `job` (a local job not Done).
 pub fn process_is_live_attempt(job: &Job, process: &ProcessSeen) -> bool {
     !job.done
-        && job.executor == ExecutorKind::Local
+        && job.executor.facts().local_processes
         && process.job_id == job.id
         && process.attempt == job.attempt
 }

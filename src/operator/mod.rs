@@ -28,7 +28,7 @@ use kube::{Client, Resource as _, ResourceExt};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::api::{ExecutorKind, FINALIZER, ManagedJob, ScheduleState, WaitReason};
+use crate::api::{FINALIZER, ManagedJob, ScheduleState, WaitReason};
 use crate::engine::{Config, Engine};
 use crate::events::EventPublisher;
 use crate::lifecycle::{Object, now_ms};
@@ -236,7 +236,8 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         .engine
         .config()
         .executors
-        .contains(&ExecutorKind::Pod)
+        .iter()
+        .any(|k| k.facts().api_objects)
         .then(|| Arc::new(pod_watch::PodCache::default()));
     if let Some(cache) = &pod_cache {
         let pods: Api<Pod> = match &namespace {

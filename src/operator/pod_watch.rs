@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::watcher;
 
-use crate::api::{ExecutorKind, LABEL_JOB_ID};
+use crate::api::LABEL_JOB_ID;
 use crate::engine::Engine;
 use crate::executor::pod::{self, state};
-use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::world::PodSeen;
+use crate::store::pods::{PodObservation, PodState};
 
 /// Every Pod with our marks (the job-id and attempt labels and a ManagedJob controller owner),
 /// as the watch last saw it, by (namespace, name): the world check's view of the Pods. A few
@@ -77,7 +77,7 @@ pub async fn run(engine: Arc<Engine>, pods: Api<Pod>, cache: Arc<PodCache>) {
     let cfg = watcher::Config::default().labels(&selector);
     let mut stream = super::retry::relisting_watch(pods, cfg);
     let mut health = super::retry::WatchHealth::new("Pod");
-    let mut listed: HashSet<(i64, i32)> = HashSet::new();
+    let mut listed: HashSet<(i64, i32, u32)> = HashSet::new();
     let mut relisted: HashMap<(String, String), PodSeen> = HashMap::new();
     while let Some(event) = stream.next().await {
         match event {
@@ -147,8 +147,8 @@ async fn still_exists(client: &kube::Client, pod: &Pod) -> bool {
 }
 
 /// Records what a labelled Pod shows, if it is one of our jobs' attempts by namespace, name,
-/// owner and labels ([`pod::is_attempt_pod`]), and wakes that job's controller when something changed. Returns its (job, attempt).
-fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
+/// owner and labels ([`pod::is_attempt_pod`]), and wakes that job's controller when something changed. Returns its (job, attempt, rank).
+fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32, u32)> {
     let (id, attempt) = pod::pod_key(pod)?;
     let row = engine.store().find(id).ok()??;
     if !pod::is_attempt_pod(pod, &row, attempt) {
@@ -166,22 +166,23 @@ fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32)> {
         Ok(false) => {}
         Err(e) => tracing::error!(job_id = id, error = %e, "recording a Pod observation failed"),
     }
-    Some((id, attempt))
+    Some((id, attempt, observation.rank))
 }
 
 /// After a (re)list: Pods we had seen that are no longer there were deleted while we were not
 /// watching. Each is confirmed by a GET by name: a Pod whose labels were edited away is missing
 /// from the labelled list but not gone.
-async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<(i64, i32)>) {
+async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<(i64, i32, u32)>) {
     let live = engine.store().live_jobs().unwrap_or_default();
-    for row in live.iter().filter(|r| r.executor == ExecutorKind::Pod) {
-        if listed.contains(&(row.id, row.attempt)) {
-            continue;
-        }
-        let seen = engine.store().pod_observation(row.id, row.attempt);
-        if let Ok(Some(mut o)) = seen
-            && !o.deleted
-        {
+    for row in live.iter().filter(|r| r.executor.facts().api_objects) {
+        let seen = engine
+            .store()
+            .pod_members(row.id, row.attempt)
+            .unwrap_or_default();
+        for mut o in seen {
+            if o.deleted || listed.contains(&(row.id, row.attempt, o.rank)) {
+                continue;
+            }
             let api: Api<Pod> = Api::namespaced(client.clone(), &row.namespace);
             let owned_by_job = |p: &Pod| {
                 p.metadata
@@ -197,7 +198,9 @@ async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<
                 continue;
             }
             vanished(&mut o);
-            let _ = engine.store().record_pod(&o);
+            if let Err(e) = engine.store().record_pod(&o) {
+                tracing::error!(job_id = row.id, error = %e, "recording a vanished Pod failed");
+            }
             engine.wake_controller(row);
         }
     }
@@ -211,5 +214,6 @@ fn vanished(o: &mut PodObservation) {
         o.state = PodState::Lost;
         o.reason = "PodDeleted".into();
         o.message = "the Pod was deleted while the operator was not watching".into();
+        o.ended_at_ms = Some(crate::lifecycle::now_ms());
     }
 }

@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::{ExecutorKind, LABEL_JOB_ID, ManagedJob};
+use crate::api::{LABEL_JOB_ID, ManagedJob};
 use crate::executor::pod;
-use crate::lifecycle::pod::{PodObservation, PodState};
 use crate::lifecycle::{self, JobRow, Object, now_ms};
 use crate::state_dir::StateDir;
 use crate::store::Store;
+use crate::store::pods::{PodObservation, PodState};
 
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,14 +93,17 @@ pub async fn rebuild_if_empty(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let pods: Option<HashMap<(i64, i32), Pod>> = match pods_api
+    let pods: Option<HashMap<(i64, i32, u32), Pod>> = match pods_api
         .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID},{selector}")))
         .await
     {
         Ok(list) => Some(
             list.items
                 .into_iter()
-                .filter_map(|p| Some((pod::pod_key(&p)?, p)))
+                .filter_map(|p| {
+                    let (id, attempt) = pod::pod_key(&p)?;
+                    Some(((id, attempt, pod::state::rank_of(&p)), p))
+                })
                 .collect(),
         ),
         Err(e) => {
@@ -112,10 +115,10 @@ pub async fn rebuild_if_empty(
         let row = store.restore(&record)?;
         out.jobs += 1;
         let Some(pods) = &pods else { continue };
-        match adopt_pod(&mut store, &row, pods.get(&(row.id, row.attempt)))? {
-            Some(true) => out.pods_adopted += 1,
-            Some(false) => out.pods_missing += 1,
-            None => {}
+        let found = |rank: u32| pods.get(&(row.id, row.attempt, rank));
+        if let Some((adopted, missing)) = adopt_pods(&mut store, &row, found)? {
+            out.pods_adopted += adopted;
+            out.pods_missing += missing;
         }
     }
     tracing::warn!(
@@ -128,41 +131,54 @@ pub async fn rebuild_if_empty(
     Ok(out)
 }
 
-/// For a live pod job just restored from its status (`row`): records what its current
-/// attempt's Pod shows (`pod`, as listed or read, if it is the attempt's by every mark), or that
-/// it is gone (counted lost, never launched again as a fresh attempt). Returns Some(true) when
-/// adopted, Some(false) when missing, None when the job has no Pod to look for (not a live pod
-/// job, or its current attempt was not launched).
-pub fn adopt_pod(
+/// For a live job of API objects just restored from its status (`row`): records what each
+/// member of its current attempt shows (`pod_of(rank)`: the Pod found for that rank, used if
+/// it is the attempt's by every mark), or that it is gone (counted lost, never launched again as
+/// a fresh attempt: a gang then recovers as one). Returns Some((adopted, missing)) member
+/// counts, or None when the job has no Pod to look for (not a live job of API objects, or its
+/// current attempt was not launched).
+pub fn adopt_pods<'p>(
     store: &mut Store,
     row: &JobRow,
-    pod: Option<&Pod>,
-) -> anyhow::Result<Option<bool>> {
+    pod_of: impl Fn(u32) -> Option<&'p Pod>,
+) -> anyhow::Result<Option<(usize, usize)>> {
     let live = row.schedule_state.holds_run_slot() && row.launched_attempt >= row.attempt;
-    if row.executor != ExecutorKind::Pod || !live {
+    if !row.executor.facts().api_objects || !live {
         return Ok(None);
     }
-    let found = pod.filter(|p| pod::is_attempt_pod(p, row, row.attempt));
-    let observation = match found {
-        Some(p) => pod::state::observe(p, row.id, row.attempt, false),
-        None => PodObservation {
-            job_id: row.id,
-            attempt: row.attempt,
-            pod_name: pod::attempt_pod_name(row, row.attempt),
-            state: PodState::Lost,
-            exit_code: None,
-            reason: "PodMissing".into(),
-            message: "no Pod of this attempt was found when the job was rebuilt from its status"
-                .into(),
-            deleted: true,
-            node: String::new(),
-            terminating_since_ms: None,
-            grace_seconds: None,
-            evidence: Default::default(),
-        },
-    };
-    store.record_pod(&observation)?;
-    Ok(Some(found.is_some()))
+    let (mut adopted, mut missing) = (0, 0);
+    for rank in 0..crate::lifecycle::tasks::current_task(row).size() as u32 {
+        let found = pod_of(rank).filter(|p| pod::is_attempt_pod(p, row, row.attempt));
+        let observation = match found {
+            Some(p) => {
+                adopted += 1;
+                pod::state::observe(p, row.id, row.attempt, false)
+            }
+            None => {
+                missing += 1;
+                PodObservation {
+                    job_id: row.id,
+                    attempt: row.attempt,
+                    rank,
+                    pod_name: pod::member_pod_name(row, row.attempt, rank),
+                    state: PodState::Lost,
+                    exit_code: None,
+                    reason: "PodMissing".into(),
+                    message: "no Pod of this attempt was found when the job was rebuilt from \
+                              its status"
+                        .into(),
+                    deleted: true,
+                    node: String::new(),
+                    terminating_since_ms: None,
+                    grace_seconds: None,
+                    evidence: Default::default(),
+                    ended_at_ms: Some(crate::lifecycle::now_ms()),
+                }
+            }
+        };
+        store.record_pod(&observation)?;
+    }
+    Ok(Some((adopted, missing)))
 }
 
 /// Restores one job from its object's status into the engine's store (a job another operator
@@ -204,22 +220,25 @@ pub async fn restore_one(
         record = lifecycle::restore::taken_over(record, from, grace, now);
     }
     let row = engine.store().restore(&record)?;
-    let live_pod = row.executor == ExecutorKind::Pod
+    let live = row.executor.facts().api_objects
         && row.schedule_state.holds_run_slot()
         && row.launched_attempt >= row.attempt;
-    if live_pod {
+    if live {
         let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let mut found = None;
-        for candidate in [
-            pod::attempt_pod_name(&row, row.attempt),
-            crate::lifecycle::pod::legacy_attempt_pod_name(&row, row.attempt),
-        ] {
-            if let Some(p) = api.get_opt(&candidate).await? {
-                found = Some(p);
-                break;
+        let mut found = std::collections::HashMap::new();
+        for rank in 0..crate::lifecycle::tasks::current_task(&row).size() as u32 {
+            let mut names = vec![pod::member_pod_name(&row, row.attempt, rank)];
+            if rank == 0 {
+                names.push(pod::legacy_attempt_pod_name(&row, row.attempt));
+            }
+            for candidate in names {
+                if let Some(p) = api.get_opt(&candidate).await? {
+                    found.insert(rank, p);
+                    break;
+                }
             }
         }
-        adopt_pod(&mut engine.store(), &row, found.as_ref())?;
+        adopt_pods(&mut engine.store(), &row, |rank| found.get(&rank))?;
     }
     Ok(Some(row))
 }

@@ -45,7 +45,11 @@ pub async fn check_objects_at_start(
 ) -> anyhow::Result<()> {
     let mut store = Store::open(&dir.store(), 1024)?;
     // The rows first, then the objects (see lifecycle::world).
-    let mut jobs: Vec<world::Job> = store.live_jobs()?.iter().map(world::Job::live).collect();
+    let mut jobs: Vec<world::Job> = store
+        .live_jobs()?
+        .iter()
+        .map(|r| world::Job::live(r, crate::executor::member_names(r)))
+        .collect();
     jobs.extend(
         store
             .pending_jobs_brief()?

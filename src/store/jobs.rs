@@ -379,6 +379,8 @@ impl Store {
             .execute([id])?;
         tx.prepare_cached("DELETE FROM pod_observations WHERE job_id = ?1")?
             .execute([id])?;
+        tx.prepare_cached("DELETE FROM pod_members WHERE job_id = ?1")?
+            .execute([id])?;
         tx.prepare_cached("DELETE FROM events_published WHERE job_id = ?1")?
             .execute([id])?;
         tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?
@@ -552,11 +554,20 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let rows = stmt.query_map([], |r| {
             let executor: String = r.get(3)?;
+            let id: i64 = r.get(0)?;
+            // An executor this binary does not know (a store written by a newer release) is an
+            // error, never read as another kind.
+            let executor = ExecutorKind::parse(&executor).ok_or_else(|| {
+                rusqlite::Error::ToSqlConversionFailure(Box::new(StoreError::Corrupt {
+                    job_id: id,
+                    what: format!("executor {executor:?}"),
+                }))
+            })?;
             Ok(JobBrief {
-                id: r.get(0)?,
+                id,
                 uid: r.get(1)?,
                 namespace: r.get(2)?,
-                executor: ExecutorKind::parse(&executor).unwrap_or(ExecutorKind::Local),
+                executor,
                 deleting: r.get(4)?,
                 attempts: r.get(5)?,
             })

@@ -173,6 +173,33 @@ const STEPS: &[M<'static>] = &[
             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting');
         "#,
     ),
+    // Multi-node jobs (executor::pod, one Pod per rank): when each Pod ended (the first of a
+    // gang's members to end badly decides), and the members of rank 1 and above (rank 0 stays in
+    // pod_observations, as job controllers of earlier releases read it).
+    M::up(
+        r#"
+        ALTER TABLE pod_observations ADD COLUMN ended_at_ms INTEGER;
+        ALTER TABLE jobs ADD COLUMN ready_nodes TEXT;
+        CREATE TABLE pod_members (
+            job_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            rank INTEGER NOT NULL,
+            pod_name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            exit_code INTEGER,
+            reason TEXT NOT NULL DEFAULT '',
+            message TEXT NOT NULL DEFAULT '',
+            deleted INTEGER NOT NULL DEFAULT 0,
+            observed_at_ms INTEGER NOT NULL,
+            node TEXT NOT NULL DEFAULT '',
+            terminating_since_ms INTEGER,
+            grace_seconds INTEGER,
+            evidence TEXT NOT NULL DEFAULT '{}',
+            ended_at_ms INTEGER,
+            PRIMARY KEY (job_id, attempt, rank)
+        );
+        "#,
+    ),
     // One owner per job (lifecycle::claim): this store's claim on each namespace it acts in,
     // as its operator last held it (the epoch, the holder identity, when its last renewal was
     // sent: NULL when it no longer holds it), which its job controllers read before launching

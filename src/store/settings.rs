@@ -43,6 +43,14 @@ pub struct Settings {
     /// [`crate::lifecycle::claim::Gate`]). False for an engine run without an API.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub claims: bool,
+    /// Multi-node jobs get a PodGroup with the gang policy where the API serves one
+    /// (`--gang-scheduling`; an older operator's settings read as on).
+    #[serde(default = "default_true")]
+    pub gang_scheduling: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_launch_timeout_ms() -> u64 {
@@ -67,6 +75,7 @@ impl Default for Settings {
             capacity: None,
             shard: None,
             claims: false,
+            gang_scheduling: true,
         }
     }
 }
@@ -131,6 +140,7 @@ mod tests {
             capacity: Some("launch cap 8".into()),
             shard: Some("a".into()),
             claims: true,
+            gang_scheduling: true,
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);

@@ -1,6 +1,6 @@
 //! The pod executor: one Pod per attempt in the ManagedJob's namespace (docs/design.md#executors-and-security).
 //!
-//! - The Pod's name is deterministic ([`pod_name`], decided in [`crate::lifecycle::pod`]), so a
+//! - The Pod's name is deterministic ([`pod_name`], [`names`]), so a
 //!   retried create finds the existing Pod (AlreadyExists) and adopts it instead of
 //!   duplicating it.
 //! - It carries the job id and attempt as labels, is owned by the ManagedJob (garbage-collected
@@ -13,27 +13,49 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Executor, Launched, Result, Stop};
-use crate::api::{LABEL_ATTEMPT, LABEL_JOB_ID, LABEL_SHARD, LABEL_TASK};
-use crate::lifecycle::{FailureReason, JobRow, Observed, Refused, Workload};
+use crate::api::{LABEL_ATTEMPT, LABEL_GANG, LABEL_JOB_ID, LABEL_RANK, LABEL_SHARD, LABEL_TASK};
+use crate::lifecycle::tasks::current_task;
+use crate::lifecycle::{FailureReason, JobRow, Member, MemberState, Observed, Refused, Workload};
 use crate::store::Store;
 
+pub mod gang;
+pub mod names;
 pub mod state;
 
-pub use crate::lifecycle::pod::{
+pub use names::{
     MAX_POD_NAME, TAG_ALPHABET, TAG_LEN, attempt_pod_name, legacy_attempt_pod_name,
-    pipeline_pod_name, pod_name, task_pod_name, uid_tag,
+    member_hostname, member_pod_name, pipeline_pod_name, pod_group_name, pod_name, service_name,
+    task_member_pod_name, task_pod_name, uid_tag,
 };
 pub use state::{PodObservation, PodState};
 
+/// The names `attempt`'s Pods of `row` may have, every rank's (and, for a job without `nodes`,
+/// the name its Pod had before names carried a uid tag): what the world check keeps of a live
+/// job.
+pub fn member_names(row: &JobRow, attempt: i32) -> Vec<String> {
+    let task = current_task(row);
+    if task.nodes.is_none() {
+        return vec![
+            attempt_pod_name(row, attempt),
+            legacy_attempt_pod_name(row, attempt),
+        ];
+    }
+    (0..task.size() as u32)
+        .map(|rank| member_pod_name(row, attempt, rank))
+        .collect()
+}
+
 /// Label with the ManagedJob's name on each Pod (for `kubectl get pods -l`).
 pub const LABEL_JOB_NAME: &str = "managedjobs.dev/job-name";
-/// The Pod of `attempt`: the template plus our labels, owner reference and restartPolicy Never
-/// (and the job's `terminationGracePeriodSeconds`, when it sets one).
-pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
-    let task = crate::lifecycle::tasks::current_task(row);
+/// The Pod of member `rank` of `attempt`: the template plus our labels, owner reference and
+/// restartPolicy Never (and the job's `terminationGracePeriodSeconds`, when it sets one); for a
+/// multi-node job also its rank and gang labels, hostname, subdomain and variables
+/// ([`gang::shape_member`]).
+pub fn build_pod(row: &JobRow, attempt: i32, rank: u32) -> Pod {
+    let task = current_task(row);
     let template = task.template.cloned().unwrap_or_default();
     let mut meta = template.metadata.unwrap_or_default();
     let mut labels: BTreeMap<String, String> = meta.labels.take().unwrap_or_default();
@@ -51,20 +73,18 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
     if let Some(secs) = row.spec.termination_grace_period_seconds {
         spec.termination_grace_period_seconds = Some(secs);
     }
+    if task.nodes.is_some() {
+        labels.insert(LABEL_RANK.into(), rank.to_string());
+        labels.insert(LABEL_GANG.into(), service_name(&row.name, &row.uid));
+        gang::shape_member(&mut spec, row, &task, rank);
+    }
     Pod {
         metadata: ObjectMeta {
-            name: Some(attempt_pod_name(row, attempt)),
+            name: Some(member_pod_name(row, attempt, rank)),
             namespace: Some(row.namespace.clone()),
             labels: Some(labels),
             annotations: meta.annotations.take(),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "managedjobs.dev/v1alpha1".into(),
-                kind: "ManagedJob".into(),
-                name: row.name.clone(),
-                uid: row.uid.clone(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![gang::owner(row)]),
             ..Default::default()
         },
         spec: Some(spec),
@@ -78,9 +98,12 @@ pub fn build_pod(row: &JobRow, attempt: i32) -> Pod {
 /// of them (made elsewhere, copied, relabelled) never feeds the job's status.
 pub fn is_attempt_pod(pod: &Pod, row: &JobRow, attempt: i32) -> bool {
     let name = pod.metadata.name.as_deref();
+    let rank = state::rank_of(pod);
+    let gang = current_task(row).nodes.is_some();
     pod.metadata.namespace.as_deref() == Some(row.namespace.as_str())
-        && (name == Some(attempt_pod_name(row, attempt).as_str())
-            || name == Some(legacy_attempt_pod_name(row, attempt).as_str()))
+        && (rank as usize) < current_task(row).size()
+        && (name == Some(member_pod_name(row, attempt, rank).as_str())
+            || (!gang && name == Some(legacy_attempt_pod_name(row, attempt).as_str())))
         && pod
             .metadata
             .owner_references
@@ -107,9 +130,22 @@ pub struct PodExecutor {
     /// The operator's shard (`--shard`): its Pods carry it as their `managedjobs.dev/shard`
     /// label, so that only that shard's Pod watch sees them.
     shard: Option<String>,
+    /// Multi-node jobs may use kube-scheduler's gang scheduling (`--gang-scheduling auto`).
+    gang_scheduling: bool,
+    /// Whether the API serves PodGroups, once asked (a multi-node job's first launch or
+    /// observation): its attempts then get one with the gang policy.
+    pod_groups: Option<bool>,
     /// The last failed create of an attempt's Pod, while it has not succeeded since.
     create_failure: Option<CreateFailure>,
+    /// The attempt whose Pods this process created last, and when: until the watch reports
+    /// them (at most [`REPORT_WAIT`]), a launch asked again creates nothing (a gang's members are
+    /// reported one by one; creating the unreported ones again would cost N conflicts each time).
+    created: Option<(i32, std::time::Instant)>,
 }
+
+/// How long Pods just created are left to the operator's watch before a launch of the same
+/// attempt creates them again (adopting those that exist).
+pub const REPORT_WAIT: Duration = Duration::from_secs(10);
 
 /// A create of an attempt's Pod that failed and may succeed later ([`Launched::Failed`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,12 +172,95 @@ pub const NAMESPACE_TERMINATING: &str = "because it is being terminated";
 
 impl PodExecutor {
     /// The executor of a job controller of shard `shard` (None: the default instance).
-    pub fn new(shard: Option<String>) -> PodExecutor {
+    pub fn new(shard: Option<String>, gang_scheduling: bool) -> PodExecutor {
         PodExecutor {
             client: None,
             shard,
+            gang_scheduling,
+            pod_groups: None,
             create_failure: None,
+            created: None,
         }
+    }
+
+    /// True when a multi-node job's attempts get a PodGroup: `--gang-scheduling auto` and the
+    /// API serves `scheduling.k8s.io/v1alpha2` PodGroups (asked once per process, by
+    /// discovery; an error reads as not served, said in the log).
+    async fn pod_groups(&mut self) -> bool {
+        if !self.gang_scheduling {
+            return false;
+        }
+        if let Some(served) = self.pod_groups {
+            return served;
+        }
+        let served = match self.client().await {
+            Ok(client) => match client.list_api_group_resources(gang::POD_GROUP_API).await {
+                Ok(list) => list.resources.iter().any(|r| r.name == "podgroups"),
+                Err(kube::Error::Api(e)) if e.code == 404 => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot tell whether the API serves PodGroups; placing the gang's Pods one by one");
+                    false
+                }
+            },
+            Err(_) => false,
+        };
+        tracing::info!(
+            served,
+            "kube-scheduler's gang scheduling (PodGroup, {})",
+            gang::POD_GROUP_API
+        );
+        self.pod_groups = Some(served);
+        served
+    }
+
+    /// Creates `object` (a Service or PodGroup of the job) unless it exists: Ok(None) once it
+    /// exists, Ok(Some(refusal)) when the API refused it for good, Err(message) when it may
+    /// succeed later.
+    async fn ensure(
+        &mut self,
+        api: kube::Api<kube::api::DynamicObject>,
+        object: &kube::api::DynamicObject,
+        what: &str,
+    ) -> std::result::Result<Option<Refused>, String> {
+        match api.create(&kube::api::PostParams::default(), object).await {
+            Ok(_) => Ok(None),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
+                let reason = if e.code == 403 && e.message.contains(NAMESPACE_TERMINATING) {
+                    FailureReason::NamespaceTerminating
+                } else {
+                    FailureReason::PodRejected
+                };
+                Ok(Some(Refused {
+                    reason,
+                    message: format!("the API refused the {what}: {}", e.message),
+                }))
+            }
+            Err(kube::Error::Api(e)) => Err(format!(
+                "creating the {what}: the API answered {}: {}",
+                e.code, e.message
+            )),
+            Err(e) => Err(format!(
+                "creating the {what}: the API could not be reached: {e}"
+            )),
+        }
+    }
+
+    /// Records a create that failed and may succeed later: tried again after a back-off.
+    fn create_failed(&mut self, attempt: i32, message: String) -> Launched {
+        let failures = match &self.create_failure {
+            Some(f) if f.attempt == attempt => f.failures + 1,
+            _ => 1,
+        };
+        let delay = crate::lifecycle::backoff(CREATE_RETRY_BASE, failures).min(CREATE_RETRY_MAX);
+        tracing::warn!(attempt, failures, error = %message, "creating the workload failed; trying again in {delay:?}");
+        self.create_failure = Some(CreateFailure {
+            attempt,
+            failures,
+            message: message.clone(),
+            retry_at_ms: crate::lifecycle::now_ms() + delay.as_millis() as i64,
+        });
+        Launched::Failed { message }
     }
 
     async fn client(&mut self) -> Result<kube::Client> {
@@ -190,85 +309,147 @@ pub fn terminating_too_long(pod: &Pod, now_ms: i64) -> bool {
 }
 
 impl Executor for PodExecutor {
-    const CREATE_IS_IDEMPOTENT: bool = true;
-    const STOPS_AFTER_EXIT: bool = false;
-
-    async fn observe(&mut self, store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
-        let Some(o) = store.pod_observation(job.id, attempt)? else {
-            // Not seen: either never created, or not reported yet; a failed create says why.
-            return Ok(match &self.create_failure {
-                Some(f) if f.attempt == attempt => Observed::CreateFailed {
-                    pod: attempt_pod_name(job, attempt),
-                    message: f.message.clone(),
-                    retry_at_ms: f.retry_at_ms,
-                },
-                _ => Observed::NotFound,
-            });
-        };
-        let mut observed = state::observed(&o);
-        // Past its grace and margin, a terminating Pod's node decides whether it is forced.
-        if let Observed::Terminating {
-            force_at_ms: Some(at),
-            node_ready,
-            ..
-        } = &mut observed
-            && *at <= crate::lifecycle::now_ms()
-        {
-            *node_ready = self.node_ready(&o.node).await;
-        }
-        Ok(observed)
+    fn create_is_idempotent(&self) -> bool {
+        true
     }
 
-    /// Creates the attempt's Pod, once; AlreadyExists adopts it. Refused for good on 400, 403,
-    /// 404 and 422 (quota, admission, invalid template; a namespace being deleted is told
+    fn stops_after_exit(&self) -> bool {
+        false
+    }
+
+    /// Every member's Pod as the operator's Pod watch last saw it (in the store); a member not
+    /// seen is not found, or its create failed.
+    async fn observe(&mut self, store: &Store, job: &JobRow, attempt: i32) -> Result<Observed> {
+        let task = current_task(job);
+        let size = task.size();
+        let seen = if task.nodes.is_none() {
+            store
+                .pod_observation(job.id, attempt)?
+                .into_iter()
+                .collect()
+        } else {
+            store.pod_members(job.id, attempt)?
+        };
+        let mut members = Vec::with_capacity(size);
+        for rank in 0..size as u32 {
+            let Some(o) = seen.iter().find(|o| o.rank == rank) else {
+                // Not seen: either never created, or not reported yet; a failed create says why.
+                let state = match &self.create_failure {
+                    Some(f) if f.attempt == attempt => MemberState::CreateFailed {
+                        message: f.message.clone(),
+                        retry_at_ms: f.retry_at_ms,
+                    },
+                    _ => MemberState::NotFound,
+                };
+                members.push(Member {
+                    rank,
+                    workload: Some(Workload::Pod(member_pod_name(job, attempt, rank))),
+                    state,
+                    ended_at_ms: None,
+                });
+                continue;
+            };
+            let mut member = state::member(o);
+            // Past its grace and margin, a terminating Pod's node decides whether it is forced.
+            if let MemberState::Terminating {
+                force_at_ms: Some(at),
+                node_ready,
+                ..
+            } = &mut member.state
+                && *at <= crate::lifecycle::now_ms()
+            {
+                *node_ready = self.node_ready(&o.node).await;
+            }
+            members.push(member);
+        }
+        Ok(Observed {
+            members,
+            placed_together: size == 1 || self.pod_groups().await,
+        })
+    }
+
+    /// Creates the attempt's Pods (one per member), once each; AlreadyExists adopts one. A
+    /// multi-node job first gets its headless Service (once per job) and, where gang scheduling
+    /// is served, the attempt's PodGroup, which every member names. Refused for good on 400,
+    /// 403, 404 and 422 (quota, admission, invalid template; a namespace being deleted is told
     /// apart, [`NAMESPACE_TERMINATING`]); any other error is [`Launched::Failed`], to be tried
     /// again after [`CREATE_RETRY_BASE`] doubling up to [`CREATE_RETRY_MAX`] (the job
     /// controller decides when, against the launch deadline and any cancel).
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
-        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
-        let mut pod = build_pod(job, attempt);
-        // The shard's label, whatever the template says: this shard's Pod watch must see it,
-        // and no other's.
-        let labels = kube::ResourceExt::labels_mut(&mut pod);
-        match &self.shard {
-            Some(shard) => labels.insert(LABEL_SHARD.into(), shard.clone()),
-            None => labels.remove(LABEL_SHARD),
-        };
-        let failed = match api.create(&kube::api::PostParams::default(), &pod).await {
-            Ok(_) => None,
-            Err(kube::Error::Api(e)) if e.code == 409 => None,
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 404 | 422) => {
-                self.create_failure = None;
-                let reason = if e.code == 403 && e.message.contains(NAMESPACE_TERMINATING) {
-                    FailureReason::NamespaceTerminating
-                } else {
-                    FailureReason::PodRejected
-                };
-                return Ok(Launched::Refused(Refused {
-                    reason,
-                    message: format!("the API refused the Pod: {}", e.message),
-                }));
-            }
-            Err(kube::Error::Api(e)) => Some(format!("the API answered {}: {}", e.code, e.message)),
-            Err(e) => Some(format!("the API could not be reached: {e}")),
-        };
-        let Some(message) = failed else {
-            self.create_failure = None;
+        if let Some((a, at)) = self.created
+            && a == attempt
+            && at.elapsed() < REPORT_WAIT
+        {
             return Ok(Launched::Created);
-        };
-        let failures = match &self.create_failure {
-            Some(f) if f.attempt == attempt => f.failures + 1,
-            _ => 1,
-        };
-        let delay = crate::lifecycle::backoff(CREATE_RETRY_BASE, failures).min(CREATE_RETRY_MAX);
-        tracing::warn!(attempt, failures, error = %message, "creating the Pod failed; trying again in {delay:?}");
-        self.create_failure = Some(CreateFailure {
-            attempt,
-            failures,
-            message: message.clone(),
-            retry_at_ms: crate::lifecycle::now_ms() + delay.as_millis() as i64,
-        });
-        Ok(Launched::Failed { message })
+        }
+        let client = self.client().await?;
+        let task = current_task(job);
+        let size = task.size();
+        let mut group = None;
+        if task.nodes.is_some() {
+            let services = kube::Api::namespaced_with(
+                client.clone(),
+                &job.namespace,
+                &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&()),
+            );
+            let service = dynamic(&gang::service(job, &task));
+            match self.ensure(services, &service, "headless Service").await {
+                Ok(None) => {}
+                Ok(Some(refused)) => return Ok(Launched::Refused(refused)),
+                Err(message) => return Ok(self.create_failed(attempt, message)),
+            }
+            if size > 1 && self.pod_groups().await {
+                let groups = kube::Api::namespaced_with(
+                    client.clone(),
+                    &job.namespace,
+                    &gang::pod_group_resource(),
+                );
+                let pg: kube::api::DynamicObject =
+                    serde_json::from_value(gang::pod_group(job, attempt, size))
+                        .expect("a PodGroup is an object");
+                match self.ensure(groups, &pg, "PodGroup").await {
+                    Ok(None) => group = Some(pod_group_name(job, attempt)),
+                    // Not allowed to (an RBAC rule missing): the Pods are placed one by one.
+                    Ok(Some(refused)) => {
+                        tracing::warn!(message = %refused.message, "no PodGroup for the gang; its Pods are placed one by one");
+                        self.pod_groups = Some(false);
+                    }
+                    Err(message) => return Ok(self.create_failed(attempt, message)),
+                }
+            }
+        }
+        let pods = kube::Api::namespaced_with(
+            client,
+            &job.namespace,
+            &kube::api::ApiResource::erase::<Pod>(&()),
+        );
+        for rank in 0..size as u32 {
+            let mut pod = build_pod(job, attempt, rank);
+            // The shard's label, whatever the template says: this shard's Pod watch must see
+            // it, and no other's.
+            let labels = kube::ResourceExt::labels_mut(&mut pod);
+            match &self.shard {
+                Some(shard) => labels.insert(LABEL_SHARD.into(), shard.clone()),
+                None => labels.remove(LABEL_SHARD),
+            };
+            let mut object = dynamic(&pod);
+            if let Some(group) = &group {
+                // k8s-openapi at our API level has no `schedulingGroup` (Kubernetes 1.35+).
+                object.data["spec"]["schedulingGroup"] =
+                    serde_json::json!({ "podGroupName": group });
+            }
+            match self.ensure(pods.clone(), &object, "Pod").await {
+                Ok(None) => {}
+                Ok(Some(refused)) => {
+                    self.create_failure = None;
+                    return Ok(Launched::Refused(refused));
+                }
+                Err(message) => return Ok(self.create_failed(attempt, message)),
+            }
+        }
+        self.create_failure = None;
+        self.created = Some((attempt, std::time::Instant::now()));
+        Ok(Launched::Created)
     }
 
     async fn changed(&mut self) {
@@ -280,8 +461,9 @@ impl Executor for PodExecutor {
     /// that has been terminating for longer than its grace period plus
     /// [`state::TERMINATING_MARGIN`] on a node that is not Ready is force-deleted, as the pod GC
     /// does for a node that is gone. Gone once none is left.
-    async fn stop(&mut self, job: &JobRow, grace: Duration) -> Result<Stop> {
-        let api: kube::Api<Pod> = kube::Api::namespaced(self.client().await?, &job.namespace);
+    async fn stop(&mut self, store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
+        let client = self.client().await?;
+        let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &job.namespace);
         let force = kube::api::DeleteParams {
             grace_period_seconds: Some(0),
             ..Default::default()
@@ -302,10 +484,36 @@ impl Executor for PodExecutor {
         let mut waiting_on = None;
         let mut forced = Vec::new();
         // The current task's attempts: an earlier task of a pipeline ended before it.
-        let mut names: Vec<String> = (job.task_first_attempt.max(1)
-            ..=job.attempt.max(job.launched_attempt))
-            .map(|attempt| attempt_pod_name(job, attempt))
+        let task = current_task(job);
+        let current = job.attempt.max(job.launched_attempt);
+        let mut names: Vec<String> = (job.task_first_attempt.max(1)..=current)
+            .flat_map(|attempt| {
+                if task.nodes.is_none() {
+                    vec![attempt_pod_name(job, attempt)]
+                } else {
+                    member_names(job, attempt)
+                }
+            })
             .collect();
+        // A member of the current attempt that exited on its own is kept for its logs (a gang
+        // stopped because one member failed keeps that member's, and every finished one's).
+        if task.nodes.is_some() {
+            let exited: Vec<String> = store
+                .pod_members(job.id, current)?
+                .into_iter()
+                .filter(|o| {
+                    matches!(
+                        o.state,
+                        PodState::Succeeded
+                            | PodState::Failed
+                            | PodState::SetupFailed
+                            | PodState::Refused
+                    )
+                })
+                .map(|o| o.pod_name)
+                .collect();
+            names.retain(|n| !exited.contains(n));
+        }
         // The current attempt's Pod as the watch saw it: named otherwise when it was created
         // before an upgrade (legacy_attempt_pod_name).
         if let Some(seen) = job.workload.as_ref().and_then(Workload::pod_name)
@@ -356,12 +564,33 @@ impl Executor for PodExecutor {
                 }
             }
         }
+        if all_gone && task.size() > 1 && self.pod_groups().await {
+            // The attempt's PodGroup goes with its Pods (a new attempt gets its own).
+            let groups: kube::Api<kube::api::DynamicObject> =
+                kube::Api::namespaced_with(client, &job.namespace, &gang::pod_group_resource());
+            match groups
+                .delete(&pod_group_name(job, current), &Default::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "deleting the attempt's PodGroup failed; it goes with the job")
+                }
+            }
+        }
         Ok(if all_gone {
             Stop::Gone { forced }
         } else {
             Stop::Stopping { waiting_on }
         })
     }
+}
+
+/// `object` (a typed object of the job) as a dynamic object, to create through the API.
+fn dynamic<K: serde::Serialize>(object: &K) -> kube::api::DynamicObject {
+    serde_json::from_value(serde_json::to_value(object).expect("an object serializes"))
+        .expect("a typed object is a dynamic object")
 }
 
 #[cfg(test)]
@@ -377,7 +606,7 @@ mod tests {
             name: "job".into(),
             ..test_row()
         };
-        let pod = build_pod(&row, 1);
+        let pod = build_pod(&row, 1, 0);
         assert!(is_attempt_pod(&pod, &row, 1));
         assert!(!is_attempt_pod(&pod, &row, 2), "another attempt");
         let mut elsewhere = pod.clone();
@@ -432,7 +661,7 @@ mod tests {
             name.ends_with(&format!("-77-1-2-{}", uid_tag(&row.uid))),
             "second attempt of task 1: {name}"
         );
-        let pod = build_pod(&row, 4);
+        let pod = build_pod(&row, 4, 0);
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_TASK], "train");
         assert_eq!(
@@ -454,7 +683,7 @@ mod tests {
             name: "job".into(),
             ..test_row()
         };
-        let mut pod = build_pod(&row, 1);
+        let mut pod = build_pod(&row, 1, 0);
         pod.metadata.name = Some("job-3-1".into());
         assert_eq!(legacy_attempt_pod_name(&row, 1), "job-3-1");
         assert!(is_attempt_pod(&pod, &row, 1));

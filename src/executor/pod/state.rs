@@ -1,12 +1,119 @@
 //! What a Pod object shows of its attempt ([`observe`]): the [`PodObservation`] the
-//! operator's Pod watch records for each attempt. What that means for the attempt is
-//! [`crate::lifecycle::pod`]'s.
+//! operator's Pod watch records for each attempt's Pod; and what that is as a member of the
+//! attempt, in the lifecycle's kind-neutral terms ([`member`]). What the members mean for the
+//! attempt is [`crate::lifecycle::members`]'s.
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::lifecycle::outcome::POD_DEADLINE_EXCEEDED;
-pub use crate::lifecycle::pod::{PodObservation, PodState, TERMINATING_MARGIN, observed};
-use crate::lifecycle::{Evidence, PartExit};
+use crate::lifecycle::{Evidence, Member, MemberState, Outcome, PartExit, Workload};
+pub use crate::store::pods::{PodObservation, PodState, TERMINATING_MARGIN};
+
+/// What the lifecycle decides on of an observation: the Pod as a member of its attempt.
+pub fn member(o: &PodObservation) -> Member {
+    let state = match o.state {
+        PodState::Pending => MemberState::Pending {
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+        },
+        PodState::Unschedulable => MemberState::Unschedulable {
+            message: o.message.clone(),
+        },
+        PodState::Running => MemberState::Running,
+        PodState::Succeeded => MemberState::Ended(Outcome::Succeeded),
+        PodState::Failed => MemberState::Ended(Outcome::Failed {
+            code: o.exit_code.unwrap_or(1),
+            reason: o.reason.clone(),
+            detail: (!o.message.is_empty()).then(|| o.message.clone()),
+            evidence: o.evidence.clone(),
+        }),
+        PodState::SetupFailed => MemberState::Ended(Outcome::SetupFailed {
+            code: o.exit_code.unwrap_or(1),
+            reason: o.reason.clone(),
+            detail: (!o.message.is_empty()).then(|| o.message.clone()),
+            evidence: o.evidence.clone(),
+        }),
+        PodState::Refused => MemberState::Ended(Outcome::Refused {
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+            evidence: o.evidence.clone(),
+        }),
+        PodState::DeadlineExceeded => MemberState::Ended(Outcome::DeadlineExceeded {
+            code: o.exit_code,
+            message: o.message.clone(),
+            evidence: o.evidence.clone(),
+        }),
+        PodState::Invalid => MemberState::Ended(Outcome::Invalid {
+            reason: o.reason.clone(),
+            message: o.message.clone(),
+        }),
+        PodState::Terminating => MemberState::Terminating {
+            message: o.message.clone(),
+            force_at_ms: o.terminating_since_ms.map(|since| {
+                since + o.grace_seconds.unwrap_or(0) * 1000 + TERMINATING_MARGIN.as_millis() as i64
+            }),
+            node_ready: None,
+        },
+        PodState::Lost => MemberState::Ended(Outcome::Lost {
+            reason: if o.message.is_empty() {
+                format!("Pod {}: {}", o.pod_name, o.reason)
+            } else {
+                format!("Pod {}: {} ({})", o.pod_name, o.reason, o.message)
+            },
+            // The cause first: an attempt's record and a spent budget's message name it. Its
+            // parts' exits are dropped: a lost Pod's containers were stopped for it (137 on
+            // SIGKILL, 143 or a trap's 0 on SIGTERM, `ContainerStatusUnknown`), so no exit code
+            // rule reads them as the workload's; its conditions and reasons remain.
+            evidence: {
+                let mut e = o.evidence.clone();
+                e.exits.clear();
+                if !o.reason.is_empty() {
+                    e.reasons.retain(|r| *r != o.reason);
+                    e.reasons.insert(0, o.reason.clone());
+                }
+                e
+            },
+        }),
+    };
+    Member {
+        rank: o.rank,
+        workload: Some(Workload::Pod(o.pod_name.clone())),
+        state,
+        ended_at_ms: o.ended_at_ms,
+    }
+}
+
+/// What a Pod that ended Failed with the kubelet's reason `DeadlineExceeded` (its
+/// `status.reason`: it ran past its own `spec.activeDeadlineSeconds`, `deadline_seconds`) means
+/// for its attempt (issue 30: before, such a Pod read as "refused by its node", or, with its
+/// container killed 137, as a plain `Error`): [`PodState::DeadlineExceeded`], the exit code of
+/// the container stopped for it when one is known (`stopped`: its name and code), and a
+/// message that names the deadline, the node's words (`kubelet_message`) and the container.
+/// Returns (state, exit code, reason, message).
+pub fn pod_deadline(
+    pod: &str,
+    deadline_seconds: Option<i64>,
+    kubelet_message: &str,
+    stopped: Option<(&str, i32)>,
+) -> (PodState, Option<i32>, String, String) {
+    let deadline = match deadline_seconds {
+        Some(s) => format!("its spec.activeDeadlineSeconds ({s} s)"),
+        None => "its spec.activeDeadlineSeconds".into(),
+    };
+    let mut message = format!("Pod {pod} ran past {deadline} and its node stopped it");
+    if !kubelet_message.is_empty() {
+        message.push_str(&format!(" ({kubelet_message})"));
+    }
+    if let Some((name, code)) = stopped {
+        message.push_str(&format!("; container {name} exited with code {code}"));
+    }
+    (
+        PodState::DeadlineExceeded,
+        stopped.map(|(_, code)| code),
+        POD_DEADLINE_EXCEEDED.to_string(),
+        message,
+    )
+}
 
 /// The node `pod` is bound to (`spec.nodeName`), empty before it is scheduled.
 pub fn node_name(pod: &Pod) -> String {
@@ -27,6 +134,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     let mut o = PodObservation {
         job_id,
         attempt,
+        rank: rank_of(pod),
         pod_name: name,
         state: PodState::Pending,
         exit_code: None,
@@ -37,6 +145,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
         terminating_since_ms: None,
         grace_seconds: None,
         evidence: Evidence::default(),
+        ended_at_ms: None,
     };
     let phase = status.phase.as_deref().unwrap_or("Pending");
     // A container the kernel OOM-killed fails its attempt whatever its exit code (as Tekton and
@@ -98,7 +207,7 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
                 })
                 .max_by_key(|(_, code)| *code != 0);
             let deadline = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds);
-            let (state, code, reason, message) = crate::lifecycle::pod::pod_deadline(
+            let (state, code, reason, message) = pod_deadline(
                 &o.pod_name,
                 deadline,
                 status.message.as_deref().unwrap_or_default(),
@@ -193,7 +302,29 @@ pub fn observe(pod: &Pod, job_id: i64, attempt: i32, deleted: bool) -> PodObserv
     if o.state.is_final_exit() || o.state == PodState::Lost {
         o.evidence = evidence(&status);
     }
+    o.ended_at_ms = ended_at_ms(&o);
     o
+}
+
+/// The member rank a Pod carries (`managedjobs.dev/rank`; 0 without it: a job of one Pod).
+pub fn rank_of(pod: &Pod) -> u32 {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::api::LABEL_RANK))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+/// When `o`'s Pod ended or its end was caused, as far as this observation knows (ms since
+/// epoch): now, once it shows an end (exited, refused, lost, terminating); None before. The
+/// store keeps the first such time of each member ([`crate::store::Store::record_pod`]): the
+/// order in which the operator's watch saw a gang's members end, to the millisecond (the API's
+/// own timestamps have whole seconds, too coarse to tell the member that failed from the ones
+/// then stopped for it).
+fn ended_at_ms(o: &PodObservation) -> Option<i64> {
+    (o.state.is_final_exit() || matches!(o.state, PodState::Lost | PodState::Terminating))
+        .then(crate::lifecycle::now_ms)
 }
 
 /// What failure rules read of a Pod's status (`lifecycle::rules`): every terminated container,
@@ -240,6 +371,7 @@ pub fn evidence(status: &k8s_openapi::api::core::v1::PodStatus) -> Evidence {
                     .filter_map(|c| c.reason.clone()),
             )
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -409,7 +541,6 @@ fn never_starts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::Observed;
 
     fn running_pod() -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -434,8 +565,8 @@ mod tests {
         assert_eq!(o.state, PodState::Terminating);
         assert_eq!(o.terminating_since_ms, Some(70_000));
         assert_eq!(o.message, "Pod j-1-1 on node n1 is terminating");
-        match observed(&o) {
-            Observed::Terminating { force_at_ms, .. } => assert_eq!(
+        match member(&o).state {
+            MemberState::Terminating { force_at_ms, .. } => assert_eq!(
                 force_at_ms,
                 Some(100_000 + TERMINATING_MARGIN.as_millis() as i64)
             ),
@@ -510,8 +641,8 @@ mod tests {
             killed.message
         );
         // What that means: the workload's own failure, a restart, naming the deadline.
-        match observed(&killed) {
-            Observed::Ended(outcome @ crate::lifecycle::Outcome::DeadlineExceeded { .. }) => {
+        match member(&killed).state {
+            MemberState::Ended(outcome @ crate::lifecycle::Outcome::DeadlineExceeded { .. }) => {
                 assert_eq!(outcome.reason(), "DeadlineExceeded");
                 assert_eq!(outcome.exit_code(), Some(137));
                 assert_eq!(
@@ -619,7 +750,7 @@ mod tests {
             let mut pod = finished_pod("Failed", code, 100_400);
             pod.metadata.deletion_timestamp = Some(time(130_000));
             pod.metadata.deletion_grace_period_seconds = Some(30);
-            let Observed::Ended(lost) = observed(&observe(&pod, 1, 1, false)) else {
+            let MemberState::Ended(lost) = member(&observe(&pod, 1, 1, false)).state else {
                 panic!("{code}")
             };
             assert!(matches!(lost, crate::lifecycle::Outcome::Lost { .. }));
@@ -628,7 +759,7 @@ mod tests {
             assert!(!matches(&on_reason("Error"), &lost), "{code}");
             assert!(matches(&on_reason("PodDeleted"), &lost), "{code}");
             let own = finished_pod("Failed", code, 100_400);
-            let Observed::Ended(failed) = observed(&observe(&own, 1, 1, false)) else {
+            let MemberState::Ended(failed) = member(&observe(&own, 1, 1, false)).state else {
                 panic!("{code}")
             };
             assert!(matches(&not_75, &failed), "{code}");
@@ -639,7 +770,7 @@ mod tests {
 #[cfg(test)]
 mod evidence_tests {
     use super::*;
-    use crate::lifecycle::{Observed, Outcome};
+    use crate::lifecycle::Outcome;
 
     /// What failure rules read of an ended Pod: every container's exit (a sidecar's too, not
     /// only the first that failed), its conditions, its reasons; nothing while it runs.
@@ -659,7 +790,7 @@ mod evidence_tests {
         }))
         .unwrap();
         let o = observe(&pod, 1, 1, false);
-        let Observed::Ended(Outcome::Failed { evidence, .. }) = observed(&o) else {
+        let MemberState::Ended(Outcome::Failed { evidence, .. }) = member(&o).state else {
             panic!("{o:?}")
         };
         let exits: Vec<(&str, i32, &str)> = evidence
@@ -689,7 +820,7 @@ mod evidence_tests {
             "still running"
         );
         let gone = observe(&evicted, 1, 1, true);
-        let Observed::Ended(lost @ Outcome::Lost { .. }) = observed(&gone) else {
+        let MemberState::Ended(lost @ Outcome::Lost { .. }) = member(&gone).state else {
             panic!("{gone:?}")
         };
         let evidence = lost.evidence().unwrap();
