@@ -229,6 +229,7 @@ impl JobController {
                         .operator()?
                         .is_some_and(|(pid, start)| crate::process::is_alive(pid, start)),
             };
+            let decided_ms = cx.now_ms;
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             let grace = lifecycle::action_grace(&action, &row, self.grace);
             match action {
@@ -273,7 +274,8 @@ impl JobController {
                 }
                 Action::StopThen(t) => match self.executor.stop(&self.store, &row, grace).await? {
                     Stop::Gone { forced } => {
-                        self.set(&row, &t.with_notes(&forced))?;
+                        let t = t.with_notes(&forced).written_at(decided_ms, now_ms());
+                        self.set(&row, &t)?;
                     }
                     Stop::Stopping { waiting_on } => {
                         if let Some(t) = waiting_on.and_then(|w| lifecycle::stopping(&row, &w)) {
@@ -292,7 +294,8 @@ impl JobController {
                         if let Stop::Gone { forced } =
                             self.executor.stop(&self.store, &row, grace).await?
                         {
-                            self.set(&row, &t.with_notes(&forced))?;
+                            let t = t.with_notes(&forced).written_at(decided_ms, now_ms());
+                            self.set(&row, &t)?;
                             break;
                         }
                         if start.elapsed() >= REMOVE_CONFIRM {

@@ -347,7 +347,17 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     let _op = support::OperatorProcess::start(
         cp,
         &ns.name,
-        &["--launch-cap", "1", "--max-launch-timeouts", "2"],
+        // A back-off the scheduler's pass after the timeout cannot miss, even on a loaded
+        // machine: the other job is admitted during it (the back-off counts from the stuck
+        // Pod's removal).
+        &[
+            "--launch-cap",
+            "1",
+            "--max-launch-timeouts",
+            "2",
+            "--restart-backoff-seconds",
+            "2",
+        ],
     );
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let stuck = pod_job("stuck", "60s", 3)

@@ -230,6 +230,20 @@ impl Transition {
         self.change = self.change.with_notes(notes);
         self
     }
+
+    /// This transition, decided at `decided_ms` but written only at `now_ms` (both ms since
+    /// epoch), after the stop or removal of the workload it waited for: a back-off it starts
+    /// counts from now, when the workload is gone, not from the decision. Without it a removal
+    /// or a graceful stop that took longer than the back-off ate it, and a job whose launch
+    /// timed out took the launch slot back before the jobs queued behind it (issue 30's CI: a
+    /// 0.2 s back-off spent waiting for a Pod's deletion under load).
+    pub fn written_at(mut self, decided_ms: i64, now_ms: i64) -> Transition {
+        let late = (now_ms - decided_ms).max(0);
+        if let Some(Some(until)) = self.change.backoff_until_ms.as_mut() {
+            *until += late;
+        }
+        self
+    }
 }
 
 /// Checks that `change` applied to `row` keeps both state machines legal ([`edges::check`]):

@@ -1096,3 +1096,42 @@ mod failure_rules_model {
         }
     }
 }
+
+/// A back-off counts from when the workload it waited for is gone: a launch timed out at 10 s
+/// whose Pod took 1.5 s to be removed backs off until 1.5 s + the back-off after the decision,
+/// so the jobs queued behind it get the launch slot meanwhile; a transition written at once
+/// keeps its back-off, and one without a back-off is unchanged.
+#[test]
+fn a_back_off_counts_from_the_removal_not_from_the_decision() {
+    let mut row = pipeline_row();
+    row.phase = JobPhase::Starting;
+    row.schedule_state = ScheduleState::Launching;
+    let t = crate::lifecycle::transitions::launch_timed_out(
+        &row,
+        1,
+        None,
+        "bound to node n, which has not started it",
+        Duration::from_secs(3),
+        3,
+        10_000,
+        Duration::from_millis(200),
+    );
+    assert_eq!(t.change.backoff_until_ms, Some(Some(10_200)));
+    let late = t.clone().written_at(10_000, 11_500);
+    assert_eq!(late.change.backoff_until_ms, Some(Some(11_700)));
+    assert_eq!(late.change.message, t.change.message);
+    assert_eq!(
+        t.clone().written_at(10_000, 10_000).change.backoff_until_ms,
+        Some(Some(10_200))
+    );
+    // A clock that stepped back never shortens it.
+    assert_eq!(
+        t.clone().written_at(10_000, 9_000).change.backoff_until_ms,
+        Some(Some(10_200))
+    );
+    let done = crate::lifecycle::transitions::deadline_exceeded(&row);
+    assert_eq!(
+        done.clone().written_at(0, 5_000).change.backoff_until_ms,
+        done.change.backoff_until_ms
+    );
+}
