@@ -563,27 +563,37 @@ impl Claims {
     async fn execute(&self, namespace: String, step: Step) {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &namespace);
         let started = now_ms();
+        // A request the API has not answered within a renewal period is abandoned and tried
+        // again: one hung request must not hold up every namespace's renewal (the renew loop
+        // waits for all of them) until the renew deadline passes.
+        let limit = self.cfg.timing.renew_every;
         let now = MicroTime(jiff::Timestamp::now());
         let (epoch, result) = match &step {
             Step::Create { epoch } => (
                 *epoch,
-                api.create(
-                    &PostParams::default(),
-                    &self.lease_object(&namespace, *epoch, None, now.clone(), now.clone()),
+                bounded(
+                    limit,
+                    api.create(
+                        &PostParams::default(),
+                        &self.lease_object(&namespace, *epoch, None, now.clone(), now.clone()),
+                    ),
                 )
                 .await,
             ),
             Step::Take { epoch, version } => (
                 *epoch,
-                api.replace(
-                    &self.lease_name,
-                    &PostParams::default(),
-                    &self.lease_object(
-                        &namespace,
-                        *epoch,
-                        Some(version.clone()),
-                        now.clone(),
-                        now.clone(),
+                bounded(
+                    limit,
+                    api.replace(
+                        &self.lease_name,
+                        &PostParams::default(),
+                        &self.lease_object(
+                            &namespace,
+                            *epoch,
+                            Some(version.clone()),
+                            now.clone(),
+                            now.clone(),
+                        ),
                     ),
                 )
                 .await,
@@ -596,15 +606,18 @@ impl Claims {
                     .unwrap_or_else(|| now.clone());
                 (
                     *epoch,
-                    api.replace(
-                        &self.lease_name,
-                        &PostParams::default(),
-                        &self.lease_object(
-                            &namespace,
-                            *epoch,
-                            Some(version.clone()),
-                            acquired,
-                            now.clone(),
+                    bounded(
+                        limit,
+                        api.replace(
+                            &self.lease_name,
+                            &PostParams::default(),
+                            &self.lease_object(
+                                &namespace,
+                                *epoch,
+                                Some(version.clone()),
+                                acquired,
+                                now.clone(),
+                            ),
                         ),
                     )
                     .await,
@@ -800,6 +813,21 @@ impl Claims {
     }
 }
 
+/// `request`, abandoned after `limit` (a failed try, as client-go's leader election bounds each
+/// try by its renew deadline): an abandoned write may still have been applied, which the next
+/// try's compare-and-set finds (409, then the Lease is read again).
+async fn bounded<T>(
+    limit: Duration,
+    request: impl std::future::Future<Output = kube::Result<T>>,
+) -> kube::Result<T> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(
+            format!("the API did not answer within {:.1} s", limit.as_secs_f64()).into(),
+        )),
+    }
+}
+
 /// The loop that takes and renews claims.
 async fn run(claims: Arc<Claims>) {
     loop {
@@ -888,5 +916,26 @@ async fn watch(claims: Arc<Claims>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request the API never answers is a failed try after `limit`, saying so; one that
+    /// answers in time is its answer.
+    #[tokio::test]
+    async fn a_hung_request_is_a_failed_try_after_its_limit() {
+        let limit = Duration::from_millis(100);
+        let started = std::time::Instant::now();
+        let hung = bounded(limit, std::future::pending::<kube::Result<()>>()).await;
+        assert!(started.elapsed() >= limit);
+        let err = hung.expect_err("abandoned");
+        assert!(
+            err.to_string().contains("did not answer within 0.1 s"),
+            "{err}"
+        );
+        assert_eq!(bounded(limit, async { Ok(7) }).await.unwrap(), 7);
     }
 }
