@@ -485,3 +485,75 @@ spec:
     );
     drop(b);
 }
+
+/// A namespace deleted after its owner left (an operator uninstalled, or stopped, before the
+/// namespace finished deleting): its Lease went with it and nobody can create one there any
+/// more. The next operator whose scope it is finishes its jobs (their finalizers released), so
+/// the namespace goes; before, that operator could not take the claim and exited after 30 s,
+/// again and again (the chart's Pod crash-looped on the real node), and the namespace stayed
+/// Terminating for good.
+#[tokio::test]
+async fn a_namespace_deleted_after_its_owner_left_is_finished_by_the_next_operator() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "orphaned").await;
+    let runs = tempfile::NamedTempFile::new().unwrap();
+    let mut first = support::OperatorProcess::start(cp, &ns.name, &[]);
+    for name in ["local", "pod"] {
+        let yaml = if name == "local" {
+            local_job(name, runs.path(), 0.1)
+        } else {
+            pod_job(name, "1s")
+        };
+        create(&client, &ns.name, &yaml, None).await;
+    }
+    all_succeed(&client, &ns.name, &["local".into(), "pod".into()]).await;
+    first.terminate();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(&ns.name, &Default::default())
+        .await
+        .expect("deleting the namespace");
+    // Terminating, held by the jobs' finalizers, its Lease gone.
+    let start = Instant::now();
+    while holder(&client, &ns.name, "managed-jobs-owner")
+        .await
+        .is_some()
+    {
+        assert!(
+            start.elapsed() < T,
+            "the claim's Lease outlived the deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut second = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let start = Instant::now();
+    while namespaces.get_opt(&ns.name).await.unwrap().is_some() {
+        assert!(
+            second.wait_exit(Duration::ZERO).is_none(),
+            "the operator exited:\n{}",
+            second.log()
+        );
+        assert!(
+            start.elapsed() < T,
+            "the namespace is still there:\n{}",
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "a deleted namespace whose owner had left: gone {:.1} s after the next operator started",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        second.log().contains("nobody holds its claim"),
+        "{}",
+        second.log()
+    );
+    assert_eq!(
+        starts(runs.path()).get(&format!("{}/local", ns.name)),
+        Some(&1),
+        "the finished job never ran again"
+    );
+}

@@ -677,10 +677,28 @@ impl Claims {
             Err(kube::Error::Api(r))
                 if matches!(step, Step::Create { .. })
                     && r.code == 403
-                    && r.message.contains("being terminated")
-                    && cell.held.is_some() =>
+                    && r.message.contains("being terminated") =>
             {
-                if !cell.terminating {
+                // Create is tried only where no Lease is seen: nobody holds the claim, and
+                // nobody can make one any more. The last owner finishes the namespace's jobs
+                // (cancels them as the deletion asks, releases their finalizers); when it is
+                // gone (an operator uninstalled before its namespace finished deleting), the
+                // operator that finds it so does, or the namespace would never go.
+                if cell.held.is_none() {
+                    tracing::info!(namespace = %namespace, "namespace {namespace} is being deleted and nobody holds its claim (nobody can any more): this operator finishes its jobs");
+                    cell.held = Some(Held {
+                        epoch,
+                        renewed_ms: started,
+                    });
+                    cell.last_error = None;
+                    let previous = cell.previous;
+                    cell.previous = Some(epoch);
+                    self.emit(ClaimEvent::Acquired {
+                        namespace: namespace.clone(),
+                        epoch,
+                        previous,
+                    });
+                } else if !cell.terminating {
                     tracing::info!(namespace = %namespace, "namespace {namespace} is being deleted and its claim's Lease with it: nobody can claim it any more, so this operator, its last owner, finishes its jobs");
                 }
                 cell.terminating = true;
