@@ -117,7 +117,8 @@ impl LocalExecutor {
         self.state_dir.exit_file(job_id, attempt)
     }
 
-    /// Looks for the attempt: its exit file, else its running process group.
+    /// Looks for the attempt: its exit file, else its running process group, else its exit
+    /// file once more (it may have ended during the search).
     pub fn find(&self, job_id: i64, attempt: i32) -> Found {
         let exit_file = self.exit_file(job_id, attempt);
         if let Some(outcome) = read_exit_file(&exit_file) {
@@ -142,7 +143,13 @@ impl LocalExecutor {
                 });
             }
         }
-        Found::Missing
+        // Read again: an attempt that recorded its end and exited while the processes were
+        // being searched (a read of every command line: long on a busy host) ended, it did not
+        // vanish. Taken for lost, it was run again.
+        match read_exit_file(&exit_file) {
+            Some(outcome) => Found::Exited(outcome),
+            None => Found::Missing,
+        }
     }
 
     /// Every local attempt's wrapper process of this state dir, found by its marker and its
