@@ -643,6 +643,17 @@ impl Claims {
                     return;
                 };
                 let newly = cell.held.as_ref().is_none_or(|h| h.epoch != epoch);
+                // Past its renew deadline the claim read as paused ([`Claims::state`]: jobs
+                // reconciled meanwhile were left for later) even when this pass's tick had not
+                // flagged it yet: a renewal that comes after the deadline resumes it either way,
+                // or a job created in that gap would wait for a change that never comes.
+                let lapsed = cell.held.as_ref().is_some_and(|h| {
+                    !cell.terminating
+                        && now_ms() >= claim::valid_until(h.renewed_ms, &self.cfg.timing)
+                });
+                if lapsed {
+                    cell.paused = true;
+                }
                 cell.held = Some(Held {
                     epoch,
                     renewed_ms: started,

@@ -387,6 +387,11 @@ async fn ensure_crd_served(client: &Client, namespace: Option<&str>) -> anyhow::
     }
 }
 
+/// How often a job this operator may not act on now (its namespace's claim is another's, or
+/// overdue) is looked at again, besides the reconcile of every job when a claim is taken or
+/// renewed again.
+pub const NOT_ACTING_RECHECK: Duration = Duration::from_secs(60);
+
 async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Error> {
     let ns = mj
         .namespace()
@@ -394,8 +399,10 @@ async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Err
     // Another operator's job (it holds the claim on the namespace), or one this operator may
     // not act on now (its claim overdue): left alone, reconciled again once it may
     // (`ownership::handle`). No finalizer is added, no status written, nothing submitted.
+    // Looked at again after [`NOT_ACTING_RECHECK`] too: a job must never depend on one event
+    // to be picked up (each look is a read of the claim in memory, no API request).
     if !op.acts_on(&ns) {
-        return Ok(Action::await_change());
+        return Ok(Action::requeue(NOT_ACTING_RECHECK));
     }
     let uid = mj.uid();
     let api: Api<ManagedJob> = Api::namespaced(op.client.clone(), &ns);
