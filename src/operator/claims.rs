@@ -651,9 +651,6 @@ impl Claims {
                     !cell.terminating
                         && now_ms() >= claim::valid_until(h.renewed_ms, &self.cfg.timing)
                 });
-                if lapsed {
-                    cell.paused = true;
-                }
                 cell.held = Some(Held {
                     epoch,
                     renewed_ms: started,
@@ -663,8 +660,6 @@ impl Claims {
                 cell.told = None;
                 self.update(cell, &namespace, Some(record));
                 self.record_in_store(&namespace, cell, Some(started));
-                let previous = cell.previous;
-                cell.previous = Some(epoch);
                 if newly {
                     tracing::info!(
                         namespace = %namespace,
@@ -672,12 +667,8 @@ impl Claims {
                         lease = %self.lease_name,
                         "claimed the jobs of namespace {namespace}: this operator owns them now"
                     );
-                    self.emit(ClaimEvent::Acquired {
-                        namespace: namespace.clone(),
-                        epoch,
-                        previous,
-                    });
-                } else if cell.paused {
+                    self.announce_acquired(cell, &namespace, epoch);
+                } else if cell.paused || lapsed {
                     cell.paused = false;
                     tracing::info!(namespace = %namespace, "the claim on namespace {namespace} is renewed again: acting on its jobs again");
                     self.emit(ClaimEvent::Resumed {
@@ -702,13 +693,7 @@ impl Claims {
                         renewed_ms: started,
                     });
                     cell.last_error = None;
-                    let previous = cell.previous;
-                    cell.previous = Some(epoch);
-                    self.emit(ClaimEvent::Acquired {
-                        namespace: namespace.clone(),
-                        epoch,
-                        previous,
-                    });
+                    self.announce_acquired(cell, &namespace, epoch);
                 } else if !cell.terminating {
                     tracing::info!(namespace = %namespace, "namespace {namespace} is being deleted and its claim's Lease with it: nobody can claim it any more, so this operator, its last owner, finishes its jobs");
                 }
@@ -807,6 +792,18 @@ impl Claims {
             self.release(&ns, version, epoch).await;
         }
         next
+    }
+
+    /// The claim on `namespace` is this operator's now, at `epoch`: remembered as the store's
+    /// latest, and told ([`ClaimEvent::Acquired`], with the epoch held before) so that the
+    /// namespace's jobs are reconciled.
+    fn announce_acquired(&self, cell: &mut Cell, namespace: &str, epoch: i64) {
+        let previous = cell.previous.replace(epoch);
+        self.emit(ClaimEvent::Acquired {
+            namespace: namespace.to_string(),
+            epoch,
+            previous,
+        });
     }
 
     /// Releases the claim on `namespace` (no job of the shard there any more): nobody holds it,
