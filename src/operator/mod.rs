@@ -294,8 +294,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         if mj.spec.suspend
             && let Some(manager) = suspend_manager(mj)
         {
-            mj.annotations_mut()
-                .insert(SUSPEND_MANAGER.into(), manager);
+            mj.annotations_mut().insert(SUSPEND_MANAGER.into(), manager);
         }
         mj.managed_fields_mut().clear();
         mj.annotations_mut().remove(status_writer::LAST_APPLIED);
