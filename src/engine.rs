@@ -557,6 +557,32 @@ impl Engine {
         Ok(row)
     }
 
+    /// Acts on the job's `spec.suspend` as mirrored ([`lifecycle::suspend_route`]): a job that
+    /// holds no slot is suspended (or resumed) at once, a live job's controller is woken to stop
+    /// its workload. Returns the row after it.
+    pub fn suspend_or_resume(&self, row: JobRow) -> Result<JobRow, StoreError> {
+        match lifecycle::suspend_route(&row) {
+            lifecycle::SuspendRoute::Apply(t) => match self.store().transition(row.id, &t)? {
+                Cas::Applied(r) => {
+                    tracing::info!(job_id = r.id, job = %r.key(), phase = %r.phase, "{}", if r.phase == crate::api::JobPhase::Suspended { "suspended" } else { "resumed" });
+                    self.wake_all();
+                    Ok(*r)
+                }
+                // Admitted meanwhile: its controller sees the suspend.
+                Cas::Conflict(r) => {
+                    self.wake_controller(&r);
+                    Ok(*r)
+                }
+            },
+            lifecycle::SuspendRoute::WakeController => {
+                tracing::info!(job_id = row.id, job = %row.key(), "suspend requested: stopping its workload");
+                self.wake_controller(&row);
+                Ok(row)
+            }
+            lifecycle::SuspendRoute::Nothing => Ok(row),
+        }
+    }
+
     /// A job restored from its status while the engine runs (taken over from another operator,
     /// `docs/design.md#one-owner-per-job`): when it holds a run slot, its job controller is
     /// started, as the start-up sweep does for a rebuilt store.
@@ -1100,7 +1126,15 @@ async fn scheduler_loop(op: Arc<Engine>) {
             .observe(started.elapsed().as_secs_f64());
         match result {
             Ok(r) => {
-                let acted = !r.started.is_empty() || !r.relaunched.is_empty() || r.messages > 0;
+                let acted = !r.started.is_empty()
+                    || !r.relaunched.is_empty()
+                    || !r.preempted.is_empty()
+                    || r.messages > 0;
+                for row in &r.preempted {
+                    op.metrics
+                        .preemption(&row.queue, row.preempted_by.as_deref().unwrap_or(""));
+                    op.wake_controller(row);
+                }
                 for row in r.started {
                     op.spawn_controller(&row);
                 }

@@ -121,6 +121,21 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
                 "Requeued",
                 t.message.as_str().into(),
             )),
+            (Reason::Suspended, _) => events.push(event(
+                EventType::Normal,
+                "Suspended",
+                t.message.as_str().into(),
+            )),
+            (Reason::Resumed, _) => events.push(event(
+                EventType::Normal,
+                "Resumed",
+                t.message.as_str().into(),
+            )),
+            (Reason::Preempted, _) => events.push(event(
+                EventType::Warning,
+                "Preempted",
+                t.message.as_str().into(),
+            )),
             (Reason::ClaimLapsed, _) => events.push(event(
                 EventType::Warning,
                 "ClaimLapsed",

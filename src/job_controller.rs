@@ -246,9 +246,10 @@ impl JobController {
                     {
                         return Ok(Flow::Continue);
                     }
-                    // No create after a cancel, ever: the request may have come since the row
-                    // was read.
-                    if self.store.get(self.job_id)?.cancel_requested {
+                    // No create after a cancel, a suspend or a preemption, ever: the request
+                    // may have come since the row was read.
+                    let now = self.store.get(self.job_id)?;
+                    if now.cancel_requested || lifecycle::stop_requested(&now) {
                         return Ok(Flow::Continue);
                     }
                     match self.executor.launch(&row, attempt).await? {

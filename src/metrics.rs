@@ -45,6 +45,15 @@ pub struct VerbLabel {
     pub verb: String,
 }
 
+/// Label set of a preemption: the victim's queue and the queue that took its run slot.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PreemptionLabel {
+    /// The victim's queue.
+    pub queue: String,
+    /// The queue that took its run slot (the victim's own for a higher priority).
+    pub by: String,
+}
+
 /// Label set with one `reason` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -87,6 +96,8 @@ pub struct Metrics {
     pub controller_exits_total: Family<ReasonLabel, Counter>,
     /// Kubernetes API requests the operator made, by verb.
     pub api_requests_total: Family<VerbLabel, Counter>,
+    /// Preemptions requested, by the victim's queue and the queue that took its slot.
+    pub preemptions_total: Family<PreemptionLabel, Counter>,
     /// Finished jobs whose last Events were not published because their queue was full (Events
     /// are best effort, as in client-go's recorder, which drops beyond 1,000 queued).
     pub events_dropped_total: Counter,
@@ -152,6 +163,7 @@ impl Metrics {
             reconcile_errors_total: Counter::default(),
             controller_exits_total: Family::default(),
             api_requests_total: Family::default(),
+            preemptions_total: Family::default(),
             events_dropped_total: Counter::default(),
             events_refused_total: Counter::default(),
             status_write_failures_total: Counter::default(),
@@ -212,6 +224,11 @@ impl Metrics {
             m.api_requests_total.clone(),
         );
         registry.register(
+            "preemptions",
+            "Preemptions requested by a scheduling pass, by the victim's queue and the queue that took its run slot (spec.preemption)",
+            m.preemptions_total.clone(),
+        );
+        registry.register(
             "events_dropped",
             "Events not published because their queue was full",
             m.events_dropped_total.clone(),
@@ -258,6 +275,16 @@ impl Metrics {
     pub fn api_request(&self, verb: &str) {
         self.api_requests_total
             .get_or_create(&VerbLabel { verb: verb.into() })
+            .inc();
+    }
+
+    /// Counts one preemption of a job of `queue` for queue `by`.
+    pub fn preemption(&self, queue: &str, by: &str) {
+        self.preemptions_total
+            .get_or_create(&PreemptionLabel {
+                queue: queue.into(),
+                by: by.into(),
+            })
             .inc();
     }
 

@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::{DEFAULT_QUEUE, ManagedJobQueue, WaitReason};
+use crate::api::{
+    DEFAULT_QUEUE, ManagedJobQueue, QueuePreemption, ReclaimShare, WaitReason, WithinQueue,
+};
 
 /// The namespaces a queue admits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +57,56 @@ pub struct QueuePolicy {
     pub max_launching: Option<usize>,
     /// The namespaces whose jobs it admits.
     pub admits: Admits,
+    /// When it may stop running jobs to get its share (`spec.preemption`).
+    pub preemption: Preemption,
+}
+
+/// A queue's preemption policy as the scheduler applies it (`spec.preemption`, resolved with
+/// its defaults; `crate::preemption` decides with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    /// Take run slots from queues above their share (`reclaimShare: Any`).
+    pub reclaim_share: bool,
+    /// Stop a lower-priority running job of this queue (`withinQueue: LowerPriority`).
+    pub within_queue: bool,
+    /// A job is taken only after running this long since its attempt started (ms).
+    pub min_run_ms: i64,
+    /// Most preemptions this queue causes in any [`crate::preemption::RATE_WINDOW_MS`].
+    pub max_per_minute: usize,
+}
+
+impl Preemption {
+    /// No preemption at all (the default, and the implicit default queue's).
+    pub const OFF: Preemption = Preemption {
+        reclaim_share: false,
+        within_queue: false,
+        min_run_ms: crate::api::DEFAULT_MIN_RUN_SECONDS as i64 * 1000,
+        max_per_minute: crate::api::DEFAULT_MAX_PREEMPTIONS_PER_MINUTE as usize,
+    };
+
+    /// The policy `spec` (None: unset) asks for, defaults filled in.
+    pub fn of(spec: Option<&QueuePreemption>) -> Preemption {
+        let Some(p) = spec else {
+            return Preemption::OFF;
+        };
+        Preemption {
+            reclaim_share: p.reclaim_share == ReclaimShare::Any,
+            within_queue: p.within_queue == WithinQueue::LowerPriority,
+            min_run_ms: i64::from(
+                p.min_run_seconds
+                    .unwrap_or(crate::api::DEFAULT_MIN_RUN_SECONDS),
+            ) * 1000,
+            max_per_minute: p
+                .max_per_minute
+                .unwrap_or(crate::api::DEFAULT_MAX_PREEMPTIONS_PER_MINUTE)
+                .max(1) as usize,
+        }
+    }
+
+    /// True when the queue may preempt at all.
+    pub fn enabled(&self) -> bool {
+        self.reclaim_share || self.within_queue
+    }
 }
 
 impl QueuePolicy {
@@ -66,6 +118,7 @@ impl QueuePolicy {
             max_running: None,
             max_launching: None,
             admits: Admits::All,
+            preemption: Preemption::OFF,
         }
     }
 }
@@ -121,6 +174,7 @@ impl Queues {
                     max_running: q.spec.max_running.map(|n| n as usize),
                     max_launching: q.spec.max_launching.map(|n| n as usize),
                     admits,
+                    preemption: Preemption::of(q.spec.preemption.as_ref()),
                 },
             );
         }
@@ -336,6 +390,7 @@ mod tests {
                 max_running: Some(0),
                 max_launching: None,
                 admits: Admits::Only(["a".to_string()].into()),
+                preemption: Preemption::OFF,
             },
         );
         let q = Queues::new(objects);

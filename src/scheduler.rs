@@ -200,6 +200,9 @@ pub struct PassResult {
     pub usage: SlotUsage,
     /// Queued jobs whose message changed to say what they wait for.
     pub messages: usize,
+    /// Running jobs chosen as preemption victims ([`crate::preemption::plan`]): the caller must
+    /// wake their process, which stops them.
+    pub preempted: Vec<JobRow>,
 }
 
 /// Queued jobs at the head of each queue whose message a pass keeps saying what they wait for
@@ -315,6 +318,9 @@ pub fn pass_queues(
     };
     let (mut result, touched) =
         admit(store, caps, queues, usage, &mut loads, &waiting_queues, now)?;
+    if result.usage.waiting > 0 && result.usage.alive >= caps.run {
+        result.preempted = preempt(store, caps, queues, &waiting_queues, now)?;
+    }
     if result.usage.waiting > 0 {
         result.messages = tell_heads(
             store,
@@ -329,6 +335,83 @@ pub fn pass_queues(
         )?;
     }
     Ok(result)
+}
+
+/// Chooses and requests preemptions ([`crate::preemption::plan`]) once the run cap is full,
+/// when a queue with waiting jobs may preempt: reads every job holding a run slot (the live
+/// jobs' index), the admissible heads of the queues with waiting jobs (at most the run cap's
+/// worth each) and the recent preemptions (their index); persists each victim's request as a
+/// compare-and-set ([`lifecycle::preempt`]: a job that moved meanwhile is skipped).
+fn preempt(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    waiting_queues: &[String],
+    now: i64,
+) -> Result<Vec<JobRow>, StoreError> {
+    let may = waiting_queues
+        .iter()
+        .any(|q| queues.get(q).is_some_and(|p| p.preemption.enabled()));
+    if !may {
+        return Ok(Vec::new());
+    }
+    let mut states: BTreeMap<String, crate::preemption::QueueState> = BTreeMap::new();
+    let state = |name: &str, policy: &QueuePolicy| crate::preemption::QueueState {
+        name: name.to_string(),
+        weight: policy.weight,
+        max_running: policy.max_running,
+        policy: policy.preemption,
+        held: 0,
+        waiting: Vec::new(),
+        running: Vec::new(),
+        recent: 0,
+    };
+    for (queue, running) in store.live_for_preemption()? {
+        let Some(policy) = queues.get(&queue) else {
+            continue;
+        };
+        let s = states
+            .entry(queue.clone())
+            .or_insert_with(|| state(&queue, policy));
+        s.held += 1;
+        s.running.push(running);
+    }
+    for name in waiting_queues {
+        let Some(policy) = queues.get(name) else {
+            continue;
+        };
+        let only = match &policy.admits {
+            Admits::All => None,
+            Admits::Only(set) => Some(set),
+        };
+        let heads = store.queue_candidates(name, only, caps.run, now)?;
+        if heads.is_empty() {
+            continue;
+        }
+        states
+            .entry(name.clone())
+            .or_insert_with(|| state(name, policy))
+            .waiting = heads.iter().map(|q| q.priority).collect();
+    }
+    for (queue, n) in store.recent_preemptions(now - crate::preemption::RATE_WINDOW_MS)? {
+        if let Some(s) = states.get_mut(&queue) {
+            s.recent = n;
+        }
+    }
+    let states: Vec<_> = states.into_values().collect();
+    let mut out = Vec::new();
+    for v in crate::preemption::plan(&states, caps.run, true, now) {
+        let Some(row) = store.find(v.id)? else {
+            continue;
+        };
+        if let Cas::Applied(row) =
+            store.transition(v.id, &lifecycle::preempt(&row, &v.by, v.within, now))?
+        {
+            tracing::info!(job_id = row.id, job = %row.key(), queue = %row.queue, by = %v.by, "preempting: its run slot goes to queue {}", v.by);
+            out.push(*row);
+        }
+    }
+    Ok(out)
 }
 
 fn policy_room(policy: &QueuePolicy, load: QueueLoad) -> usize {

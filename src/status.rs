@@ -11,6 +11,9 @@
 //!   back to false after it finished (the spec asks for a run that will never happen);
 //! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`);
 //!   a Cancelled job did not complete: `Failed`, reason Cancelled;
+//! - `Suspended` True while `spec.suspend` holds the job (phase Suspended): who set it (the
+//!   field manager) and since when; the job is then not Reconciling (its spec's state reached);
+//! - `Preempted` once a queue took its run slot: True until it runs again, naming the queue;
 //! - `Admitted` (Kueue's word, `docs/design.md#queues`): False while the job waits for a slot,
 //!   its reason saying why (`QueueMissing`, `NamespaceNotAdmitted`, `QueueMaxRunning`,
 //!   `QueueMaxLaunching`, `ShareUsed`, `RunCapReached`, `LaunchCapReached`, `Queued`); True
@@ -63,7 +66,10 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
     // `spec.cancel` back to false means git (or a user) asks again for a run that cannot be.
     let cancelled = p == JobPhase::Cancelled;
     let cancel_reverted = cancelled && !row.spec.cancel && !row.deleting;
-    let reconciling = !p.is_terminal();
+    // A suspended job is as its spec asks (held): not in progress, so a GitOps tool that waits
+    // for its objects is not held by it (kstatus: Current).
+    let suspended = p == JobPhase::Suspended;
+    let reconciling = !p.is_terminal() && !suspended;
     let ready = p == JobPhase::Succeeded || (cancelled && !cancel_reverted);
     let stalled = p.is_failure() || cancel_reverted;
     let message = if cancel_reverted {
@@ -89,7 +95,42 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
         let why = row.failure_reason.as_ref().map_or(reason, |f| f.as_str());
         out.push(condition("Failed", true, why, msg, at, g));
     }
+    if suspended {
+        let since = jiff::Timestamp::from_millisecond(at)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        let who = row
+            .suspended_by
+            .as_deref()
+            .unwrap_or("an unknown field manager");
+        let said = format!("suspended by {who} (spec.suspend) since {since}: {msg}");
+        out.push(condition("Suspended", true, "Suspended", &said, at, g));
+    }
+    if row.preemptions > 0
+        && let (Some(by), Some(when)) = (&row.preempted_by, row.preempted_at_ms)
+    {
+        // True from the preemption until the job runs again.
+        let waiting = !p.is_terminal() && row.running_since_ms.is_none() || row.preempt_requested;
+        let times = match row.preemptions {
+            1 => "once".to_string(),
+            n => format!("{n} times"),
+        };
+        let said = if by == &row.queue {
+            format!(
+                "preempted {times}; latest: a higher-priority job of its queue {by} took its run slot"
+            )
+        } else {
+            format!("preempted {times}; latest: queue {by} took its run slot")
+        };
+        let reason = if by == &row.queue {
+            "WithinQueue"
+        } else {
+            "ReclaimedByQueue"
+        };
+        out.push(condition("Preempted", waiting, reason, &said, when, g));
+    }
     let (admitted, why) = match row.schedule_state {
+        ScheduleState::Inactive if suspended => (false, "Suspended"),
         ScheduleState::Inactive | ScheduleState::Waiting => {
             (false, row.wait_reason.map_or("Queued", |r| r.as_str()))
         }

@@ -91,6 +91,7 @@ fn policy_strategy() -> impl Strategy<Value = QueuePolicy> {
         prop::option::weighted(0.4, prop::collection::btree_set(0usize..3, 0..=2)),
     )
         .prop_map(|(weight, max_running, max_launching, only)| QueuePolicy {
+            preemption: managed_jobs::queues::Preemption::OFF,
             weight,
             max_running,
             max_launching,
@@ -556,6 +557,7 @@ fn a_refused_namespace_waits_forever_while_its_queue_runs_others() {
         max_running: None,
         max_launching: None,
         admits: Admits::Only(["ns0".to_string()].into()),
+        preemption: managed_jobs::queues::Preemption::OFF,
     };
     let mut m = Model::new(Caps { launch: 4, run: 4 }, vec![only_a]);
     for ns in [1, 0, 1, 0] {

@@ -27,8 +27,9 @@ pub use failure::{
     OnPodCondition,
 };
 pub use queue::{
-    DEFAULT_QUEUE, ManagedJobQueue, ManagedJobQueueSpec, ManagedJobQueueStatus, QueueShardStatus,
-    is_queue_name, queue_crd, queue_crd_yaml,
+    DEFAULT_MAX_PREEMPTIONS_PER_MINUTE, DEFAULT_MIN_RUN_SECONDS, DEFAULT_QUEUE, ManagedJobQueue,
+    ManagedJobQueueSpec, ManagedJobQueueStatus, QueuePreemption, QueueShardStatus, ReclaimShare,
+    WithinQueue, is_queue_name, queue_crd, queue_crd_yaml,
 };
 pub use schema::{crd, crd_yaml, status_default};
 pub use states::{ExecutorFacts, ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};

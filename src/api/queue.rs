@@ -60,10 +60,70 @@ pub struct ManagedJobQueueSpec {
     /// job whose namespace the queue does not admit never runs, whatever its spec says: it
     /// waits, saying why.
     pub namespace_selector: LabelSelector,
+    /// When the queue may stop running jobs to get its share (`docs/design.md`, "Stopping
+    /// without failing"). Unset: never (a queue below its share waits for the next free slot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<QueuePreemption>,
 }
 
 fn default_weight() -> u32 {
     1
+}
+
+/// Whether to take another queue's run slots: `Never` (the default) or `Any`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ReclaimShare {
+    /// Wait for the next free slot.
+    #[default]
+    Never,
+    /// While the queue holds fewer run slots than its weighted share of the run cap and has
+    /// admissible waiting jobs, take slots from queues above their share (Kueue's
+    /// `reclaimWithinCohort: Any`, on slots).
+    Any,
+}
+
+/// Whether a waiting job may stop a running job of its own queue: `Never` (the default) or
+/// `LowerPriority`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum WithinQueue {
+    /// Never.
+    #[default]
+    Never,
+    /// A waiting job that finds no free run slot stops a running job of the same queue with a
+    /// lower priority (Kueue's `withinClusterQueue: LowerPriority`).
+    LowerPriority,
+}
+
+/// Default of `spec.preemption.minRunSeconds`: a job that ran less than this is never taken.
+pub const DEFAULT_MIN_RUN_SECONDS: u32 = 60;
+
+/// Default of `spec.preemption.maxPerMinute`.
+pub const DEFAULT_MAX_PREEMPTIONS_PER_MINUTE: u32 = 10;
+
+/// A queue's preemption policy (`spec.preemption`). A victim gets the graceful stop of a
+/// suspend (SIGTERM, its stop grace, SIGKILL) and waits again, first in its own queue, its
+/// restart and recovery budgets untouched; its status and an Event name the queue that took
+/// its slot. Victims: never from a queue at or below its share (nor pushed below it), the
+/// lowest priority first, then the most recently started (the least work lost).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuePreemption {
+    /// Take run slots from queues above their weighted share: `Never` (default) or `Any`.
+    #[serde(default)]
+    pub reclaim_share: ReclaimShare,
+    /// Stop a lower-priority running job of this queue for a higher-priority waiting one:
+    /// `Never` (default) or `LowerPriority`.
+    #[serde(default)]
+    pub within_queue: WithinQueue,
+    /// Seconds a job must have run, since its current attempt started running, before this
+    /// queue may take its slot (default 60): a job that just started, or was just resumed
+    /// after a preemption, is not taken, so no job is preempted twice within this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_run_seconds: Option<u32>,
+    /// Most preemptions this queue causes in any 60 s (default 10): bounds the churn of a
+    /// large backlog arriving at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_per_minute: Option<u32>,
 }
 
 /// What the operator shows of a queue: its counts as this operator instance sees them.
@@ -161,6 +221,19 @@ pub fn queue_crd() -> CustomResourceDefinition {
     props["maxRunning"]["minimum"] = json!(0);
     // A relaunch needs a launch slot of its queue: 0 would strand a recovering job.
     props["maxLaunching"]["minimum"] = json!(1);
+    let preemption = &mut props["preemption"]["properties"];
+    preemption["reclaimShare"]["default"] = json!("Never");
+    preemption["withinQueue"]["default"] = json!("Never");
+    for field in ["minRunSeconds", "maxPerMinute"] {
+        preemption[field]
+            .as_object_mut()
+            .expect("an object")
+            .remove("format");
+    }
+    preemption["minRunSeconds"]["minimum"] = json!(0);
+    preemption["minRunSeconds"]["maximum"] = json!(30 * 24 * 3600);
+    preemption["maxPerMinute"]["minimum"] = json!(1);
+    preemption["maxPerMinute"]["maximum"] = json!(10_000);
     let status = &mut root["properties"]["status"];
     status["description"] = json!(
         "Counts of the queue's jobs, written by the operator at a bounded rate (server-side \

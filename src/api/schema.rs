@@ -42,7 +42,7 @@ pub fn crd() -> CustomResourceDefinition {
          recovered after preemption, restarted after errors and cancelled on request."
     );
     root["properties"]["spec"]["description"] = json!(
-        "What to run and how to treat failures. Immutable after creation except priority and cancel."
+        "What to run and how to treat failures. Immutable after creation except priority, cancel and suspend."
     );
     root["properties"]["status"]["description"] = json!(
         "What the operator observed; written only by the operator. Until the operator has seen \
@@ -152,12 +152,12 @@ fn refine_spec_schema(spec: &mut Value) {
     for field in IMMUTABLE {
         rules.push(rule(
             &format!("has(self.{field}) == has(oldSelf.{field})"),
-            &format!("spec.{field} is immutable after creation (only spec.priority and spec.cancel may change)"),
+            &format!("spec.{field} is immutable after creation (only spec.priority, spec.cancel and spec.suspend may change)"),
         ));
     }
     rules.push(json!({
         "rule": "self.recovery == oldSelf.recovery",
-        "message": "spec.recovery is immutable after creation (only spec.priority and spec.cancel may change)",
+        "message": "spec.recovery is immutable after creation (only spec.priority, spec.cancel and spec.suspend may change)",
     }));
     rules.push(rule(
         &format!(
@@ -218,7 +218,7 @@ fn refine_spec_schema(spec: &mut Value) {
     let props = &mut spec["properties"];
     for field in IMMUTABLE {
         let message = format!(
-            "spec.{field} is immutable after creation (only spec.priority and spec.cancel may change)"
+            "spec.{field} is immutable after creation (only spec.priority, spec.cancel and spec.suspend may change)"
         );
         props[field]["x-kubernetes-validations"] = json!([rule("self == oldSelf", &message)]);
     }
@@ -242,6 +242,7 @@ fn refine_spec_schema(spec: &mut Value) {
     props["priority"]["maximum"] = json!(1000);
     props["priority"]["default"] = json!(0);
     props["cancel"]["default"] = json!(false);
+    props["suspend"]["default"] = json!(false);
     props["activeDeadlineSeconds"]["minimum"] = json!(1);
     props["launchTimeoutSeconds"]["minimum"] = json!(1);
     props["ttlSecondsAfterFinished"]["minimum"] = json!(0);
@@ -539,7 +540,7 @@ fn pod_template_schema(field: &str) -> Value {
         "type": "object",
         "x-kubernetes-validations": [rule(
             "self == oldSelf",
-            "spec.template is immutable after creation (only spec.priority and spec.cancel may change)",
+            "spec.template is immutable after creation (only spec.priority, spec.cancel and spec.suspend may change)",
         )],
         "properties": {
             "metadata": {

@@ -23,6 +23,8 @@ pub enum TaskPhase {
     Recovering,
     /// Being stopped by a cancel.
     Cancelling,
+    /// Held by `spec.suspend` while it was the current task: not running, resumed when the job is.
+    Suspended,
     /// Its workload exited 0.
     Succeeded,
     /// Cancelled while it was the current task.
@@ -50,6 +52,7 @@ impl TaskPhase {
             JobPhase::Running => TaskPhase::Running,
             JobPhase::Recovering => TaskPhase::Recovering,
             JobPhase::Cancelling => TaskPhase::Cancelling,
+            JobPhase::Suspended => TaskPhase::Suspended,
             JobPhase::Succeeded => TaskPhase::Succeeded,
             JobPhase::Cancelled => TaskPhase::Cancelled,
             JobPhase::Failed => TaskPhase::Failed,
@@ -69,6 +72,7 @@ impl TaskPhase {
                 | TaskPhase::Running
                 | TaskPhase::Recovering
                 | TaskPhase::Cancelling
+                | TaskPhase::Suspended
         )
     }
 }
@@ -91,6 +95,9 @@ pub enum JobPhase {
     Succeeded,
     /// Cancel requested; the workload is being stopped.
     Cancelling,
+    /// Held by `spec.suspend`: not admitted, or stopped gracefully and its run slot given back;
+    /// it waits again once `spec.suspend` is false. Not terminal.
+    Suspended,
     /// Cancelled and cleaned up.
     Cancelled,
     /// The workload failed and its restart budget is spent.
@@ -107,7 +114,7 @@ pub enum JobPhase {
 
 impl JobPhase {
     /// Every phase, in SkyPilot's order.
-    pub const ALL: [JobPhase; 13] = [
+    pub const ALL: [JobPhase; 14] = [
         JobPhase::Pending,
         JobPhase::Submitted,
         JobPhase::Starting,
@@ -115,6 +122,7 @@ impl JobPhase {
         JobPhase::Recovering,
         JobPhase::Succeeded,
         JobPhase::Cancelling,
+        JobPhase::Suspended,
         JobPhase::Cancelled,
         JobPhase::Failed,
         JobPhase::FailedSetup,
@@ -150,6 +158,7 @@ impl JobPhase {
             JobPhase::Recovering => "Recovering",
             JobPhase::Succeeded => "Succeeded",
             JobPhase::Cancelling => "Cancelling",
+            JobPhase::Suspended => "Suspended",
             JobPhase::Cancelled => "Cancelled",
             JobPhase::Failed => "Failed",
             JobPhase::FailedSetup => "FailedSetup",
@@ -177,7 +186,8 @@ impl fmt::Display for JobPhase {
 /// Inactive/Waiting may go straight to Done when cancelled. Nothing leaves Done.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum ScheduleState {
-    /// Known to the store, not yet submitted to the scheduler.
+    /// Known to the store, not yet submitted to the scheduler; or suspended (`spec.suspend`,
+    /// phase Suspended): never admitted until resumed.
     Inactive,
     /// Queued for its first launch.
     Waiting,
@@ -343,11 +353,14 @@ pub enum WaitReason {
     /// Admitted at the next scheduling pass (or in a back-off after its Pod waited too long for
     /// a node).
     Queued,
+    /// Preempted: another queue below its share (or a higher priority of its own queue) took
+    /// its run slot; it waits again, first in its queue.
+    Preempted,
 }
 
 impl WaitReason {
     /// Every reason.
-    pub const ALL: [WaitReason; 8] = [
+    pub const ALL: [WaitReason; 9] = [
         WaitReason::QueueMissing,
         WaitReason::NamespaceNotAdmitted,
         WaitReason::QueueMaxRunning,
@@ -356,6 +369,7 @@ impl WaitReason {
         WaitReason::RunCapReached,
         WaitReason::LaunchCapReached,
         WaitReason::Queued,
+        WaitReason::Preempted,
     ];
 
     /// The CamelCase name, as stored and shown.
@@ -365,6 +379,7 @@ impl WaitReason {
             WaitReason::NamespaceNotAdmitted => "NamespaceNotAdmitted",
             WaitReason::QueueMaxRunning => "QueueMaxRunning",
             WaitReason::QueueMaxLaunching => "QueueMaxLaunching",
+            WaitReason::Preempted => "Preempted",
             WaitReason::ShareUsed => "ShareUsed",
             WaitReason::RunCapReached => "RunCapReached",
             WaitReason::LaunchCapReached => "LaunchCapReached",

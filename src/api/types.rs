@@ -116,6 +116,15 @@ pub struct ManagedJobSpec {
     /// cancel reverted in git), which changes nothing.
     #[serde(default)]
     pub cancel: bool,
+    /// Set to true to hold the job without failing it (`docs/design.md`, "Stopping without
+    /// failing"): a waiting job is not admitted and keeps its place; a running one is stopped
+    /// gracefully (SIGTERM, the stop grace of `terminationGracePeriodSeconds`, then SIGKILL)
+    /// and gives its run slot back. Either way it shows phase `Suspended`. Back to false, it
+    /// waits again ahead of the jobs created after it, its restart and recovery budgets and its
+    /// attempt history untouched (the stopped attempt is recorded as `Suspended`). Mutable at
+    /// any time; a finished job ignores it.
+    #[serde(default)]
+    pub suspend: bool,
     /// Seconds the job may run, counted from its first start; past it the job is stopped and
     /// Failed with reason DeadlineExceeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]

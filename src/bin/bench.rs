@@ -351,6 +351,7 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
                         max_running: None,
                         max_launching: None,
                         admits: Admits::Only([format!("team-{q}")].into()),
+                        preemption: managed_jobs::queues::Preemption::OFF,
                     };
                     (format!("queue-{q}"), policy)
                 })

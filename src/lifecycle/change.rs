@@ -72,6 +72,15 @@ pub struct Change {
     pub(in crate::lifecycle) attempt_record: Option<AttemptStatus>,
     /// New count of a multi-node job's ready members (`3/4`).
     pub(in crate::lifecycle) ready_nodes: Option<Option<String>>,
+    /// Choose the job as a preemption victim of this queue, decided at this time (ms since
+    /// epoch): `preempt_requested`, `preempted_by`, `preempted_at_ms` and one more preemption.
+    pub(in crate::lifecycle) preempt: Option<(String, i64)>,
+    /// The preemption was carried out (or overtaken by a suspend or a cancel): clear
+    /// `preempt_requested`.
+    pub(in crate::lifecycle) preempt_done: bool,
+    /// The current attempt's workload stopped running (a stop that requeues the job): clear
+    /// `running_since_ms`.
+    pub(in crate::lifecycle) stopped_running: bool,
 }
 
 /// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
@@ -115,6 +124,9 @@ impl Change {
             ignored_count: None,
             attempt_record: None,
             ready_nodes: None,
+            preempt: None,
+            preempt_done: false,
+            stopped_running: false,
         }
     }
 
@@ -347,6 +359,21 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     }
     if change.started_now && after.started_at_ms.is_none() {
         after.started_at_ms = Some(now);
+    }
+    if change.started_now {
+        after.running_since_ms = Some(now);
+    }
+    if change.stopped_running {
+        after.running_since_ms = None;
+    }
+    if let Some((queue, at)) = &change.preempt {
+        after.preempt_requested = true;
+        after.preempted_by = Some(queue.clone());
+        after.preempted_at_ms = Some(*at);
+        after.preemptions += 1;
+    }
+    if change.preempt_done {
+        after.preempt_requested = false;
     }
     if let Some(task) = change.task_index {
         after.task_index = task;

@@ -51,10 +51,12 @@ impl Expect {
 /// The legal edges of the schedule state machine: the main line
 /// `Inactive -> Waiting -> Launching -> Alive`, a relaunch `Alive -> AliveWaiting -> Launching`,
 /// a launch lost before it ran `Launching -> AliveWaiting`, a run slot given back by a Pod no
-/// node took `Alive -> Waiting` ([`super::transitions::node_wait_timed_out`]), and `Done` from
-/// anything not Done ([`legal_schedule_edge`]). A change of phase alone is a self edge.
-/// Nothing leaves `Done`.
-pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 7] = [
+/// node took `Alive -> Waiting` ([`super::transitions::node_wait_timed_out`]), a preemption
+/// carried out (`Launching | AliveWaiting -> Waiting` besides that one,
+/// [`super::transitions::preempted`]), a suspend (any state not Done `-> Inactive`,
+/// [`super::transitions::suspended`]), and `Done` from anything not Done
+/// ([`legal_schedule_edge`]). A change of phase alone is a self edge. Nothing leaves `Done`.
+pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 13] = [
     (ScheduleState::Inactive, ScheduleState::Waiting),
     (ScheduleState::Waiting, ScheduleState::Launching),
     (ScheduleState::Launching, ScheduleState::Alive),
@@ -62,6 +64,12 @@ pub const SCHEDULE_EDGES: [(ScheduleState, ScheduleState); 7] = [
     (ScheduleState::Alive, ScheduleState::AliveWaiting),
     (ScheduleState::AliveWaiting, ScheduleState::Launching),
     (ScheduleState::Alive, ScheduleState::Waiting),
+    (ScheduleState::Launching, ScheduleState::Waiting),
+    (ScheduleState::AliveWaiting, ScheduleState::Waiting),
+    (ScheduleState::Waiting, ScheduleState::Inactive),
+    (ScheduleState::Launching, ScheduleState::Inactive),
+    (ScheduleState::Alive, ScheduleState::Inactive),
+    (ScheduleState::AliveWaiting, ScheduleState::Inactive),
 ];
 
 /// True when the schedule state may move `from -> to` ([`SCHEDULE_EDGES`], self edges, and
@@ -92,8 +100,11 @@ pub fn legal_schedule_edge(from: ScheduleState, to: ScheduleState) -> bool {
 ///   (`Cancelling -> Cancelled`), and a job whose controller kept crashing while it was
 ///   cancelled (`Cancelling -> FailedController`);
 /// - a store that lost the job finding a final status on its object keeps it
-///   (`Pending -> Succeeded | Cancelled`, [`super::submit`]).
-pub const PHASE_EDGES: [(JobPhase, JobPhase); 22] = [
+///   (`Pending -> Succeeded | Cancelled`, [`super::submit`]);
+/// - a suspend (`Pending | Submitted | Starting | Running | Recovering -> Suspended`), its
+///   resume (`Suspended -> Pending`), a suspended job cancelled (`Suspended -> Cancelled`), and
+///   a preemption carried out before the first launch was recorded (`Submitted -> Pending`).
+pub const PHASE_EDGES: [(JobPhase, JobPhase); 30] = [
     (JobPhase::Pending, JobPhase::Submitted),
     (JobPhase::Pending, JobPhase::Starting),
     (JobPhase::Submitted, JobPhase::Starting),
@@ -116,6 +127,14 @@ pub const PHASE_EDGES: [(JobPhase, JobPhase); 22] = [
     (JobPhase::Submitted, JobPhase::Succeeded),
     (JobPhase::Pending, JobPhase::Cancelled),
     (JobPhase::Cancelling, JobPhase::Cancelled),
+    (JobPhase::Pending, JobPhase::Suspended),
+    (JobPhase::Submitted, JobPhase::Suspended),
+    (JobPhase::Starting, JobPhase::Suspended),
+    (JobPhase::Running, JobPhase::Suspended),
+    (JobPhase::Recovering, JobPhase::Suspended),
+    (JobPhase::Suspended, JobPhase::Pending),
+    (JobPhase::Suspended, JobPhase::Cancelled),
+    (JobPhase::Submitted, JobPhase::Pending),
 ];
 
 /// True when the phase may move `from -> to`: a self edge, an edge of [`PHASE_EDGES`], any
@@ -134,15 +153,18 @@ pub fn legal_phase_edge(from: JobPhase, to: JobPhase) -> bool {
 }
 
 /// True when a job may be in `phase` and `schedule` together (`cancel_requested`: its cancel
-/// is persisted): Done exactly with a terminal phase; Inactive and Waiting only while Pending,
-/// and Pending only queued or being admitted (Inactive, Waiting, Launching); Submitted (a
+/// is persisted): Done exactly with a terminal phase; Inactive only while Pending or Suspended,
+/// Waiting only while Pending, Suspended only Inactive, and Pending only queued or being
+/// admitted (Inactive, Waiting, Launching); Submitted (a
 /// controller runs, the first launch is not recorded) only holding or asking for its first
 /// launch slot (Launching, AliveWaiting after a lost store); Cancelling only after a persisted
 /// cancel request.
 pub fn legal_state(phase: JobPhase, schedule: ScheduleState, cancel_requested: bool) -> bool {
     (schedule == ScheduleState::Done) == phase.is_terminal()
-        && (!matches!(schedule, ScheduleState::Inactive | ScheduleState::Waiting)
-            || phase == JobPhase::Pending)
+        && (schedule != ScheduleState::Waiting || phase == JobPhase::Pending)
+        && (schedule != ScheduleState::Inactive
+            || matches!(phase, JobPhase::Pending | JobPhase::Suspended))
+        && (phase != JobPhase::Suspended || schedule == ScheduleState::Inactive)
         && (phase != JobPhase::Pending
             || matches!(
                 schedule,

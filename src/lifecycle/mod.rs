@@ -66,6 +66,7 @@ pub use clock::{MAX_BACKOFF, backoff, earliest, now_ms};
 pub use deadlines::stop_grace;
 pub use decide::{
     Action, AfterRefusal, Context, action_grace, after_refusal, in_backoff, next_action, observes,
+    stop_requested,
 };
 pub use edges::{
     Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,
@@ -80,13 +81,14 @@ pub use rules::{Decision, Verdict};
 pub use submit::{Submission, submission};
 pub use supervise::{
     AfterSpawnFailure, AtStart, CancelRoute, ControllerBuild, ControllerExit, ExitSeen, Liveness,
-    SpawnFailure, StopAfterGiveUp, after_spawn_failure, at_start, cancel_route, controller_exited,
-    needs_controller, stop_after_give_up, stops_before_migration,
+    SpawnFailure, StopAfterGiveUp, SuspendRoute, after_spawn_failure, at_start, cancel_route,
+    controller_exited, needs_controller, stop_after_give_up, stops_before_migration, suspend_route,
 };
 pub use transitions::{
     admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, claim_lapsed,
     controller_gave_up, controller_resumed, controller_start_failed, controller_started,
     current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out,
-    node_wait_timed_out, nodes_ready, queued, queued_message, reason_and_message, running,
-    starting, stopping, terminating, unschedulable, waiting_to_start,
+    node_wait_timed_out, nodes_ready, preempt, preempted, queued, queued_message,
+    reason_and_message, resumed, running, starting, stopping, suspend_queued, suspended,
+    terminating, unschedulable, waiting_to_start,
 };

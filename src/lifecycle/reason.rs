@@ -67,11 +67,23 @@ pub enum Reason {
     /// (another operator may own the job now, `lifecycle::claim`): -> Recovering, a relaunch
     /// counted in no budget, once the claim is renewed.
     ClaimLapsed,
+    /// `spec.suspend` held the job: a waiting one left the queue, a running one was stopped
+    /// gracefully and gave its run slot back (-> Suspended + Inactive).
+    Suspended,
+    /// `spec.suspend` went back to false: the job waits again in its place (Suspended +
+    /// Inactive -> Pending + Waiting).
+    Resumed,
+    /// A scheduling pass chose the job as a preemption victim: another queue below its share
+    /// (or a higher priority of its own queue) takes its run slot; its controller stops it.
+    PreemptionRequested,
+    /// The victim's workload was stopped gracefully and the job waits again, first in its
+    /// queue, its budgets untouched (-> Pending + Waiting).
+    Preempted,
 }
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 31] = [
         Reason::Created,
         Reason::Submitted,
         Reason::KeptFinalStatus,
@@ -99,6 +111,10 @@ impl Reason {
         Reason::Requeued,
         Reason::Queued,
         Reason::ClaimLapsed,
+        Reason::Suspended,
+        Reason::Resumed,
+        Reason::PreemptionRequested,
+        Reason::Preempted,
     ];
 
     /// The CamelCase name stored in the history.
@@ -131,6 +147,10 @@ impl Reason {
             Reason::Requeued => "Requeued",
             Reason::Queued => "Queued",
             Reason::ClaimLapsed => "ClaimLapsed",
+            Reason::Suspended => "Suspended",
+            Reason::Resumed => "Resumed",
+            Reason::PreemptionRequested => "PreemptionRequested",
+            Reason::Preempted => "Preempted",
         }
     }
 

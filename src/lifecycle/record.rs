@@ -361,6 +361,22 @@ job_record! {
         /// A multi-node job's members of the current attempt that run (or have succeeded), of
         /// its nodes, as `status.readyNodes` shows them (`3/4`); None for a job without `nodes`.
         State ready_nodes: Option<String> = None,
+        /// Who last set `spec.suspend` (the field manager that owns it in `managedFields`,
+        /// e.g. `kubectl-patch`, `kustomize-controller`); None when unknown.
+        State suspended_by: Option<String> = None,
+        /// A scheduling pass chose the job as a preemption victim (persisted so it survives
+        /// crashes): its job controller stops its workload gracefully and requeues it.
+        State preempt_requested: bool = false,
+        /// The queue that took the job's run slot at its latest preemption.
+        State preempted_by: Option<String> = None,
+        /// When its latest preemption was decided (ms since epoch): the preempting queue's rate
+        /// limit counts these.
+        State preempted_at_ms: Option<i64> = None,
+        /// How many times the job was preempted.
+        State preemptions: i32 = 0,
+        /// When the current attempt's workload began to run (ms since epoch); None while it
+        /// does not run. A queue's `minRunSeconds` counts from here.
+        State running_since_ms: Option<i64> = None,
     }
 }
 

@@ -38,8 +38,16 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
         .map(|r| Pending::of_action(&r.action));
     let (schedule, attempt, launched_attempt) = if phase.is_terminal() {
         (ScheduleState::Done, started, started)
-    } else if phase == JobPhase::Pending {
-        (ScheduleState::Waiting, 0, 0)
+    } else if matches!(phase, JobPhase::Pending | JobPhase::Suspended) {
+        // Queued, or held by spec.suspend: after a suspend or a preemption its next attempt
+        // follows the ones that started (none of it launched).
+        let schedule = if phase == JobPhase::Suspended {
+            ScheduleState::Inactive
+        } else {
+            ScheduleState::Waiting
+        };
+        let next = if started > 0 { started + 1 } else { 0 };
+        (schedule, next, started)
     } else if pending.is_some() {
         (ScheduleState::AliveWaiting, started + 1, started)
     } else {

@@ -6,7 +6,9 @@
 //! - `KeptFinalStatus`: its object already shows a final status (the store lost the job, e.g.
 //!   a new state dir): it is stored Done with that status and never runs again;
 //! - `Failed` (`InvalidSpec`): otherwise, a spec that fails the checks the API schema cannot
-//!   express ends FailedPrecheck; nothing runs.
+//!   express ends FailedPrecheck; nothing runs;
+//! - `Suspended`: otherwise, a spec created with `suspend: true` is held at once (Suspended +
+//!   Inactive), its place in the queue kept for when it is resumed.
 
 use crate::api::{JobPhase, ManagedJobStatus, ScheduleState, validate_spec};
 
@@ -14,7 +16,7 @@ use super::change::apply;
 use super::edges::{IllegalTransition, check};
 use super::reason::{Failure, Reason};
 use super::record::{JobRow, Object, Step};
-use super::transitions::invalid_spec;
+use super::transitions::{invalid_spec, suspend_queued};
 
 /// The message of a job just queued.
 pub const QUEUED: &str = "queued: waiting to be admitted";
@@ -82,6 +84,11 @@ pub fn submission(
         let failed = apply(&record, &invalid_spec(&record, why).change, now_ms)?;
         let message = failed.message.clone();
         step(&mut record, failed, Reason::Failed, &message);
+    } else if object.spec.suspend && !object.spec.cancel {
+        // Created suspended (e.g. from git): it never waits for admission until resumed.
+        let held = apply(&record, &suspend_queued(&record).change, now_ms)?;
+        let message = held.message.clone();
+        step(&mut record, held, Reason::Suspended, &message);
     }
     Ok(Submission { record, steps })
 }

@@ -38,6 +38,37 @@ pub fn cancel_route(row: &JobRow) -> CancelRoute {
     }
 }
 
+/// What the operator does with a job's `spec.suspend` as mirrored (`docs/design.md`,
+/// "Stopping without failing").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SuspendRoute {
+    /// Write this: a job that holds no slot is suspended at once ([`t::suspend_queued`]), or a
+    /// suspended job whose `spec.suspend` is false again waits again ([`t::resumed`]). A
+    /// conflict means it moved meanwhile (admitted: its controller sees the suspend).
+    Apply(Box<Transition>),
+    /// It holds a run slot: wake its controller, which stops its workload ([`t::suspended`]).
+    WakeController,
+    /// Nothing to do: as asked already, Done, or being cancelled (a cancel comes first).
+    Nothing,
+}
+
+/// The route of `row`'s `spec.suspend` (read after the store mirrored it).
+pub fn suspend_route(row: &JobRow) -> SuspendRoute {
+    use crate::api::JobPhase;
+    if row.schedule_state == ScheduleState::Done || row.cancel_requested {
+        return SuspendRoute::Nothing;
+    }
+    match (row.spec.suspend, row.phase, row.schedule_state) {
+        (true, JobPhase::Suspended, _) => SuspendRoute::Nothing,
+        (true, _, ScheduleState::Inactive | ScheduleState::Waiting) => {
+            SuspendRoute::Apply(Box::new(t::suspend_queued(row)))
+        }
+        (true, _, _) => SuspendRoute::WakeController,
+        (false, JobPhase::Suspended, _) => SuspendRoute::Apply(Box::new(t::resumed(row))),
+        (false, _, _) => SuspendRoute::Nothing,
+    }
+}
+
 /// What the operator does when a job's controller process (`pid`) exited.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControllerExit {

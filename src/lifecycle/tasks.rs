@@ -113,7 +113,10 @@ pub fn follow(before: &JobRow, after: &mut JobRow, written: Written<'_>, now_ms:
     }
     let launched = after.launched_attempt >= after.task_first_attempt;
     let rec = &mut after.tasks[now];
-    rec.phase = if launched || after.phase.is_terminal() || after.phase == JobPhase::Cancelling {
+    rec.phase = if launched
+        || after.phase.is_terminal()
+        || matches!(after.phase, JobPhase::Cancelling | JobPhase::Suspended)
+    {
         TaskPhase::of_job(after.phase)
     } else {
         TaskPhase::Pending

@@ -103,12 +103,12 @@ pub fn controller_gave_up(row: &JobRow, crashes: i64) -> Transition {
     t
 }
 
-/// A cancel of a job that was never admitted (Pending + Inactive/Waiting): Cancelled at once,
+/// A cancel of a job that holds no slot (Pending + Inactive/Waiting, or Suspended): Cancelled at once,
 /// no process runs. A conflict means it was admitted meanwhile; its controller cancels it.
 pub fn cancel_queued(_row: &JobRow) -> Transition {
     Transition::new(
         Expect {
-            phases: vec![JobPhase::Pending],
+            phases: vec![JobPhase::Pending, JobPhase::Suspended],
             schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
         },
         Change::because(Reason::Cancelled)
@@ -780,4 +780,165 @@ pub fn cancelled(row: &JobRow) -> Transition {
         Expect::exactly(JobPhase::Cancelling, row.schedule_state),
         change,
     )
+}
+
+// ---- stopping without failing: suspend, resume, preemption -----------------------------------
+
+/// Who suspended the job, as its messages and its `Suspended` condition say it.
+fn suspended_by(row: &JobRow) -> String {
+    match &row.suspended_by {
+        Some(who) => format!("spec.suspend set by {who}"),
+        None => "spec.suspend".to_string(),
+    }
+}
+
+/// `spec.suspend` holds a job that holds no run slot (Pending + Inactive/Waiting): Suspended +
+/// Inactive at once, out of the queue, its place (`queued_at_ms`) kept. A conflict means it was
+/// admitted meanwhile: its controller stops it ([`suspended`]).
+pub fn suspend_queued(row: &JobRow) -> Transition {
+    Transition::new(
+        Expect {
+            phases: vec![JobPhase::Pending],
+            schedule: vec![ScheduleState::Inactive, ScheduleState::Waiting],
+        },
+        Change::because(Reason::Suspended)
+            .to(JobPhase::Suspended, ScheduleState::Inactive)
+            .message(format!(
+                "suspended ({}) before it was admitted: it keeps its place in queue {} and waits again once spec.suspend is false",
+                suspended_by(row),
+                row.queue
+            )),
+    )
+}
+
+/// `spec.suspend` went back to false: the suspended job waits again (Pending + Waiting) in the
+/// place it had (`queued_at_ms`: its creation), ahead of the jobs created after it; its attempt,
+/// budgets and history are as the suspend left them.
+pub fn resumed(row: &JobRow) -> Transition {
+    let mut change = Change::because(Reason::Resumed)
+        .to(JobPhase::Pending, ScheduleState::Waiting)
+        .message(format!(
+            "resumed (spec.suspend is false): waiting to be admitted in queue {}, ahead of the jobs created after it",
+            row.queue
+        ));
+    change.wait_reason = Some(WaitReason::Queued);
+    Transition::new(
+        Expect::exactly(JobPhase::Suspended, ScheduleState::Inactive),
+        change,
+    )
+}
+
+/// What a stop that requeues the job (a suspend, a preemption) writes besides its phase and
+/// schedule state: the stopped attempt's record (`action` Suspended or Preempted, only if it was
+/// launched), the next attempt (not launched: the next admission launches it), no workload, no
+/// controller (it exits; the next admission starts one), the launch clocks cleared. Restart,
+/// recovery and ignore counts and the back-off are untouched: the job did not fail.
+fn requeued_by_stop(row: &JobRow, reason: Reason, action: &str, message: String) -> Change {
+    let attempt = row.current_attempt();
+    let launched = row.launched_attempt >= attempt;
+    let (phase, schedule) = if reason == Reason::Suspended {
+        (JobPhase::Suspended, ScheduleState::Inactive)
+    } else {
+        (JobPhase::Pending, ScheduleState::Waiting)
+    };
+    let mut change = Change::because(reason).to(phase, schedule).message(message);
+    if launched {
+        change.attempt = Some(attempt + 1);
+        change.attempt_record = Some(AttemptStatus {
+            attempt,
+            rank: None,
+            task: current_task(row).name.map(str::to_string),
+            exit_code: None,
+            reason: action.to_string(),
+            rule: String::new(),
+            action: action.to_string(),
+            finished_at: None,
+        });
+    }
+    change.controller = Some(None);
+    change.workload = Some(None);
+    change.launch_clock = Some(LaunchClock::Clear);
+    change.node_wait = Some(LaunchClock::Clear);
+    change.stopped_running = true;
+    change.preempt_done = true;
+    if current_task(row).nodes.is_some() {
+        change.ready_nodes = Some(None);
+    }
+    change
+}
+
+/// The suspended job's workloads are stopped (SIGTERM, its stop grace, SIGKILL; nothing if none
+/// was launched): Suspended + Inactive, its run slot given back; the stopped attempt recorded as
+/// `Suspended` ([`requeued_by_stop`]). A preemption under way is overtaken by it.
+pub fn suspended(row: &JobRow) -> Transition {
+    let shown = task_attempt(row, row.current_attempt());
+    let what = if row.launched_attempt >= row.current_attempt() {
+        format!("attempt {shown} was stopped gracefully and its run slot given back")
+    } else {
+        "its run slot was given back before it launched".to_string()
+    };
+    let change = requeued_by_stop(
+        row,
+        Reason::Suspended,
+        "Suspended",
+        format!(
+            "suspended ({}): {what}; it waits again, ahead of the jobs created after it, once spec.suspend is false (restarts {} and recoveries {} unchanged)",
+            suspended_by(row),
+            row.restart_count,
+            row.recovery_count
+        ),
+    );
+    Transition::new(Expect::unchanged(row), change)
+}
+
+/// A scheduling pass chose the running job as a victim of queue `by` at `now_ms` (`within`: a
+/// higher priority of its own queue): persisted, so its controller (woken) stops it even after
+/// a crash. The status says which queue takes its slot; nothing else changes until the stop.
+pub fn preempt(_row: &JobRow, by: &str, within: bool, now_ms: i64) -> Transition {
+    let why = if within {
+        format!("a higher-priority job of its queue {by} takes its run slot")
+    } else {
+        format!("queue {by}, below its share of the run cap, takes its run slot")
+    };
+    let mut change = Change::because(Reason::PreemptionRequested).message(format!(
+        "preempting: {why}; stopping its workload gracefully (SIGTERM, its grace, SIGKILL), then it waits again, first in its queue"
+    ));
+    change.preempt = Some((by.to_string(), now_ms));
+    Transition::new(
+        Expect {
+            phases: vec![JobPhase::Running],
+            schedule: vec![ScheduleState::Alive],
+        },
+        change,
+    )
+}
+
+/// The victim's workloads are stopped: Pending + Waiting, in its place (first in its queue among
+/// the jobs created after it), its restart and recovery budgets untouched, the stopped attempt
+/// recorded as `Preempted` ([`requeued_by_stop`]).
+pub fn preempted(row: &JobRow) -> Transition {
+    let shown = task_attempt(row, row.current_attempt());
+    let by = row.preempted_by.as_deref().unwrap_or("another queue");
+    let ran = match (row.running_since_ms, row.preempted_at_ms) {
+        (Some(from), Some(at)) if at >= from => {
+            format!(" after running {:.0} s", (at - from) as f64 / 1000.0)
+        }
+        _ => String::new(),
+    };
+    let taker = if Some(by) == Some(row.queue.as_str()) {
+        format!("a higher-priority job of its queue {by} took its run slot")
+    } else {
+        format!("queue {by} took its run slot")
+    };
+    let mut change = requeued_by_stop(
+        row,
+        Reason::Preempted,
+        "Preempted",
+        format!(
+            "preempted: {taker}; attempt {shown} was stopped gracefully{ran}; waiting again, first in its queue (restarts {} and recoveries {} unchanged)",
+            row.restart_count, row.recovery_count
+        ),
+    );
+    change.wait_reason = Some(WaitReason::Preempted);
+    Transition::new(Expect::unchanged(row), change)
 }

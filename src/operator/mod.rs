@@ -538,6 +538,17 @@ impl Operator {
         if mj.spec.cancel && (up.inserted || !row.cancel_requested) {
             row = self.engine.cancel(row, false)?;
         }
+        // spec.suspend: who set it (the status names them), then held or resumed as it asks.
+        if !row.cancel_requested && row.schedule_state != ScheduleState::Done {
+            let who = mj.spec.suspend.then(|| suspend_manager(mj)).flatten();
+            if mj.spec.suspend && who.is_some() && who != row.suspended_by {
+                self.engine
+                    .store()
+                    .note_suspended_by(row.id, who.as_deref())?;
+                row.suspended_by = who;
+            }
+            row = self.engine.suspend_or_resume(row)?;
+        }
         // A new job its queue cannot take (no such queue, its namespace refused) says so in its
         // first status; the scheduling passes keep the head of each queue told.
         if up.inserted
@@ -608,4 +619,20 @@ impl Operator {
         // job is Done (the status write of the final phase triggers the next reconcile).
         Err(Error::CleanupPending(id))
     }
+}
+
+/// The field manager that set `spec.suspend` (the latest `managedFields` entry owning
+/// `f:spec.f:suspend`, e.g. `kubectl-patch`, `kustomize-controller`), if any says so.
+fn suspend_manager(mj: &ManagedJob) -> Option<String> {
+    mj.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|f| {
+            f.fields_v1
+                .as_ref()
+                .is_some_and(|v| v.0.get("f:spec").and_then(|s| s.get("f:suspend")).is_some())
+        })
+        .max_by_key(|f| f.time.as_ref().map(|t| t.0))
+        .and_then(|f| f.manager.clone())
 }

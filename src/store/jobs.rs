@@ -125,19 +125,22 @@ impl Store {
             Some((id, old_generation, old_priority)) => {
                 let priority = object.spec.priority;
                 if old_generation != object.generation || old_priority != priority {
-                    // Of the stored spec only `cancel` follows the object (the API keeps the
-                    // rest immutable; priority has its own column): the status of a finished
-                    // job tells whether its spec still asks for the cancel.
+                    // Of the stored spec only `cancel` and `suspend` follow the object (the
+                    // API keeps the rest immutable; priority has its own column): the status
+                    // of a finished job tells whether its spec still asks for the cancel, and
+                    // a job's controller reads the suspend (`lifecycle::stop_requested`).
+                    let flag = |on: bool| if on { "true" } else { "false" };
                     tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
-                            spec = json_set(spec, '$.cancel', json(?4)),
+                            spec = json_set(spec, '$.cancel', json(?4), '$.suspend', json(?5)),
                             status_version = status_version + 1 WHERE id = ?1",
                     )?
                     .execute(params![
                         id,
                         object.generation,
                         priority,
-                        if object.spec.cancel { "true" } else { "false" }
+                        flag(object.spec.cancel),
+                        flag(object.spec.suspend)
                     ])?;
                 }
                 (id, false)
@@ -368,6 +371,17 @@ impl Store {
             )?
             .execute(params![id, deleting])?;
         self.get(id)
+    }
+
+    /// Records who set the job's `spec.suspend` (its field manager; None: unknown), which its
+    /// messages and `Suspended` condition name. Changes nothing else.
+    pub fn note_suspended_by(&mut self, id: i64, who: Option<&str>) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "UPDATE jobs SET suspended_by = ?2 WHERE id = ?1 AND suspended_by IS NOT ?2",
+            )?
+            .execute(params![id, who])?;
+        Ok(())
     }
 
     /// Removes a job and its history (after its object is gone).

@@ -81,6 +81,16 @@ fn relaunches_sql() -> String {
     )
 }
 
+const LIVE_SQL: &str = "SELECT id, queue, priority,
+        CASE WHEN phase = 'Running' AND schedule_state = 'Alive' AND cancel_requested = 0
+            AND json_extract(spec, '$.suspend') IS NOT 1 THEN running_since_ms END,
+        CASE WHEN preempt_requested = 1 THEN preempted_by END
+     FROM jobs INDEXED BY jobs_live_by_queue
+     WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting')";
+
+const RECENT_PREEMPTIONS_SQL: &str = "SELECT preempted_by, count(*) FROM jobs
+     WHERE preempted_at_ms IS NOT NULL AND preempted_at_ms > ?1 GROUP BY preempted_by";
+
 /// The counts a queue's status shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueCounts {
@@ -166,6 +176,36 @@ impl Store {
         self.queue_candidates(queue, None, limit, now_ms)
     }
 
+    /// Every job holding a run slot, by queue, as the preemption planner sees it
+    /// ([`crate::preemption::Running`]: only a job Running + Alive, not being cancelled or
+    /// suspended, shows when it began to run; one whose preemption is under way shows for
+    /// whom). Served by `jobs_live_by_queue`: O(jobs holding a run slot).
+    pub fn live_for_preemption(&self) -> Result<Vec<(String, crate::preemption::Running)>> {
+        let mut stmt = self.conn.prepare_cached(LIVE_SQL)?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(1)?,
+                crate::preemption::Running {
+                    id: r.get(0)?,
+                    priority: r.get(2)?,
+                    running_since_ms: r.get(3)?,
+                    leaving_for: r.get(4)?,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Preemptions decided after `since_ms` (ms since epoch), by the queue that took the slot
+    /// (a queue's `maxPerMinute`). Served by `jobs_preempted`.
+    pub fn recent_preemptions(&self, since_ms: i64) -> Result<BTreeMap<String, usize>> {
+        let mut stmt = self.conn.prepare_cached(RECENT_PREEMPTIONS_SQL)?;
+        let rows = stmt.query_map([since_ms], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as usize))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// Each queue's counts: Waiting jobs (one pass over the waiting jobs' index) and slots held.
     /// For the queues' status, written at a bounded rate, not for every scheduling pass.
     pub fn queue_counts(&self) -> Result<BTreeMap<String, QueueCounts>> {
@@ -198,6 +238,8 @@ mod tests {
             NEXT_WAITING_QUEUE_SQL.to_string(),
             WAITING_COUNTS_SQL.to_string(),
             candidates_sql(),
+            LIVE_SQL.to_string(),
+            RECENT_PREEMPTIONS_SQL.to_string(),
             relaunches_sql(),
         ] {
             let mut stmt = store

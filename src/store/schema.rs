@@ -215,4 +215,20 @@ const STEPS: &[M<'static>] = &[
         );
         "#,
     ),
+    // Stopping without failing (lifecycle::transitions::suspended, preempted): who set
+    // spec.suspend, a preemption asked of a job's controller, the queue that took its slot and
+    // when (each queue's rate limit reads the recent ones through jobs_preempted), how often,
+    // and when its current attempt began to run (a queue's minRunSeconds).
+    M::up(
+        r#"
+        ALTER TABLE jobs ADD COLUMN suspended_by TEXT;
+        ALTER TABLE jobs ADD COLUMN preempt_requested INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN preempted_by TEXT;
+        ALTER TABLE jobs ADD COLUMN preempted_at_ms INTEGER;
+        ALTER TABLE jobs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN running_since_ms INTEGER;
+        CREATE INDEX jobs_preempted ON jobs (preempted_at_ms, preempted_by)
+            WHERE preempted_at_ms IS NOT NULL;
+        "#,
+    ),
 ];

@@ -1,0 +1,369 @@
+//! Preemption (`docs/design.md`, "Stopping without failing"): which running jobs a scheduling
+//! pass stops so that a queue gets its weighted share of the run cap, or a higher priority of a
+//! queue gets a slot ([`plan`]); pure, over counts and short lists.
+//!
+//! - **Shares** ([`shares`]): the run cap divided among the queues that want slots (holding or
+//!   waiting) in proportion to their weights, by water-filling: a queue that wants less than its
+//!   part gets what it wants and the rest is divided among the others (max-min fairness, as
+//!   Kueue's fair sharing divides a cohort's lendable quota). Exact within `1e-9`.
+//! - **Reclaim** (`reclaimShare: Any`): while the run cap is full, a queue holding fewer run slots
+//!   than its share (counting slots already coming to it from victims still stopping) with
+//!   admissible waiting jobs takes slots, one at a time, up to `floor(share) - held` and its
+//!   waiting jobs. Victims come only from queues above their share and never push one below it
+//!   (`held - 1 >= share`): the lowest priority first, then the most recently started (the least
+//!   work lost), then the higher id.
+//! - **Within a queue** (`withinQueue: LowerPriority`): while the run cap is full, each waiting
+//!   job (in admission order) not already served by a victim stopping for its queue takes the
+//!   slot of the queue's running job of the lowest priority below its own (then the most
+//!   recently started).
+//! - **Bounded churn**: a job is taken only once it has run `minRunSeconds` of the taking queue
+//!   since its attempt started (so a job just started, or just requeued by a preemption and
+//!   started again, is not taken); a job already stopping is never taken again; a queue causes at
+//!   most `maxPerMinute` preemptions in any [`RATE_WINDOW_MS`].
+//!
+//! The shortfall bound: a queue never gets more victims than its waiting jobs, nor more than its
+//! share lacks (reclaim); so no pass stops more jobs than the queues below their share can use.
+
+use crate::queues::Preemption;
+
+/// The window of `maxPerMinute` (ms).
+pub const RATE_WINDOW_MS: i64 = 60_000;
+
+/// Slack of the share comparisons (shares are fractions of slots).
+const EPS: f64 = 1e-9;
+
+/// A running job as the planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Running {
+    /// Store id.
+    pub id: i64,
+    /// Its priority.
+    pub priority: i32,
+    /// When its current attempt began to run (ms since epoch); None: not running yet
+    /// (launching, in a back-off): never taken.
+    pub running_since_ms: Option<i64>,
+    /// It is stopping already as a victim of this queue (its preemption is under way).
+    pub leaving_for: Option<String>,
+}
+
+/// One queue as the planner sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueState {
+    /// Its name.
+    pub name: String,
+    /// Its weight (at least 1).
+    pub weight: u32,
+    /// Its `maxRunning`, if any.
+    pub max_running: Option<usize>,
+    /// Its preemption policy.
+    pub policy: Preemption,
+    /// Run slots its jobs hold now (victims still stopping included).
+    pub held: usize,
+    /// The priorities of its admissible waiting jobs, in admission order (a prefix: at most the
+    /// run cap's worth is needed).
+    pub waiting: Vec<i32>,
+    /// Its jobs holding a run slot.
+    pub running: Vec<Running>,
+    /// Preemptions it caused within the last [`RATE_WINDOW_MS`].
+    pub recent: usize,
+}
+
+/// A job to stop, and for whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Victim {
+    /// Store id of the job to stop.
+    pub id: i64,
+    /// The queue that takes its run slot.
+    pub by: String,
+    /// True when `by` is the victim's own queue (a higher priority took it).
+    pub within: bool,
+}
+
+/// Each queue's share of `run_cap` slots, by water-filling over `(weight, demand)` (slots it
+/// holds or waits for): a queue never gets more than its demand, and what it leaves is divided
+/// among the others by weight. Queues without demand get 0. Sum: `min(run_cap, total demand)`.
+pub fn shares(run_cap: usize, wants: &[(u32, usize)]) -> Vec<f64> {
+    let mut share = vec![0.0; wants.len()];
+    let mut open: Vec<usize> = (0..wants.len()).filter(|&i| wants[i].1 > 0).collect();
+    let mut left = run_cap as f64;
+    while !open.is_empty() && left > EPS {
+        let weight: f64 = open.iter().map(|&i| f64::from(wants[i].0.max(1))).sum();
+        let part = |i: usize| left * f64::from(wants[i].0.max(1)) / weight;
+        // Queues that want less than their part get what they want; the rest is divided again.
+        let sated: Vec<usize> = open
+            .iter()
+            .copied()
+            .filter(|&i| (wants[i].1 as f64) <= part(i) + EPS)
+            .collect();
+        if sated.is_empty() {
+            for &i in &open {
+                share[i] = part(i);
+            }
+            break;
+        }
+        for &i in &sated {
+            share[i] = wants[i].1 as f64;
+            left -= wants[i].1 as f64;
+        }
+        open.retain(|i| !sated.contains(i));
+    }
+    share
+}
+
+/// The victims to stop now (see the module's rules). `run_full`: every run slot is held (no
+/// free slot the normal pass could give instead); `now_ms`: ms since epoch. Cost: O(queues x
+/// running jobs) per victim, with victims bounded by the queues' shortfall.
+pub fn plan(queues: &[QueueState], run_cap: usize, run_full: bool, now_ms: i64) -> Vec<Victim> {
+    if !run_full || queues.iter().all(|q| !q.policy.enabled()) {
+        return Vec::new();
+    }
+    let n = queues.len();
+    let index = |name: &str| queues.iter().position(|q| q.name == name);
+    // Slots leaving each queue, and coming to each (victims stopping for it).
+    let mut leaving = vec![0usize; n];
+    let mut incoming = vec![0usize; n];
+    for (i, q) in queues.iter().enumerate() {
+        for r in &q.running {
+            if let Some(by) = &r.leaving_for {
+                leaving[i] += 1;
+                if let Some(j) = index(by) {
+                    incoming[j] += 1;
+                }
+            }
+        }
+    }
+    let held: Vec<usize> = (0..n)
+        .map(|i| queues[i].held.saturating_sub(leaving[i]))
+        .collect();
+    let wants: Vec<(u32, usize)> = (0..n)
+        .map(|i| {
+            let q = &queues[i];
+            let demand = held[i] + q.waiting.len().saturating_sub(incoming[i]);
+            (q.weight, q.max_running.map_or(demand, |m| demand.min(m)))
+        })
+        .collect();
+    let share = shares(run_cap, &wants);
+    let mut taken: Vec<bool> = Vec::new();
+    let mut ids: Vec<(usize, usize)> = Vec::new();
+    for (i, q) in queues.iter().enumerate() {
+        for k in 0..q.running.len() {
+            ids.push((i, k));
+            taken.push(q.running[k].leaving_for.is_some());
+        }
+    }
+    let mut given = vec![0usize; n];
+    let mut got = incoming.clone();
+    let mut rate: Vec<usize> = queues
+        .iter()
+        .map(|q| q.policy.max_per_minute.saturating_sub(q.recent))
+        .collect();
+    let mut out = Vec::new();
+    let ran_enough = |r: &Running, policy: &Preemption| {
+        r.running_since_ms
+            .is_some_and(|since| now_ms - since >= policy.min_run_ms)
+    };
+    // Reclaim: one victim at a time to the claimant furthest below its share.
+    loop {
+        let need = |j: usize| -> usize {
+            let q = &queues[j];
+            if !q.policy.reclaim_share || rate[j] == 0 {
+                return 0;
+            }
+            let target = (share[j] + EPS).floor() as usize;
+            let have = held[j] + got[j];
+            let room = q.max_running.map_or(usize::MAX, |m| m.saturating_sub(have));
+            target
+                .saturating_sub(have)
+                .min(q.waiting.len().saturating_sub(got[j]))
+                .min(room)
+        };
+        let claimant = (0..n).filter(|&j| need(j) > 0).min_by(|&a, &b| {
+            let ha = (held[a] + got[a]) as u128 * u128::from(queues[b].weight.max(1));
+            let hb = (held[b] + got[b]) as u128 * u128::from(queues[a].weight.max(1));
+            ha.cmp(&hb).then(queues[a].name.cmp(&queues[b].name))
+        });
+        let Some(j) = claimant else { break };
+        let policy = queues[j].policy;
+        let victim = ids
+            .iter()
+            .enumerate()
+            .filter(|&(v, &(i, k))| {
+                i != j
+                    && !taken[v]
+                    && (held[i] - given[i]) as f64 - 1.0 >= share[i] - EPS
+                    && ran_enough(&queues[i].running[k], &policy)
+            })
+            .min_by(|&(_, &(ia, ka)), &(_, &(ib, kb))| {
+                let (a, b) = (&queues[ia].running[ka], &queues[ib].running[kb]);
+                a.priority
+                    .cmp(&b.priority)
+                    .then(b.running_since_ms.cmp(&a.running_since_ms))
+                    .then(b.id.cmp(&a.id))
+            })
+            .map(|(v, &(i, k))| (v, i, k));
+        let Some((v, i, k)) = victim else {
+            // Nothing this claimant may take: it asks no more this pass.
+            rate[j] = 0;
+            continue;
+        };
+        taken[v] = true;
+        given[i] += 1;
+        got[j] += 1;
+        rate[j] -= 1;
+        out.push(Victim {
+            id: queues[i].running[k].id,
+            by: queues[j].name.clone(),
+            within: false,
+        });
+    }
+    // Within a queue: each waiting job not yet served takes a lower priority's slot.
+    for (j, q) in queues.iter().enumerate() {
+        if !q.policy.within_queue {
+            continue;
+        }
+        let mut budget = q
+            .policy
+            .max_per_minute
+            .saturating_sub(q.recent + (got[j] - incoming[j]));
+        for &priority in q.waiting.iter().skip(got[j]) {
+            if budget == 0 {
+                break;
+            }
+            let victim = ids
+                .iter()
+                .enumerate()
+                .filter(|&(v, &(i, k))| {
+                    i == j
+                        && !taken[v]
+                        && q.running[k].priority < priority
+                        && ran_enough(&q.running[k], &q.policy)
+                })
+                .min_by(|&(_, &(_, ka)), &(_, &(_, kb))| {
+                    let (a, b) = (&q.running[ka], &q.running[kb]);
+                    a.priority
+                        .cmp(&b.priority)
+                        .then(b.running_since_ms.cmp(&a.running_since_ms))
+                        .then(b.id.cmp(&a.id))
+                })
+                .map(|(v, &(_, k))| (v, k));
+            let Some((v, k)) = victim else { break };
+            taken[v] = true;
+            budget -= 1;
+            out.push(Victim {
+                id: q.running[k].id,
+                by: q.name.clone(),
+                within: true,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(reclaim: bool, within: bool) -> Preemption {
+        Preemption {
+            reclaim_share: reclaim,
+            within_queue: within,
+            min_run_ms: 1_000,
+            max_per_minute: 100,
+        }
+    }
+
+    fn running(ids: std::ops::Range<i64>, since: i64) -> Vec<Running> {
+        ids.map(|id| Running {
+            id,
+            priority: 0,
+            running_since_ms: Some(since + id),
+            leaving_for: None,
+        })
+        .collect()
+    }
+
+    fn queue(name: &str, weight: u32, running: Vec<Running>, waiting: usize) -> QueueState {
+        QueueState {
+            name: name.into(),
+            weight,
+            max_running: None,
+            policy: policy(true, false),
+            held: running.len(),
+            waiting: vec![0; waiting],
+            running,
+            recent: 0,
+        }
+    }
+
+    #[test]
+    fn shares_follow_the_weights_and_lend_what_a_queue_does_not_want() {
+        assert_eq!(shares(8, &[(1, 8), (3, 8)]), vec![2.0, 6.0]);
+        // B wants only 1: A gets the rest.
+        assert_eq!(shares(8, &[(1, 8), (3, 1)]), vec![7.0, 1.0]);
+        assert_eq!(shares(8, &[(1, 0), (3, 8)]), vec![0.0, 8.0]);
+    }
+
+    /// The case: A (weight 1) holds all 8, B (weight 3) arrives with 8: B takes 6, the
+    /// most recently started of A.
+    #[test]
+    fn a_late_queue_takes_its_share_from_the_most_recently_started() {
+        let a = queue("a", 1, running(1..9, 0), 0);
+        let b = queue("b", 3, vec![], 8);
+        let v = plan(&[a, b], 8, true, 100_000);
+        let ids: Vec<i64> = v.iter().map(|v| v.id).collect();
+        assert_eq!(ids, vec![8, 7, 6, 5, 4, 3]);
+        assert!(v.iter().all(|v| v.by == "b" && !v.within));
+    }
+
+    #[test]
+    fn nothing_is_taken_while_a_run_slot_is_free_or_preemption_is_off() {
+        let a = queue("a", 1, running(1..8, 0), 0);
+        let b = queue("b", 3, vec![], 8);
+        assert!(plan(&[a.clone(), b.clone()], 8, false, 100_000).is_empty());
+        let mut b = b;
+        b.policy = Preemption::OFF;
+        assert!(plan(&[a, b], 8, true, 100_000).is_empty());
+    }
+
+    #[test]
+    fn a_job_that_just_started_or_is_stopping_is_not_taken_and_counts_for_its_claimant() {
+        let mut a = queue("a", 1, running(1..9, 0), 0);
+        // 1..=5 ran long enough; 6..=8 started 500 ms ago.
+        for r in &mut a.running[5..] {
+            r.running_since_ms = Some(99_500);
+        }
+        a.running[0].leaving_for = Some("b".into());
+        let b = queue("b", 3, vec![], 8);
+        let v = plan(&[a, b], 8, true, 100_000);
+        let ids: Vec<i64> = v.iter().map(|v| v.id).collect();
+        // One already stopping for b: 5 more, from those that ran long enough (2..=5), so 4.
+        assert_eq!(ids, vec![5, 4, 3, 2]);
+    }
+
+    #[test]
+    fn the_rate_limit_bounds_a_queue_s_preemptions() {
+        let a = queue("a", 1, running(1..9, 0), 0);
+        let mut b = queue("b", 3, vec![], 8);
+        b.policy.max_per_minute = 3;
+        b.recent = 1;
+        assert_eq!(plan(&[a, b], 8, true, 100_000).len(), 2);
+    }
+
+    #[test]
+    fn within_a_queue_a_higher_priority_takes_the_lowest() {
+        let mut a = queue("a", 1, running(1..5, 0), 0);
+        a.policy = policy(false, true);
+        a.running[1].priority = -5;
+        a.running[2].priority = 10;
+        a.waiting = vec![5, 0];
+        let v = plan(&[a], 4, true, 100_000);
+        assert_eq!(
+            v,
+            vec![Victim {
+                id: 2,
+                by: "a".into(),
+                within: true
+            }]
+        );
+    }
+}
