@@ -346,9 +346,23 @@ async fn a_queue_below_its_share_takes_six_slots_from_the_most_recently_started(
             .map(|(at, _)| *at - arrived)
             .unwrap()
     };
+    // And until six of B's jobs run (past their launch), for the record.
+    wait_until("six of B's jobs to run", T, || {
+        let s = seen.lock().unwrap();
+        s.jobs
+            .iter()
+            .filter(|(k, (_, st))| {
+                k.starts_with(&format!("{}/", ns_b.name)) && st.phase == Some(JobPhase::Running)
+            })
+            .count()
+            >= 6
+    })
+    .await;
+    let to_running = arrived.elapsed();
     eprintln!(
-        "time to share: {:.1} s (queue B, weight 3 of 4, run cap 8: 6 run slots; grace {} s)",
+        "time to share: {:.1} s (queue B, weight 3 of 4, run cap 8: 6 run slots held as the API showed it; 6 of its jobs Running after {:.1} s; grace {} s)",
         to_share.as_secs_f64(),
+        to_running.as_secs_f64(),
         GRACE.as_secs()
     );
     // Settled: no further preemption though every job is past minRunSeconds (A at its share

@@ -314,14 +314,17 @@ impl Case {
         done
     }
 
-    /// Over every status seen of `name` from `from` to `to`: none held a run slot, none showed a
-    /// phase other than Suspended (nor spec.suspend false).
-    fn stayed_suspended(&self, name: &str, from: Instant, to: Instant) {
+    /// Over every status seen of `name` from the first that showed it Suspended after `asked`
+    /// (before its suspension was asked for) to `to`: none held a run slot, none showed a phase
+    /// other than Suspended (nor spec.suspend false).
+    fn stayed_suspended(&self, name: &str, asked: Instant, to: Instant) {
         let log = self.log.lock().unwrap();
         let seen: Vec<&Seen> = log
             .iter()
-            .filter(|x| x.name == name && x.at >= from && x.at <= to)
+            .filter(|x| x.name == name && x.at >= asked && x.at <= to)
+            .skip_while(|x| x.status.phase != Some(JobPhase::Suspended))
             .collect();
+        assert!(!seen.is_empty(), "{name}: never seen Suspended");
         for x in &seen {
             assert!(
                 x.suspend && x.status.phase == Some(JobPhase::Suspended) && !holds(&x.status),
@@ -331,10 +334,13 @@ impl Case {
                 x.status.message
             );
         }
+        eprintln!(
+            "{name}: {} statuses seen while suspended, every one Suspended",
+            seen.len()
+        );
     }
 }
 
-/// A namespace of the test's own, and a watch on its jobs from before the first create.
 async fn case(cp: &support::ControlPlane, prefix: &str) -> (Case, tokio::task::JoinHandle<()>) {
     let client = support::client(cp).await;
     let namespace = support::TestNamespace::new(&client, cp, prefix).await;
@@ -739,6 +745,7 @@ async fn suspended_jobs_stay_suspended_across_operator_restarts() {
     let (case, watch) = case(cp, "susp-restart").await;
     let (pod_watch, pods) = watch_pods(&case.client, &case.ns);
     let mut op = support::OperatorProcess::start(cp, &case.ns, &["--run-cap", "4"]);
+    let from = Instant::now();
     // Running, then suspended: a local job and a pod job. Suspended from its creation: a local
     // job (as a suspend kept in git would be applied).
     case.create(&local_job("local", &counted(&case.file("local"))))
@@ -760,7 +767,6 @@ async fn suspended_jobs_stay_suspended_across_operator_restarts() {
     }
     before.insert("born", born_status);
     let first_pod = support::pod_name(&case.client, &case.ns, "pod", 1).await;
-    let from = Instant::now();
     // A crash (SIGKILL of the operator and its job controllers), then a rollout (SIGTERM).
     op.kill_with_job_controllers();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -813,6 +819,7 @@ async fn suspended_jobs_stay_suspended_across_a_lost_store() {
     let (case, watch) = case(cp, "susp-lost").await;
     let (pod_watch, pods) = watch_pods(&case.client, &case.ns);
     let mut op = support::OperatorProcess::start(cp, &case.ns, &["--run-cap", "4"]);
+    let from = Instant::now();
     case.create(&local_job("local", &counted(&case.file("local"))))
         .await;
     case.create(&pod_job("pod", "15s", 3)).await;
@@ -830,7 +837,6 @@ async fn suspended_jobs_stay_suspended_across_a_lost_store() {
     }
     before.insert("born", born_status);
     let first_pod = support::pod_name(&case.client, &case.ns, "pod", 1).await;
-    let from = Instant::now();
     // The store is lost while the operator is down.
     op.kill_with_job_controllers();
     let store = managed_jobs::state_dir::StateDir::new(op.state_path()).store();
