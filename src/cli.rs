@@ -446,12 +446,19 @@ pub fn shards_table(jobs: &[crate::api::ManagedJob], all: bool) -> String {
             format!("shard {shard}")
         };
         // A job no operator has written yet: just created, or its shard has no operator.
+        let suspended = jobs
+            .iter()
+            .filter(|j| {
+                j.status.as_ref().and_then(|s| s.phase) == Some(crate::api::JobPhase::Suspended)
+            })
+            .count();
         out.push_str(&format!(
-            "{owner}: {} jobs; launching {}, alive {}; queued {}; finished {}; no status yet {}\n",
+            "{owner}: {} jobs; launching {}, alive {}; queued {}; suspended {suspended}; finished {}; no status yet {}\n",
             jobs.len(),
             count(&|s| s == Some(ScheduleState::Launching)),
             count(&|s| s.is_some_and(|s| s.holds_run_slot())),
-            count(&|s| matches!(s, Some(ScheduleState::Inactive | ScheduleState::Waiting))),
+            count(&|s| matches!(s, Some(ScheduleState::Inactive | ScheduleState::Waiting)))
+                - suspended,
             count(&|s| s == Some(ScheduleState::Done)),
             count(&|s| s.is_none()),
         ));

@@ -309,9 +309,9 @@ async fn three_instances_share_a_namespace_and_nothing_else() {
         String::from_utf8_lossy(&out.stderr)
     );
     for line in [
-        "the default shard: 200 jobs; launching 0, alive 0; queued 0; finished 200; no status yet 0",
-        "shard a: 200 jobs; launching 0, alive 0; queued 0; finished 200; no status yet 0",
-        "shard b: 201 jobs; launching 0, alive 0; queued 0; finished 201; no status yet 0",
+        "the default shard: 200 jobs; launching 0, alive 0; queued 0; suspended 0; finished 200; no status yet 0",
+        "shard a: 200 jobs; launching 0, alive 0; queued 0; suspended 0; finished 200; no status yet 0",
+        "shard b: 201 jobs; launching 0, alive 0; queued 0; suspended 0; finished 201; no status yet 0",
     ] {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }

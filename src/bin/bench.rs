@@ -53,7 +53,7 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities or schedpass.
+    /// local, pod, priorities, pipeline, density, schedpass or preemption.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -451,6 +451,9 @@ async fn main() -> anyhow::Result<()> {
             args.finished
         );
         return Ok(());
+    }
+    if args.scenario == "preemption" {
+        return preemption_scenario(&args).await;
     }
     if !["local", "pod", "priorities", "pipeline", "density"].contains(&args.scenario.as_str()) {
         bail!("unknown scenario {}", args.scenario);
@@ -1091,4 +1094,199 @@ fn print_table(r: &serde_json::Value) {
         };
         println!("{k:<44} {text}");
     }
+}
+
+/// `--scenario preemption` (issue 32): the two-team load of `tests/preemption.rs`, with and
+/// without `spec.preemption`. Run cap 8; queue A (weight 1) holds all 8 run slots with jobs of
+/// `--hold-seconds` (default 240; started one a second, so their start times differ); then
+/// queue B (weight 3) applies 8 such jobs. Reports B's time to its share (6 of its jobs Running,
+/// from its first create), the preemptions (A's jobs seen going Running -> Pending) and the work
+/// each victim lost (seconds it had run), once with `reclaimShare: Any` (minRunSeconds 5) and
+/// once without preemption (bounded by the hold: B waits for A's jobs to end).
+async fn preemption_scenario(args: &Args) -> anyhow::Result<()> {
+    let script = root().join("hack/controlplane.sh");
+    let out = Command::new(&script)
+        .arg("up")
+        .stderr(Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "hack/controlplane.sh up failed");
+    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_string();
+    let kubectl = |a: &[&str]| {
+        Command::new(&script)
+            .arg("kubectl")
+            .args(a)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+    };
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        root().join("crds").to_str().unwrap(),
+    ])?;
+    // SAFETY: set before any client reads it, before any other thread runs.
+    unsafe { std::env::set_var("KUBECONFIG", &kubeconfig) };
+    let client = kube::Client::try_default().await?;
+    let binary = std::env::current_exe()?.with_file_name("managed-jobs");
+    anyhow::ensure!(
+        binary.exists(),
+        "build the operator first: cargo build --release"
+    );
+    let hold = args.hold_seconds;
+    let mut report = Vec::new();
+    for reclaim in [true, false] {
+        let tag = format!(
+            "bp{}-{}",
+            std::process::id(),
+            if reclaim { "on" } else { "off" }
+        );
+        let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
+        for ns in [&a, &b] {
+            kubectl(&["create", "namespace", ns])?;
+        }
+        let queues: Api<managed_jobs::api::ManagedJobQueue> = Api::all(client.clone());
+        for (name, weight) in [(&a, 1), (&b, 3)] {
+            let mut spec = json!({ "weight": weight, "namespaceSelector": { "matchLabels": {
+                "kubernetes.io/metadata.name": name } } });
+            if reclaim {
+                spec["preemption"] = json!({ "reclaimShare": "Any", "minRunSeconds": 5 });
+            }
+            let q = serde_json::from_value(json!({
+                "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+                "metadata": { "name": name }, "spec": spec,
+            }))?;
+            queues.create(&PostParams::default(), &q).await?;
+        }
+        let state = tempfile::tempdir()?;
+        let mut operator = Command::new(&binary)
+            .arg("run")
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--shard", &tag, "--launch-cap", "8", "--run-cap", "8"])
+            .args(["--cancel-grace-seconds", "5"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(state.path().join("operator.log"))?)
+            .spawn()
+            .context("starting the operator")?;
+        let create = |ns: String, i: usize| {
+            let client = client.clone();
+            async move {
+                let mj: ManagedJob = serde_json::from_value(json!({
+                    "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
+                    "metadata": { "name": format!("j{i}"),
+                        "labels": { managed_jobs::api::LABEL_SHARD: tag_of(&ns) } },
+                    "spec": { "queue": ns, "run": format!("trap 'exit 0' TERM; sleep {hold} & wait") },
+                }))?;
+                Api::<ManagedJob>::namespaced(client, &ns)
+                    .create(&PostParams::default(), &mj)
+                    .await?;
+                anyhow::Ok(())
+            }
+        };
+        fn tag_of(ns: &str) -> String {
+            ns.rsplit_once('-').map_or(ns, |(t, _)| t).to_string()
+        }
+        let statuses = |ns: String| {
+            let client = client.clone();
+            async move {
+                let list = Api::<ManagedJob>::namespaced(client, &ns)
+                    .list(&Default::default())
+                    .await?;
+                anyhow::Ok(
+                    list.items
+                        .into_iter()
+                        .map(|mj| {
+                            (
+                                mj.metadata.name.unwrap_or_default(),
+                                mj.status.unwrap_or_default(),
+                            )
+                        })
+                        .collect::<BTreeMap<String, managed_jobs::api::ManagedJobStatus>>(),
+                )
+            }
+        };
+        let running = |all: &BTreeMap<String, managed_jobs::api::ManagedJobStatus>| {
+            all.values()
+                .filter(|s| s.phase == Some(JobPhase::Running))
+                .count()
+        };
+        for i in 0..8 {
+            create(a.clone(), i).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while running(&statuses(a.clone()).await?) < 8 {
+            anyhow::ensure!(Instant::now() < deadline, "queue A's 8 jobs never all ran");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let started = Instant::now();
+        for i in 0..8 {
+            create(b.clone(), i).await?;
+        }
+        // When each of A's jobs last started to run (its startedAt while Running).
+        let mut since: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+        let limit = Duration::from_secs(hold + 60);
+        let share_at = loop {
+            for (name, s) in statuses(a.clone()).await? {
+                if s.phase == Some(JobPhase::Running)
+                    && let Some(t) = s.started_at
+                {
+                    since.insert(name, t.0);
+                }
+            }
+            if running(&statuses(b.clone()).await?) >= 6 {
+                break Some(started.elapsed().as_secs_f64());
+            }
+            if started.elapsed() > limit {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        // The victims: A's jobs whose attempts record a preemption; the work each lost is its
+        // run from its start to the preemption's end.
+        let mut lost: Vec<f64> = Vec::new();
+        for (name, s) in statuses(a.clone()).await? {
+            for record in s.attempts.iter().filter(|r| r.action == "Preempted") {
+                if let (Some(from), Some(to)) = (since.get(&name), record.finished_at.as_ref()) {
+                    lost.push(to.0.duration_since(*from).as_secs_f64());
+                }
+            }
+        }
+        lost.sort_by(f64::total_cmp);
+        let _ = operator.kill();
+        let _ = operator.wait();
+        for ns in [&a, &b] {
+            kubectl(&["delete", "namespace", ns, "--wait=false"])?;
+            kubectl(&["delete", "managedjobqueue", ns, "--wait=false"])?;
+        }
+        let mean = if lost.is_empty() {
+            0.0
+        } else {
+            lost.iter().sum::<f64>() / lost.len() as f64
+        };
+        let line = format!(
+            "preemption {}: B's time to its share (6 of 8 run slots): {}; preemptions {}; work lost per victim: mean {mean:.1} s (run seconds since start: {})",
+            if reclaim {
+                "on (reclaimShare: Any, minRunSeconds 5)"
+            } else {
+                "off"
+            },
+            share_at.map_or(format!("not within {} s", limit.as_secs()), |s| format!(
+                "{s:.1} s"
+            )),
+            lost.len(),
+            lost.iter()
+                .map(|l| format!("{l:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!("{line}");
+        report.push(line);
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
 }

@@ -81,6 +81,11 @@ pub struct Change {
     /// The current attempt's workload stopped running (a stop that requeues the job): clear
     /// `running_since_ms`.
     pub(in crate::lifecycle) stopped_running: bool,
+    /// The job's and its task's deadline clocks restart at the next run (`started_at_ms`,
+    /// `task_started_at_ms` cleared): a stop that requeues it, as a suspended batch/v1 Job's
+    /// `startTime` is reset, so time held or waiting never counts against
+    /// `activeDeadlineSeconds`.
+    pub(in crate::lifecycle) reset_started: bool,
 }
 
 /// What a [`Change`] does to the current attempt's launch clock (`launched_at_ms`, from which
@@ -127,6 +132,7 @@ impl Change {
             preempt: None,
             preempt_done: false,
             stopped_running: false,
+            reset_started: false,
         }
     }
 
@@ -356,6 +362,10 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     }
     if change.requeue {
         after.queued_at_ms = now;
+    }
+    if change.reset_started {
+        after.started_at_ms = None;
+        after.task_started_at_ms = None;
     }
     if change.started_now && after.started_at_ms.is_none() {
         after.started_at_ms = Some(now);

@@ -539,7 +539,6 @@ pub(crate) mod tests {
     use crate::lifecycle::outcome::{Evidence, Workload};
     use crate::lifecycle::reason::Reason;
     use crate::lifecycle::record::Object;
-    use crate::lifecycle::supervise::SuspendRoute;
     use proptest::prelude::*;
 
     /// A job's record as its controller reads it: `phase` and `schedule`, controller pid 10.
@@ -567,7 +566,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn cx(create_is_idempotent: bool) -> Context {
+    pub(crate) fn cx(create_is_idempotent: bool) -> Context {
         Context {
             now_ms: 10_000,
             executor_enabled: true,
@@ -692,139 +691,6 @@ pub(crate) mod tests {
         let a = next_action(&r, None, &cx(false));
         assert!(matches!(a, Action::StopThen(_)), "{a:?}");
         assert_eq!(reason(&a), Some(Reason::Cancelled));
-    }
-
-    /// Issue 32: a suspend of a running job stops it gracefully (no observation, no launch),
-    /// then it is Suspended + Inactive with its run slot and controller given back, the stopped
-    /// attempt recorded `Suspended`, the next attempt not launched and every budget as it was;
-    /// resumed it waits again (Pending + Waiting) in its place.
-    #[test]
-    fn a_suspend_stops_the_job_without_failing_it_and_a_resume_queues_it_in_its_place() {
-        let mut r = row(JobPhase::Running, ScheduleState::Alive);
-        r.attempt = 3;
-        r.launched_attempt = 3;
-        r.restart_count = 1;
-        r.recovery_count = 1;
-        r.running_since_ms = Some(5_000);
-        r.spec.suspend = true;
-        r.suspended_by = Some("kubectl-patch".into());
-        assert!(!observes(&r));
-        let a = next_action(&r, None, &cx(false));
-        let Action::StopThen(t) = &a else {
-            panic!("{a:?}")
-        };
-        assert_eq!(t.change.reason, Reason::Suspended);
-        let after = crate::lifecycle::apply(&r, &t.change, 20_000).unwrap();
-        assert_eq!(
-            (after.phase, after.schedule_state),
-            (JobPhase::Suspended, ScheduleState::Inactive)
-        );
-        assert_eq!((after.attempt, after.launched_attempt), (4, 3));
-        assert_eq!((after.restart_count, after.recovery_count), (1, 1));
-        assert_eq!(after.controller_pid, None);
-        assert_eq!(after.running_since_ms, None);
-        assert_eq!(
-            after.attempts.last().map(|a| a.action.as_str()),
-            Some("Suspended")
-        );
-        assert!(after.message.contains("kubectl-patch"), "{}", after.message);
-        // Its controller, if any were left, only exits; the operator resumes it.
-        assert_eq!(next_action(&after, None, &cx(false)), Action::Exit);
-        let mut held = after.clone();
-        held.spec.suspend = false;
-        let SuspendRoute::Apply(t) = crate::lifecycle::suspend_route(&held) else {
-            panic!("a resume is the operator's to write")
-        };
-        let resumed = crate::lifecycle::apply(&held, &t.change, 30_000).unwrap();
-        assert_eq!(
-            (resumed.phase, resumed.schedule_state),
-            (JobPhase::Pending, ScheduleState::Waiting)
-        );
-        assert_eq!(resumed.queued_at_ms, r.queued_at_ms, "it keeps its place");
-        assert_eq!((resumed.restart_count, resumed.recovery_count), (1, 1));
-        // The pending attempt 4 is not shown as started, nor counted in any budget.
-        let shown = crate::lifecycle::tasks::shown(&resumed);
-        assert_eq!((shown.attempt, shown.restarts, shown.recoveries), (3, 1, 1));
-    }
-
-    /// A suspend of a job admitted but not launched yet gives its slot back without a record;
-    /// a waiting job is held at once by the operator, and a suspended job cancels at once.
-    #[test]
-    fn a_suspend_before_any_launch_records_no_attempt_and_a_suspended_job_cancels_at_once() {
-        let mut r = row(JobPhase::Submitted, ScheduleState::Launching);
-        r.spec.suspend = true;
-        let Action::StopThen(t) = next_action(&r, None, &cx(true)) else {
-            panic!()
-        };
-        let after = crate::lifecycle::apply(&r, &t.change, 20_000).unwrap();
-        assert_eq!(after.phase, JobPhase::Suspended);
-        assert_eq!((after.attempt, after.attempts.len()), (0, 0));
-        let mut waiting = row(JobPhase::Pending, ScheduleState::Waiting);
-        waiting.spec.suspend = true;
-        let SuspendRoute::Apply(t) = crate::lifecycle::suspend_route(&waiting) else {
-            panic!()
-        };
-        let held = crate::lifecycle::apply(&waiting, &t.change, 20_000).unwrap();
-        assert_eq!(
-            (held.phase, held.schedule_state),
-            (JobPhase::Suspended, ScheduleState::Inactive)
-        );
-        assert_eq!(
-            crate::lifecycle::suspend_route(&held),
-            SuspendRoute::Nothing
-        );
-        let cancel = crate::lifecycle::cancel_queued(&held);
-        assert!(cancel.expect.matches(&held));
-        let cancelled = crate::lifecycle::apply(&held, &cancel.change, 30_000).unwrap();
-        assert_eq!(cancelled.phase, JobPhase::Cancelled);
-    }
-
-    /// A preemption: the pass's request is persisted (the victim's status says who takes its
-    /// slot), its controller stops it, and it waits again in its place with its budgets.
-    #[test]
-    fn a_preempted_job_waits_again_first_in_its_queue_with_its_budgets() {
-        let mut r = row(JobPhase::Running, ScheduleState::Alive);
-        r.attempt = 2;
-        r.launched_attempt = 2;
-        r.restart_count = 1;
-        r.running_since_ms = Some(1_000);
-        let t = crate::lifecycle::preempt(&r, "team-b", false, 9_000);
-        assert!(t.expect.matches(&r));
-        let asked = crate::lifecycle::apply(&r, &t.change, 9_000).unwrap();
-        assert!(asked.preempt_requested && asked.preemptions == 1);
-        assert_eq!(asked.preempted_by.as_deref(), Some("team-b"));
-        assert!(!observes(&asked));
-        let Action::StopThen(t) = next_action(&asked, None, &cx(true)) else {
-            panic!()
-        };
-        assert_eq!(t.change.reason, Reason::Preempted);
-        let after = crate::lifecycle::apply(&asked, &t.change, 12_000).unwrap();
-        assert_eq!(
-            (after.phase, after.schedule_state),
-            (JobPhase::Pending, ScheduleState::Waiting)
-        );
-        assert!(!after.preempt_requested);
-        assert_eq!(
-            (after.attempt, after.restart_count, after.recovery_count),
-            (3, 1, 0)
-        );
-        assert_eq!(after.queued_at_ms, r.queued_at_ms);
-        assert_eq!(
-            after.attempts.last().map(|a| a.action.as_str()),
-            Some("Preempted")
-        );
-        assert!(
-            after.message.contains("team-b") && after.message.contains("8 s"),
-            "{}",
-            after.message
-        );
-        // Only a running job is taken: a relaunch in flight is not.
-        let relaunching = row(JobPhase::Recovering, ScheduleState::AliveWaiting);
-        assert!(
-            !crate::lifecycle::preempt(&relaunching, "b", false, 1)
-                .expect
-                .matches(&relaunching)
-        );
     }
 
     #[test]

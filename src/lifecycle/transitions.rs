@@ -831,8 +831,10 @@ pub fn resumed(row: &JobRow) -> Transition {
 /// What a stop that requeues the job (a suspend, a preemption) writes besides its phase and
 /// schedule state: the stopped attempt's record (`action` Suspended or Preempted, only if it was
 /// launched), the next attempt (not launched: the next admission launches it), no workload, no
-/// controller (it exits; the next admission starts one), the launch clocks cleared. Restart,
-/// recovery and ignore counts and the back-off are untouched: the job did not fail.
+/// controller (it exits; the next admission starts one), the launch clocks cleared, the
+/// deadline clocks restarted at the next run (as batch/v1 resets a suspended Job's
+/// `startTime`). Restart, recovery and ignore counts and the back-off are untouched: the job
+/// did not fail.
 fn requeued_by_stop(row: &JobRow, reason: Reason, action: &str, message: String) -> Change {
     let attempt = row.current_attempt();
     let launched = row.launched_attempt >= attempt;
@@ -860,6 +862,7 @@ fn requeued_by_stop(row: &JobRow, reason: Reason, action: &str, message: String)
     change.launch_clock = Some(LaunchClock::Clear);
     change.node_wait = Some(LaunchClock::Clear);
     change.stopped_running = true;
+    change.reset_started = true;
     change.preempt_done = true;
     if current_task(row).nodes.is_some() {
         change.ready_nodes = Some(None);

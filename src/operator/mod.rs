@@ -289,6 +289,13 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             + mj.annotations()
                 .get(status_writer::LAST_APPLIED)
                 .map_or(0, |a| a.len() + status_writer::LAST_APPLIED.len());
+        // Who set spec.suspend is read from the managed fields before they go, kept the same way.
+        mj.annotations_mut().remove(SUSPEND_MANAGER);
+        if mj.spec.suspend
+            && let Some(manager) = suspend_manager(mj)
+        {
+            mj.annotations_mut().insert(SUSPEND_MANAGER.into(), manager);
+        }
         mj.managed_fields_mut().clear();
         mj.annotations_mut().remove(status_writer::LAST_APPLIED);
         mj.annotations_mut()
@@ -540,7 +547,11 @@ impl Operator {
         }
         // spec.suspend: who set it (the status names them), then held or resumed as it asks.
         if !row.cancel_requested && row.schedule_state != ScheduleState::Done {
-            let who = mj.spec.suspend.then(|| suspend_manager(mj)).flatten();
+            let who = mj
+                .spec
+                .suspend
+                .then(|| mj.annotations().get(SUSPEND_MANAGER).cloned())
+                .flatten();
             if mj.spec.suspend && who.is_some() && who != row.suspended_by {
                 self.engine
                     .store()
@@ -620,6 +631,10 @@ impl Operator {
         Err(Error::CleanupPending(id))
     }
 }
+
+/// The annotation of the operator's own copy of a ManagedJob (never written back) that keeps
+/// who set `spec.suspend` ([`suspend_manager`]) once its managed fields are dropped.
+const SUSPEND_MANAGER: &str = "managedjobs.dev/suspend-manager";
 
 /// The field manager that set `spec.suspend` (the latest `managedFields` entry owning
 /// `f:spec.f:suspend`, e.g. `kubectl-patch`, `kustomize-controller`), if any says so.
