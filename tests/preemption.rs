@@ -727,3 +727,103 @@ async fn victims_with_and_without_a_term_handler_are_resumed_and_succeed() {
     }
     drop(queues);
 }
+
+/// `withinQueue: LowerPriority` (one queue, run cap 3): three jobs of priority 0 hold every run
+/// slot, started one by one; a job of priority 10 arrives and takes the slot of the most
+/// recently started of them, which waits again (its `Preempted` condition, reason
+/// `WithinQueue`, and its Event naming its own queue; its budgets untouched); a job of priority
+/// 0 arriving after that takes nothing (no lower priority runs), and the two earlier jobs are
+/// never disturbed over the whole test.
+#[tokio::test]
+async fn within_a_queue_a_higher_priority_takes_the_latest_lower_one() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "pw").await;
+    let shard = unique("pw");
+    let q = unique("team");
+    let mut queues = Queues::new(&client, cp);
+    queues
+        .create(
+            &q,
+            1,
+            &[&ns.name],
+            json!({"reclaimShare": "Never", "withinQueue": "LowerPriority", "minRunSeconds": 1}),
+        )
+        .await;
+    let (watch, seen) = follow(&client, &shard);
+    let _op = operator(cp, &shard, 3);
+    let low: Vec<ManagedJob> = (0..3)
+        .map(|i| job(&format!("low{i}"), &shard, &q, "sleep 600", json!({})))
+        .collect();
+    start_one_by_one(&client, &seen, &ns.name, low).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let arrived = Instant::now();
+    create(
+        &client,
+        &ns.name,
+        &job("high", &shard, &q, "sleep 600", json!({"priority": 10})),
+    )
+    .await;
+    let high = format!("{}/high", ns.name);
+    wait_until("the high-priority job to run", T, || {
+        seen.lock().unwrap().first_running(&high).is_some()
+    })
+    .await;
+    let took = arrived.elapsed();
+    // A job of the same priority as the running ones takes nothing.
+    create(
+        &client,
+        &ns.name,
+        &job("same", &shard, &q, "sleep 600", json!({})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    watch.abort();
+    let s = std::mem::take(&mut *seen.lock().unwrap());
+    let victims: Vec<String> = (0..3)
+        .map(|i| format!("{}/low{i}", ns.name))
+        .filter(|k| !s.preemptions(k).0.is_empty() || s.preempted_transitions(k) > 0)
+        .collect();
+    eprintln!(
+        "withinQueue: the priority-10 job ran {:.1} s after it arrived; victims {victims:?}",
+        took.as_secs_f64()
+    );
+    assert_eq!(
+        victims,
+        vec![format!("{}/low2", ns.name)],
+        "only the latest low job"
+    );
+    assert_eq!(s.preempted_transitions(&victims[0]), 1, "taken once");
+    let (_, st) = &s.jobs[&victims[0]];
+    assert_eq!(st.phase, Some(JobPhase::Pending), "{st:?}");
+    assert_eq!((st.restart_count, st.recovery_count), (0, 0));
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Preempted")
+        .expect("a Preempted condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "WithinQueue")
+    );
+    assert!(c.message.contains(&q), "{}", c.message);
+    let (n, messages) = preempted_events(&client, &ns.name, "low2").await;
+    assert_eq!(n, 1, "{messages:?}");
+    assert!(messages[0].contains(&q), "{messages:?}");
+    // The two earlier jobs ran throughout, and the same-priority newcomer never did.
+    for i in 0..2 {
+        let key = format!("{}/low{i}", ns.name);
+        let left = s
+            .log
+            .iter()
+            .filter(|o| o.key == key && o.at >= arrived)
+            .any(|o| o.status.phase != Some(JobPhase::Running));
+        assert!(!left, "{key} left Running");
+    }
+    let same = format!("{}/same", ns.name);
+    assert!(
+        s.first_running(&same).is_none(),
+        "the same-priority job ran"
+    );
+    drop(queues);
+}
