@@ -749,6 +749,15 @@ impl Engine {
             Ok(Some(row)) => row,
             Ok(None) => {
                 self.count_exit("done");
+                // A controller that stopped its job for a suspend leaves it Suspended even if
+                // spec.suspend went back to false during the stop (no object change comes
+                // after): the row is routed again now that the stop is written.
+                if let Ok(Some(row)) = self.store().find(id)
+                    && row.phase == crate::api::JobPhase::Suspended
+                    && let Err(e) = self.suspend_or_resume(row)
+                {
+                    tracing::warn!(job_id = id, error = %e, "resuming a job after its stop failed");
+                }
                 return;
             }
             Err(e) => {

@@ -5,8 +5,9 @@
 //! - `Reconciling` True until the job finishes (Pending, Submitted, Starting, Running,
 //!   Recovering, Cancelling): a GitOps tool that waits for a job (Flux's `wait: true`, an Argo CD
 //!   sync wave) waits for its outcome, as Argo CD does for a batch/v1 Job;
-//! - `Ready` True once Succeeded, and once Cancelled while `spec.cancel` still asks for the
-//!   cancel (the object is in the state its spec asks for);
+//! - `Ready` True once Succeeded, once Cancelled while `spec.cancel` still asks for the
+//!   cancel, and while Suspended as `spec.suspend` asks (the object is in the state its spec
+//!   asks for);
 //! - `Stalled` True on a terminal failure, and on a Cancelled job whose `spec.cancel` was set
 //!   back to false after it finished (the spec asks for a run that will never happen);
 //! - `Complete` / `Failed` exactly as batch/v1 Job sets them (`kubectl wait --for=condition=Complete`);
@@ -70,7 +71,7 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
     // for its objects is not held by it (kstatus: Current).
     let suspended = p == JobPhase::Suspended;
     let reconciling = !p.is_terminal() && !suspended;
-    let ready = p == JobPhase::Succeeded || (cancelled && !cancel_reverted);
+    let ready = p == JobPhase::Succeeded || (cancelled && !cancel_reverted) || suspended;
     let stalled = p.is_failure() || cancel_reverted;
     let message = if cancel_reverted {
         format!(

@@ -41,6 +41,7 @@ fn change_for(phase: JobPhase) -> Change {
         JobPhase::Pending => ScheduleState::Waiting,
         JobPhase::Submitted | JobPhase::Starting => ScheduleState::Launching,
         JobPhase::Recovering => ScheduleState::AliveWaiting,
+        JobPhase::Suspended => ScheduleState::Inactive,
         _ => ScheduleState::Alive,
     };
     let base = |message: &str| {
@@ -69,6 +70,9 @@ fn change_for(phase: JobPhase) -> Change {
         .recovery_count(1),
         JobPhase::Succeeded => started("succeeded on attempt 1").exit_code(Some(0)),
         JobPhase::Cancelling => started("cancelling: stopping the workload"),
+        JobPhase::Suspended => Builder::new(Reason::Suspended).to(phase, schedule).message(
+            "suspended (spec.suspend set by kubectl-patch) before it was admitted: it keeps its place in queue default and waits again once spec.suspend is false",
+        ),
         JobPhase::Cancelled => started("cancelled; the workload is stopped"),
         JobPhase::Failed => failed(
             "ExitCode",
@@ -121,6 +125,9 @@ fn sample_object_with(
         ManagedJobSpec {
             run: Some("echo hello; sleep 60".into()),
             cancel,
+            suspend: status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(JobPhase::Suspended)),
             ..Default::default()
         },
     );
@@ -472,7 +479,10 @@ fn samples_carry_the_conditions_of_their_phase() {
             .collect();
         assert!(
             on.len() == 1
-                || (on.len() == 2 && (on.contains(&"Complete") || on.contains(&"Failed"))),
+                || (on.len() == 2
+                    && (on.contains(&"Complete")
+                        || on.contains(&"Failed")
+                        || on.contains(&"Suspended"))),
             "{phase}: {on:?}"
         );
         let admitted = obj["status"]["conditions"]
@@ -483,7 +493,7 @@ fn samples_carry_the_conditions_of_their_phase() {
             .expect("an Admitted condition");
         assert_eq!(
             admitted["status"] == "True",
-            !matches!(phase, JobPhase::Pending),
+            !matches!(phase, JobPhase::Pending | JobPhase::Suspended),
             "{phase}: {admitted}"
         );
     }

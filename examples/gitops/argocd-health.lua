@@ -13,6 +13,7 @@
 --   Stalled True (Failed, FailedSetup, FailedPrecheck,
 --     FailedNoResource, FailedController; a Cancelled job whose
 --     spec.cancel was set back to false)                        -> Degraded
+--   Suspended True (spec.suspend holds it; Ready, not Reconciling) -> Suspended
 --   Ready True (Succeeded; Cancelled as spec.cancel asks)       -> Healthy
 --   none of them True                                           -> Progressing
 -- The message is the phase, the failure reason for a Degraded job, then the condition's message
@@ -41,6 +42,7 @@ end
 local verdict = nil
 local text = nil
 local ready = nil
+local suspended = nil
 if status.conditions ~= nil then
   for _, c in ipairs(status.conditions) do
     if verdict == nil and c.status == "True" then
@@ -55,7 +57,14 @@ if status.conditions ~= nil then
     if c.type == "Ready" then
       ready = c
     end
+    if c.type == "Suspended" and c.status == "True" then
+      suspended = c
+    end
   end
+end
+if verdict == nil and suspended ~= nil then
+  verdict = "Suspended"
+  text = suspended.message
 end
 if verdict == nil then
   if ready ~= nil and ready.status == "True" then

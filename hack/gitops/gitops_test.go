@@ -34,6 +34,9 @@ var want = map[string]verdict{
 	"Running.yaml":    {"Progressing", status.InProgressStatus},
 	"Recovering.yaml": {"Progressing", status.InProgressStatus},
 	"Cancelling.yaml": {"Progressing", status.InProgressStatus},
+	// Held by spec.suspend, as its spec asks: Argo CD's own Suspended health (as for a suspended
+	// CronJob), and Current to kstatus, so a GitOps tool waiting for its objects is not held.
+	"Suspended.yaml": {"Suspended", status.CurrentStatus},
 
 	"Succeeded.yaml": {"Healthy", status.CurrentStatus},
 	// Cancelled as its spec asks (spec.cancel: true): the object is what git says it should be.
@@ -219,6 +222,8 @@ func TestArgoCDAndKstatusAgree(t *testing.T) {
 		"Progressing": status.InProgressStatus,
 		"Healthy":     status.CurrentStatus,
 		"Degraded":    status.FailedStatus,
+		// Argo CD's own word for an object held as its spec asks; kstatus has none: Current.
+		"Suspended": status.CurrentStatus,
 	}
 	for _, s := range load(t) {
 		if _, found, _ := unstructured.NestedMap(s.obj.Object, "status"); !found {

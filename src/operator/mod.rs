@@ -527,6 +527,9 @@ impl Operator {
                         .and_then(|s| s.owner.clone())
                         .unwrap_or_else(|| "a store that is gone".into());
                     tracing::info!(job_id = row.id, job = %row.key(), phase = %row.phase, attempt = row.attempt, from = %from, "took the job over from its status");
+                    // Its status may say Suspended while its spec no longer asks for it (or the
+                    // reverse): routed as any change of spec.suspend.
+                    let row = self.engine.suspend_or_resume(row)?;
                     self.engine.resume_restored(&row);
                     return Ok(Action::await_change());
                 }
