@@ -56,11 +56,16 @@ pub enum Command {
     /// Run the operator: watch ManagedJobs, schedule them, write status.
     Run(RunArgs),
     /// Print a CustomResourceDefinition (YAML): the ManagedJob's, or with `queue` the
-    /// ManagedJobQueue's.
+    /// ManagedJobQueue's; with `--reference`, the API reference instead.
     Crd {
         /// `job` (ManagedJob, the default) or `queue` (ManagedJobQueue).
         #[arg(default_value = "job", value_parser = ["job", "queue"])]
         kind: String,
+        /// Print the API reference of both resources (Markdown, every field with its type,
+        /// default, bounds and immutability, as committed in docs/reference/api.md) instead of
+        /// a CRD.
+        #[arg(long)]
+        reference: bool,
     },
     /// Show the jobs in the store, like `sky jobs queue`.
     Queue(QueueArgs),

@@ -5,8 +5,10 @@ use managed_jobs::{api, capacity, engine, job_controller, operator, smoke_test, 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd { kind } => {
-            if kind == "queue" {
+        Command::Crd { kind, reference } => {
+            if reference {
+                print!("{}", api::api_reference());
+            } else if kind == "queue" {
                 print!("{}", api::queue_crd_yaml());
             } else {
                 print!("{}", api::crd_yaml());

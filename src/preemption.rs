@@ -1,6 +1,6 @@
-//! Preemption (`docs/design.md`, "Stopping without failing"): which running jobs a scheduling
-//! pass stops so that a queue gets its weighted share of the run cap, or a higher priority of a
-//! queue gets a slot ([`plan`]); pure, over counts and short lists.
+//! Preemption (`docs/concepts/queues-and-preemption.md`, "Stopping without failing"): which
+//! running jobs a scheduling pass stops so that a queue gets its weighted share of the run cap,
+//! or a higher priority of a queue gets a slot ([`plan`]); pure, over counts and short lists.
 //!
 //! - **Shares** ([`shares`]): the run cap divided among the queues that want slots (holding or
 //!   waiting) in proportion to their weights, by water-filling: a queue that wants less than its

@@ -55,3 +55,28 @@ fn every_spec_field_has_a_description() {
         );
     }
 }
+
+/// The API reference (`docs/reference/api.md`) is exactly what `managed-jobs crd --reference`
+/// prints from the two CRDs: a field, default, bound or rule changed in the API types changes
+/// it, and this test names the first line that differs and the command that rewrites it.
+#[test]
+fn committed_api_reference_is_up_to_date() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/api.md");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    let generated = managed_jobs::api::api_reference();
+    if committed == generated {
+        return;
+    }
+    let line = committed
+        .lines()
+        .zip(generated.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()));
+    panic!(
+        "docs/reference/api.md is stale (first difference at line {}: committed {:?}, generated {:?}): run `{}`",
+        line + 1,
+        committed.lines().nth(line).unwrap_or("<end of file>"),
+        generated.lines().nth(line).unwrap_or("<end of file>"),
+        managed_jobs::api::reference::REGENERATE,
+    );
+}

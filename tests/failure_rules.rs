@@ -659,7 +659,7 @@ async fn a_pipelines_task_uses_its_own_rules() {
 }
 
 /// The API refuses bad rules with a message naming the field (CEL and the schema), accepts
-/// the same code for two containers, keeps the rules immutable, and accepts the README's worked
+/// the same code for two containers, keeps the rules immutable, and accepts the docs' worked
 /// example and `examples/failure-rules.yaml`.
 #[tokio::test]
 async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
@@ -850,11 +850,12 @@ async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
         !ok && out.contains("spec.failurePolicy") && out.contains("immutable"),
         "{out}"
     );
-    // The README's worked example is a valid ManagedJob.
-    let readme = std::fs::read_to_string(support::root().join("README.md")).unwrap();
-    let section = readme
-        .split_once("### Failure rules")
-        .expect("README has a Failure rules section")
+    // The worked example of docs/concepts/failure-rules.md is a valid ManagedJob.
+    let doc =
+        std::fs::read_to_string(support::root().join("docs/concepts/failure-rules.md")).unwrap();
+    let section = doc
+        .split_once("# Failure rules")
+        .expect("docs/concepts/failure-rules.md has its title")
         .1;
     let example = section
         .split_once("```yaml\n")
@@ -865,7 +866,7 @@ async fn bad_failure_rules_are_refused_by_the_api_naming_the_field() {
     let file =
         std::fs::read_to_string(support::root().join("examples/failure-rules.yaml")).unwrap();
     for (what, yaml) in [
-        ("the README's example", example),
+        ("the example of docs/concepts/failure-rules.md", example),
         ("examples/failure-rules.yaml", &file),
     ] {
         std::fs::write(&path, yaml).unwrap();

@@ -251,8 +251,8 @@ impl Sync {
             watch_kustomization(&client, &ns.name, seen.clone()).await,
         ];
         let sha = repo.commit(files, "first");
-        // The README's recipe, with this test's names, repository, intervals and timeout: the
-        // intervals are long so that reconciles happen when the test asks for them.
+        // The recipe of docs/tasks/gitops.md, with this test's names, repository, intervals and
+        // timeout: the intervals are long so that reconciles happen when the test asks for them.
         let recipe =
             std::fs::read_to_string(support::root().join("examples/gitops/flux/jobs.yaml"))
                 .expect("examples/gitops/flux/jobs.yaml");

@@ -886,8 +886,8 @@ async fn an_operator_on_an_empty_dir_rebuilds_from_status_after_its_pod_is_delet
 }
 
 /// `resources.limits` of 1 CPU and 512Mi: the caps the installed operator logs follow the
-/// container's limits by the README's formula (launch = 4 x CPUs; run = (memory - reserved) /
-/// per-job budget, at least 1; a run cap of 1 is warned about), and `managed-jobs queue`
+/// container's limits by the formula of docs/reference/flags.md (launch = 4 x CPUs; run =
+/// (memory - reserved) / per-job budget, at least 1; a run cap of 1 is warned about), and `managed-jobs queue`
 /// (kubectl exec) shows them. Installed with `watchNamespace` (not the release namespace),
 /// `helm test --logs` passes.
 #[tokio::test]

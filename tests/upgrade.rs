@@ -3,7 +3,7 @@
 //! SkyPilot's `tests/backward_compatibility_tests.sh` builds its own) end under this build as they
 //! would have without the upgrade.
 //!
-//! The upgrade is the one a user of a host install makes (README, "Using it"): the old operator
+//! The upgrade is the one a user of a host install makes (docs/tasks/upgrade.md): the old operator
 //! is stopped with SIGTERM (its job controllers stay, as documented), this release's CRDs are
 //! applied, and this build's operator is started on the same state dir. At that moment there are
 //! jobs in every state: finished (local and pod), running (local, pod, a local pipeline in its

@@ -13,10 +13,12 @@
 //! - [`validation`]: the limits, and the checks the operator makes itself when a CRD without our
 //!   rules was installed ([`validate_spec`]);
 //! - [`queue`]: the `ManagedJobQueue` resource (cluster-scoped: a team's share of the caps) and
-//!   its CRD.
+//!   its CRD;
+//! - [`reference`]: the API reference (`docs/reference/api.md`), generated from both CRDs.
 
 pub mod failure;
 pub mod queue;
+pub mod reference;
 pub mod schema;
 pub mod states;
 pub mod types;
@@ -31,7 +33,8 @@ pub use queue::{
     ManagedJobQueueSpec, ManagedJobQueueStatus, QueuePreemption, QueueShardStatus, ReclaimShare,
     WithinQueue, is_queue_name, queue_crd, queue_crd_yaml,
 };
-pub use schema::{crd, crd_yaml, status_default};
+pub use reference::api_reference;
+pub use schema::{IMMUTABLE_SPEC_FIELDS, crd, crd_yaml, status_default};
 pub use states::{ExecutorFacts, ExecutorKind, JobPhase, ScheduleState, TaskPhase, WaitReason};
 pub use types::{
     EnvVar, FINALIZER, GROUP, LABEL_ATTEMPT, LABEL_GANG, LABEL_JOB_ID, LABEL_RANK, LABEL_SHARD,

@@ -42,7 +42,8 @@ pub const MAX_WEIGHT: u32 = 10_000;
 pub struct ManagedJobQueueSpec {
     /// Share of the caps while several queues have waiting jobs (1..10000): the next free run
     /// slot goes to the queue with the lowest (run slots held / weight). A queue alone takes
-    /// every free slot (an idle queue's share is lent; running jobs are never preempted).
+    /// every free slot (an idle queue's share is lent; a running job is stopped for it only
+    /// under a queue's `preemption`).
     #[serde(default = "default_weight")]
     pub weight: u32,
     /// Most of the queue's jobs holding a run slot at once (launching, running or recovering),
@@ -60,8 +61,8 @@ pub struct ManagedJobQueueSpec {
     /// job whose namespace the queue does not admit never runs, whatever its spec says: it
     /// waits, saying why.
     pub namespace_selector: LabelSelector,
-    /// When the queue may stop running jobs to get its share (`docs/design.md`, "Stopping
-    /// without failing"). Unset: never (a queue below its share waits for the next free slot).
+    /// When the queue may stop running jobs to get its share
+    /// (docs/concepts/queues-and-preemption.md, "Stopping without failing"). Unset: never (a queue below its share waits for the next free slot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<QueuePreemption>,
 }

@@ -120,21 +120,27 @@ fn owner_rule() -> Value {
     })
 }
 
+/// The spec fields that cannot change after creation, each by its own CEL rule (`self ==
+/// oldSelf`) and one on the spec that it is neither added nor removed. `recovery` is immutable
+/// too, by one rule on the spec (`self.recovery == oldSelf.recovery`: it has a default, so it is
+/// always present). Only `priority`, `cancel` and `suspend` may change.
+pub const IMMUTABLE_SPEC_FIELDS: [&str; 12] = [
+    "queue",
+    "nodes",
+    "run",
+    "setup",
+    "env",
+    "template",
+    "activeDeadlineSeconds",
+    "launchTimeoutSeconds",
+    "ttlSecondsAfterFinished",
+    "tasks",
+    "failurePolicy",
+    "terminationGracePeriodSeconds",
+];
+
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 12] = [
-        "queue",
-        "nodes",
-        "run",
-        "setup",
-        "env",
-        "template",
-        "activeDeadlineSeconds",
-        "launchTimeoutSeconds",
-        "ttlSecondsAfterFinished",
-        "tasks",
-        "failurePolicy",
-        "terminationGracePeriodSeconds",
-    ];
+    const IMMUTABLE: [&str; 12] = IMMUTABLE_SPEC_FIELDS;
     let mut rules = vec![
         rule(
             "(has(self.run) ? 1 : 0) + (has(self.template) ? 1 : 0) + (has(self.tasks) ? 1 : 0) == 1",

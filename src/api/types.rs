@@ -83,7 +83,7 @@ pub struct ManagedJobSpec {
     pub template: Option<PodTemplateSpec>,
     /// Nodes of a multi-node job, 1..64: each attempt runs this many Pods from `template`
     /// (rank 0..N-1), placed, stopped and recovered all together, each with a DNS name and the
-    /// variables distributed frameworks read (README "Multi-node jobs"). Unset: one Pod.
+    /// variables distributed frameworks read (docs/concepts/multi-node.md). Unset: one Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<i32>,
     /// Scheduling priority, -1000..1000; higher is admitted first, FIFO within a priority
@@ -116,8 +116,8 @@ pub struct ManagedJobSpec {
     /// cancel reverted in git), which changes nothing.
     #[serde(default)]
     pub cancel: bool,
-    /// Set to true to hold the job without failing it (`docs/design.md`, "Stopping without
-    /// failing"): a waiting job is not admitted and keeps its place; a running one is stopped
+    /// Set to true to hold the job without failing it (docs/concepts/queues-and-preemption.md,
+    /// "Stopping without failing"): a waiting job is not admitted and keeps its place; a running one is stopped
     /// gracefully (SIGTERM, the stop grace of `terminationGracePeriodSeconds`, then SIGKILL)
     /// and gives its run slot back. Either way it shows phase `Suspended`. Back to false, it
     /// waits again ahead of the jobs created after it, its restart and recovery budgets and its

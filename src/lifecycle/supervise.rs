@@ -38,8 +38,8 @@ pub fn cancel_route(row: &JobRow) -> CancelRoute {
     }
 }
 
-/// What the operator does with a job's `spec.suspend` as mirrored (`docs/design.md`,
-/// "Stopping without failing").
+/// What the operator does with a job's `spec.suspend` as mirrored
+/// (`docs/concepts/queues-and-preemption.md`, "Stopping without failing").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SuspendRoute {
     /// Write this: a job that holds no slot is suspended at once ([`t::suspend_queued`]), or a
