@@ -251,6 +251,44 @@ pub fn apply_crds(cp: &ControlPlane, dir: &Path) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The shard policy (a ValidatingAdmissionPolicy) is in force a moment after it is
+    // (re)created, e.g. after the real-node tests' `helm uninstall` deleted the chart's copy:
+    // until a create with a label no operator could take is refused, a test that counts on the
+    // refusal would see it accepted.
+    if dir.join("managedjobs.dev_shard-policy.yaml").exists() {
+        let probe =
+            std::env::temp_dir().join(format!("mj-shard-probe-{}.yaml", std::process::id()));
+        let text = std::fs::read_to_string(&hello).expect("examples/hello.yaml");
+        let labelled = text.replacen(
+            "metadata:\n",
+            "metadata:\n  labels: {managedjobs.dev/shard: Not_A_Shard}\n",
+            1,
+        );
+        std::fs::write(&probe, labelled).expect("writing the probe");
+        let start = Instant::now();
+        loop {
+            let (ok, out) = kubectl(
+                cp,
+                &[
+                    "apply",
+                    "--dry-run=server",
+                    "-n",
+                    "default",
+                    "-f",
+                    probe.to_str().unwrap(),
+                ],
+            );
+            if !ok && out.contains("is not a shard name") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the shard policy never refused a bad shard label: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = std::fs::remove_file(&probe);
+    }
 }
 
 /// A client for the control plane.
