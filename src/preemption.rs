@@ -110,6 +110,15 @@ pub fn shares(run_cap: usize, wants: &[(u32, usize)]) -> Vec<f64> {
     share
 }
 
+/// Which of two running jobs is taken first (Less: `a`): the lower priority, then the more
+/// recently started (the least work lost), then the higher id.
+fn victim_order(a: &Running, b: &Running) -> std::cmp::Ordering {
+    a.priority
+        .cmp(&b.priority)
+        .then(b.running_since_ms.cmp(&a.running_since_ms))
+        .then(b.id.cmp(&a.id))
+}
+
 /// The victims to stop now (see the module's rules). `run_full`: every run slot is held (no
 /// free slot the normal pass could give instead); `now_ms`: ms since epoch. Cost: O(queues x
 /// running jobs) per victim, with victims bounded by the queues' shortfall.
@@ -194,11 +203,7 @@ pub fn plan(queues: &[QueueState], run_cap: usize, run_full: bool, now_ms: i64) 
                     && ran_enough(&queues[i].running[k], &policy)
             })
             .min_by(|&(_, &(ia, ka)), &(_, &(ib, kb))| {
-                let (a, b) = (&queues[ia].running[ka], &queues[ib].running[kb]);
-                a.priority
-                    .cmp(&b.priority)
-                    .then(b.running_since_ms.cmp(&a.running_since_ms))
-                    .then(b.id.cmp(&a.id))
+                victim_order(&queues[ia].running[ka], &queues[ib].running[kb])
             })
             .map(|(v, &(i, k))| (v, i, k));
         let Some((v, i, k)) = victim else {
@@ -239,11 +244,7 @@ pub fn plan(queues: &[QueueState], run_cap: usize, run_full: bool, now_ms: i64) 
                         && ran_enough(&q.running[k], &q.policy)
                 })
                 .min_by(|&(_, &(_, ka)), &(_, &(_, kb))| {
-                    let (a, b) = (&q.running[ka], &q.running[kb]);
-                    a.priority
-                        .cmp(&b.priority)
-                        .then(b.running_since_ms.cmp(&a.running_since_ms))
-                        .then(b.id.cmp(&a.id))
+                    victim_order(&q.running[ka], &q.running[kb])
                 })
                 .map(|(v, &(_, k))| (v, k));
             let Some((v, k)) = victim else { break };

@@ -37,6 +37,14 @@ pub enum Admits {
 }
 
 impl Admits {
+    /// The namespaces it is limited to, if any (None: every namespace).
+    pub fn only(&self) -> Option<&BTreeSet<String>> {
+        match self {
+            Admits::All => None,
+            Admits::Only(set) => Some(set),
+        }
+    }
+
     /// True when the queue admits jobs of `namespace`.
     pub fn admits(&self, namespace: &str) -> bool {
         match self {

@@ -26,7 +26,7 @@ use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
 use crate::capacity::{Caps, SlotUsage};
 use crate::lifecycle;
 use crate::lifecycle::JobRow;
-use crate::queues::{self, Admits, QueueLoad, QueuePolicy, Queues};
+use crate::queues::{self, QueueLoad, QueuePolicy, Queues};
 use crate::store::{Cas, Queued, Store, StoreError};
 
 /// A queued job as the planner sees it.
@@ -380,11 +380,7 @@ fn preempt(
         let Some(policy) = queues.get(name) else {
             continue;
         };
-        let only = match &policy.admits {
-            Admits::All => None,
-            Admits::Only(set) => Some(set),
-        };
-        let heads = store.queue_candidates(name, only, caps.run, now)?;
+        let heads = store.queue_candidates(name, policy.admits.only(), caps.run, now)?;
         if heads.is_empty() {
             continue;
         }
@@ -490,12 +486,8 @@ fn admit(
             if found >= free {
                 break;
             }
-            let only = match &policy.admits {
-                Admits::All => None,
-                Admits::Only(set) => Some(set),
-            };
             let limit = free.min(policy_room(policy, load));
-            let heads = store.queue_candidates(name, only, limit, now)?;
+            let heads = store.queue_candidates(name, policy.admits.only(), limit, now)?;
             if heads.is_empty() {
                 continue;
             }

@@ -116,17 +116,18 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
             1 => "once".to_string(),
             n => format!("{n} times"),
         };
-        let said = if by == &row.queue {
-            format!(
-                "preempted {times}; latest: a higher-priority job of its queue {by} took its run slot"
+        let (reason, said) = if by == &row.queue {
+            (
+                "WithinQueue",
+                format!(
+                    "preempted {times}; latest: a higher-priority job of its queue {by} took its run slot"
+                ),
             )
         } else {
-            format!("preempted {times}; latest: queue {by} took its run slot")
-        };
-        let reason = if by == &row.queue {
-            "WithinQueue"
-        } else {
-            "ReclaimedByQueue"
+            (
+                "ReclaimedByQueue",
+                format!("preempted {times}; latest: queue {by} took its run slot"),
+            )
         };
         out.push(condition("Preempted", waiting, reason, &said, when, g));
     }

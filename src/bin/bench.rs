@@ -133,6 +133,36 @@ async fn churn_one(client: &kube::Client, k: usize, outage: Duration) -> anyhow:
     Ok(name)
 }
 
+/// The dev control plane, started or reused by `hack/controlplane.sh up`.
+struct DevControlPlane {
+    script: PathBuf,
+    /// Its admin kubeconfig's path.
+    kubeconfig: String,
+}
+
+impl DevControlPlane {
+    /// Starts (or reuses) it. Errors: `up` failed.
+    fn up() -> anyhow::Result<DevControlPlane> {
+        let script = root().join("hack/controlplane.sh");
+        let out = Command::new(&script)
+            .arg("up")
+            .stderr(Stdio::inherit())
+            .output()?;
+        anyhow::ensure!(out.status.success(), "hack/controlplane.sh up failed");
+        let kubeconfig = String::from_utf8(out.stdout)?.trim().to_string();
+        Ok(DevControlPlane { script, kubeconfig })
+    }
+
+    /// Runs its kubectl with `args`.
+    fn kubectl(&self, args: &[&str]) -> std::io::Result<std::process::Output> {
+        Command::new(&self.script)
+            .arg("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+    }
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -458,20 +488,9 @@ async fn main() -> anyhow::Result<()> {
     if !["local", "pod", "priorities", "pipeline", "density"].contains(&args.scenario.as_str()) {
         bail!("unknown scenario {}", args.scenario);
     }
-    let script = root().join("hack/controlplane.sh");
-    let out = Command::new(&script)
-        .arg("up")
-        .stderr(Stdio::inherit())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "hack/controlplane.sh up failed");
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_string();
-    let kubectl = |a: &[&str]| {
-        Command::new(&script)
-            .arg("kubectl")
-            .args(a)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-    };
+    let cp = DevControlPlane::up()?;
+    let kubeconfig = cp.kubeconfig.clone();
+    let kubectl = |a: &[&str]| cp.kubectl(a);
     kubectl(&["apply", "-f", root().join("crds").to_str().unwrap()])?;
     kubectl(&[
         "wait",
@@ -1104,20 +1123,9 @@ fn print_table(r: &serde_json::Value) {
 /// each victim lost (seconds it had run), once with `reclaimShare: Any` (minRunSeconds 5) and
 /// once without preemption (bounded by the hold: B waits for A's jobs to end).
 async fn preemption_scenario(args: &Args) -> anyhow::Result<()> {
-    let script = root().join("hack/controlplane.sh");
-    let out = Command::new(&script)
-        .arg("up")
-        .stderr(Stdio::inherit())
-        .output()?;
-    anyhow::ensure!(out.status.success(), "hack/controlplane.sh up failed");
-    let kubeconfig = String::from_utf8(out.stdout)?.trim().to_string();
-    let kubectl = |a: &[&str]| {
-        Command::new(&script)
-            .arg("kubectl")
-            .args(a)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-    };
+    let cp = DevControlPlane::up()?;
+    let kubeconfig = cp.kubeconfig.clone();
+    let kubectl = |a: &[&str]| cp.kubectl(a);
     kubectl(&[
         "apply",
         "--server-side",

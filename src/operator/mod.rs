@@ -550,16 +550,12 @@ impl Operator {
         }
         // spec.suspend: who set it (the status names them), then held or resumed as it asks.
         if !row.cancel_requested && row.schedule_state != ScheduleState::Done {
-            let who = mj
-                .spec
-                .suspend
-                .then(|| mj.annotations().get(SUSPEND_MANAGER).cloned())
-                .flatten();
-            if mj.spec.suspend && who.is_some() && who != row.suspended_by {
-                self.engine
-                    .store()
-                    .note_suspended_by(row.id, who.as_deref())?;
-                row.suspended_by = who;
+            if mj.spec.suspend
+                && let Some(who) = mj.annotations().get(SUSPEND_MANAGER)
+                && row.suspended_by.as_ref() != Some(who)
+            {
+                self.engine.store().note_suspended_by(row.id, Some(who))?;
+                row.suspended_by = Some(who.clone());
             }
             row = self.engine.suspend_or_resume(row)?;
         }
