@@ -353,6 +353,16 @@ EOF
       -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" 2>/dev/null
     openssl x509 -req -in apiserver-kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile admin.ext -out apiserver-kubelet-client.crt 2>/dev/null
+    # The front proxy (kube-aggregator) towards aggregated API servers, such as the operator's
+    # visibility API: its own CA, which those servers read from the
+    # kube-system/extension-apiserver-authentication ConfigMap to trust the X-Remote-User header.
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout front-proxy-ca.key -out front-proxy-ca.crt \
+      -subj "/CN=managed-jobs-dev-front-proxy-ca" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout front-proxy-client.key -out front-proxy-client.csr \
+      -subj "/CN=front-proxy-client" 2>/dev/null
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial \
+      -days 3650 -extfile admin.ext -out front-proxy-client.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
     rm -f ./*.csr ./*.srl
@@ -425,7 +435,7 @@ default_ns_exists() { api_get /api/v1/namespaces/default >/dev/null; }
 
 # Bump INSTANCE_LAYOUT when the components' flags or certificates change, so that `up` replaces an
 # instance started by an older version of this script.
-INSTANCE_LAYOUT=2
+INSTANCE_LAYOUT=3
 instance_key() { printf '%s %s %s %s' "$(tool_key kubernetes)" "$(tool_key etcd)" "$(tool_key kwok)" "$INSTANCE_LAYOUT"; }
 
 # 0 = healthy running instance, 1 = nothing there, 2 = stale (something left over, not healthy)
@@ -637,7 +647,9 @@ cmd_up() {
 
 # Starts a new instance (the caller holds the lock and has cleaned up); prints the kubeconfig path.
 # kube-apiserver, on the instance's ports and certificates ($RUN/ports, $RUN/pki) and with its
-# feature gates ($RUN/features); waits for /readyz.
+# feature gates ($RUN/features); waits for /readyz. It fronts aggregated API servers (the front
+# proxy's certificate and the X-Remote-* headers) and dials their endpoints directly
+# (--enable-aggregator-routing): there is no kube-proxy to route a Service's cluster IP.
 start_apiserver() {
   local etcd_port api_port p="$RUN/pki" gang=0 features
   [[ "$(cat "$RUN/features" 2>/dev/null)" == gang-scheduling ]] && gang=1
@@ -659,6 +671,11 @@ start_apiserver() {
     --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$p/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname \
+    --requestheader-client-ca-file="$p/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-uid-headers=X-Remote-Uid \
+    --requestheader-group-headers=X-Remote-Group --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$p/front-proxy-client.crt" --proxy-client-key-file="$p/front-proxy-client.key" \
+    --enable-aggregator-routing=true \
     ${features:+"$features" --runtime-config=scheduling.k8s.io/v1alpha2=true}
   wait_component kube-apiserver "kube-apiserver /readyz" 60 apiserver_ready
 }

@@ -27,4 +27,5 @@ pub mod state_dir;
 pub mod status;
 pub mod store;
 pub mod telemetry;
+pub mod visibility;
 pub mod wake;

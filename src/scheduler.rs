@@ -537,17 +537,17 @@ fn admit(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn tell_heads(
-    store: &mut Store,
+/// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):
+/// `loads` and `usage` the slots held, `waiting_queues` the queues with Waiting jobs. Reads the
+/// node waits (one index scan of the live jobs) only when the run cap is full.
+pub fn wait_context<'a>(
+    store: &Store,
     caps: Caps,
-    queues: &Queues,
-    memory: &mut PassMemory,
-    loads: &BTreeMap<String, QueueLoad>,
+    queues: &'a Queues,
+    loads: &'a BTreeMap<String, QueueLoad>,
     waiting_queues: &[String],
-    touched: &BTreeSet<String>,
     usage: SlotUsage,
-    now: i64,
-) -> Result<usize, StoreError> {
+) -> Result<WaitContext<'a>, StoreError> {
     let node_waits = if usage.alive >= caps.run {
         store.node_waits()?
     } else {
@@ -563,7 +563,7 @@ fn tell_heads(
             backlogged_weight += u64::from(p.weight);
         }
     }
-    let w = WaitContext {
+    Ok(WaitContext {
         queues,
         loads,
         usage,
@@ -571,7 +571,21 @@ fn tell_heads(
         node_waits,
         backlogged,
         backlogged_weight,
-    };
+    })
+}
+
+fn tell_heads(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    memory: &mut PassMemory,
+    loads: &BTreeMap<String, QueueLoad>,
+    waiting_queues: &[String],
+    touched: &BTreeSet<String>,
+    usage: SlotUsage,
+    now: i64,
+) -> Result<usize, StoreError> {
+    let w = wait_context(store, caps, queues, loads, waiting_queues, usage)?;
     // The queues whose heads are told: those admitted from, those whose reason changed, and
     // the next few in turn.
     let mut tell: BTreeSet<&str> = BTreeSet::new();

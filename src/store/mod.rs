@@ -30,6 +30,7 @@ pub mod queues;
 pub mod row;
 pub mod schema;
 pub mod settings;
+pub mod visibility;
 
 pub use claims::ClaimRow;
 pub use jobs::{Cas, Upserted};

@@ -231,4 +231,12 @@ const STEPS: &[M<'static>] = &[
             WHERE preempted_at_ms IS NOT NULL;
         "#,
     ),
+    // The visibility API (crate::visibility): each queue's most recently finished jobs, for the
+    // estimated start of its waiting ones (their run times), without reading every finished job.
+    M::up(
+        r#"
+        CREATE INDEX jobs_finished_by_queue ON jobs (queue, finished_at_ms)
+            WHERE finished_at_ms IS NOT NULL AND started_at_ms IS NOT NULL;
+        "#,
+    ),
 ];

@@ -1,0 +1,162 @@
+//! What the visibility API (`crate::visibility`) reads: the queued and live jobs in brief (no
+//! spec parsed), and each queue's recent run times. Every query is served by a partial index
+//! (`jobs_queue`, `jobs_live`, `jobs_finished_by_queue`): none reads finished jobs in bulk.
+
+use rusqlite::params;
+
+use super::{Result, Store};
+use crate::api::{JobPhase, ScheduleState};
+
+/// A job not yet finished, as the visibility API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BriefJob {
+    /// Store id (`status.jobId`).
+    pub id: i64,
+    /// Namespace of its ManagedJob.
+    pub namespace: String,
+    /// Name of its ManagedJob.
+    pub name: String,
+    /// Its queue (`spec.queue`).
+    pub queue: String,
+    /// `spec.priority`.
+    pub priority: i32,
+    /// Its phase.
+    pub phase: JobPhase,
+    /// Its schedule state.
+    pub schedule_state: ScheduleState,
+    /// Its status message.
+    pub message: String,
+    /// When it entered its queue (ms since epoch): its place within its priority.
+    pub queued_at_ms: i64,
+    /// A cancel (or delete) is under way.
+    pub cancel_requested: bool,
+    /// It waits in a back-off until then (ms since epoch).
+    pub backoff_until_ms: Option<i64>,
+    /// The current attempt (1-based; 0 before the first launch).
+    pub attempt: i32,
+    /// A pipeline's current task (0-based).
+    pub task_index: i32,
+    /// Its workload (a Pod name, a process), once launched.
+    pub workload: Option<String>,
+    /// When it first started running (ms since epoch).
+    pub started_at_ms: Option<i64>,
+    /// When its current attempt began to run (ms since epoch).
+    pub running_since_ms: Option<i64>,
+    /// `spec.suspend` asks it to wait.
+    pub suspended: bool,
+}
+
+const BRIEF_COLUMNS: &str = "id, namespace, name, queue, priority, phase, schedule_state, message,
+    queued_at_ms, cancel_requested, backoff_until_ms, attempt, task_index, workload,
+    started_at_ms, running_since_ms, json_extract(spec, '$.suspend') IS 1";
+
+fn brief(r: &rusqlite::Row<'_>) -> rusqlite::Result<BriefJob> {
+    let phase: String = r.get(5)?;
+    let state: String = r.get(6)?;
+    Ok(BriefJob {
+        id: r.get(0)?,
+        namespace: r.get(1)?,
+        name: r.get(2)?,
+        queue: r.get(3)?,
+        priority: r.get(4)?,
+        phase: JobPhase::parse(&phase).unwrap_or(JobPhase::Pending),
+        schedule_state: ScheduleState::parse(&state).unwrap_or(ScheduleState::Waiting),
+        message: r.get(7)?,
+        queued_at_ms: r.get(8)?,
+        cancel_requested: r.get(9)?,
+        backoff_until_ms: r.get(10)?,
+        attempt: r.get(11)?,
+        task_index: r.get(12)?,
+        workload: r.get(13)?,
+        started_at_ms: r.get(14)?,
+        running_since_ms: r.get(15)?,
+        suspended: r.get(16)?,
+    })
+}
+
+impl Store {
+    /// Every Waiting job (new jobs, not relaunches), in each queue's admission order (queue,
+    /// then priority descending, then entry in the queue, then id), back-offs and cancels
+    /// included. Served by `jobs_waiting_by_queue`: O(waiting jobs).
+    pub fn waiting_brief(&self) -> Result<Vec<BriefJob>> {
+        let sql = format!(
+            "SELECT {BRIEF_COLUMNS} FROM jobs INDEXED BY jobs_waiting_by_queue
+             WHERE schedule_state = 'Waiting'
+             ORDER BY queue, priority DESC, queued_at_ms, id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], brief)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Every job holding a run slot (Launching, Alive, AliveWaiting), by id. Served by
+    /// `jobs_live`: O(jobs holding a run slot).
+    pub fn live_brief(&self) -> Result<Vec<BriefJob>> {
+        let sql = format!(
+            "SELECT {BRIEF_COLUMNS} FROM jobs
+             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting') ORDER BY id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], brief)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Every job not finished that is neither Waiting nor holding a run slot (Inactive:
+    /// suspended, or not yet queued), by id.
+    pub fn inactive_brief(&self) -> Result<Vec<BriefJob>> {
+        let sql = format!(
+            "SELECT {BRIEF_COLUMNS} FROM jobs
+             WHERE schedule_state = 'Inactive' ORDER BY id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([], brief)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The run times (finish - first start, ms) of the `limit` jobs of `queue` that finished
+    /// last (at most those finished since `since_ms`), newest first, with when each finished.
+    /// Served by `jobs_finished_by_queue`.
+    pub fn recent_run_times(
+        &self,
+        queue: &str,
+        since_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(i64, i64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT finished_at_ms - started_at_ms, finished_at_ms
+             FROM jobs INDEXED BY jobs_finished_by_queue
+             WHERE queue = ?1 AND finished_at_ms IS NOT NULL AND started_at_ms IS NOT NULL
+                AND finished_at_ms >= ?2
+             ORDER BY finished_at_ms DESC LIMIT ?3",
+        )?;
+        let rows = stmt.query_map(params![queue, since_ms, limit as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The namespaces that hold a job not finished, by name (O(jobs not finished) over the
+    /// queue, live and cancel indexes' states).
+    pub fn open_namespaces(&self) -> Result<Vec<String>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT DISTINCT namespace FROM jobs
+             WHERE schedule_state IN ('Inactive', 'Waiting', 'Launching', 'Alive', 'AliveWaiting')
+             ORDER BY namespace",
+        )?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Runs `f` inside one read transaction: everything it reads is of one moment, however
+    /// the operator writes meanwhile (WAL: the writer is not blocked).
+    pub fn read_consistently<T>(
+        &mut self,
+        f: impl FnOnce(&Store) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        self.conn.execute_batch("BEGIN DEFERRED")?;
+        let out = f(self);
+        // A read transaction has nothing to keep: ending it either way releases the snapshot.
+        let _ = self.conn.execute_batch("COMMIT");
+        out
+    }
+}

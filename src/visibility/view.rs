@@ -1,0 +1,513 @@
+//! The visibility API's answers, computed purely from what the store holds
+//! ([`crate::store::visibility`]): the waiting jobs in the order the scheduler will admit them,
+//! each with the reason it waits and an estimated start, and the jobs holding slots. Nothing
+//! here is written back: positions are computed per request, never stored on the objects (that
+//! would cost a write per job per admission).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::api::ScheduleState;
+use crate::capacity::{Caps, SlotUsage};
+use crate::queues::{QueueLoad, Queues};
+use crate::scheduler::{self, Candidate, QueueView, WaitContext};
+use crate::store::visibility::BriefJob;
+
+/// The API group and version of the visibility API.
+pub const API_VERSION: &str = "visibility.managedjobs.dev/v1alpha1";
+
+/// Finished jobs per queue whose run times give its throughput ([`Throughput`]).
+pub const RUN_TIME_SAMPLES: usize = 50;
+
+/// How far back those finished jobs may lie, ms: a queue idle for longer has no estimate.
+pub const RUN_TIME_WINDOW_MS: i64 = 3_600_000;
+
+/// A queue's recent pace, from which waiting jobs' starts are estimated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Throughput {
+    /// Its jobs holding a run slot now.
+    pub running: usize,
+    /// The mean run time (first start to finish) of its recently finished jobs, ms.
+    pub mean_run_ms: f64,
+    /// How many finished jobs that mean is over (at most [`RUN_TIME_SAMPLES`]).
+    pub samples: usize,
+}
+
+impl Throughput {
+    /// From a queue's jobs holding run slots and its recent run times (ms); None when nothing
+    /// finished recently.
+    pub fn of(running: usize, run_times_ms: &[i64]) -> Option<Throughput> {
+        if run_times_ms.is_empty() {
+            return None;
+        }
+        let sum: i64 = run_times_ms.iter().map(|t| (*t).max(0)).sum();
+        Some(Throughput {
+            running,
+            mean_run_ms: sum as f64 / run_times_ms.len() as f64,
+            samples: run_times_ms.len(),
+        })
+    }
+
+    /// Jobs started per second by Little's law: the slots it holds turn over once per mean
+    /// run time (`running / mean run time`). 0 when it holds none.
+    pub fn starts_per_second(&self) -> f64 {
+        if self.mean_run_ms <= 0.0 {
+            return 0.0;
+        }
+        self.running as f64 * 1000.0 / self.mean_run_ms
+    }
+}
+
+/// When a waiting job may start, and on what that rests: never a promise.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Estimate {
+    /// Seconds from the answer's time; None when there is no basis for a figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_seconds: Option<f64>,
+    /// The start as an RFC 3339 time, when there is a figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    /// What the figure rests on, or why there is none.
+    pub basis: String,
+}
+
+/// The estimated start of a waiting job that is `place`-th (1-based) among its queue's
+/// admissible waiting jobs in admission order, when `room` new jobs could be admitted at once
+/// (free launch and run slots) and `global_place` is its place among every queue's: within the
+/// room it starts at the next pass; beyond it, at its queue's pace, `place / starts per
+/// second` from now (Little's law over the queue's slots and recent run times,
+/// [`Throughput::starts_per_second`]). Without a pace (nothing finished in the last hour, or
+/// nothing of its queue runs), no figure.
+pub fn estimate(place: usize, global_place: usize, room: usize, pace: Option<Throughput>) -> Estimate {
+    if global_place <= room {
+        return Estimate {
+            in_seconds: Some(0.0),
+            at: None,
+            basis: "slots are free: admitted at the next scheduling pass".into(),
+        };
+    }
+    let Some(pace) = pace else {
+        return Estimate {
+            in_seconds: None,
+            at: None,
+            basis: "no job of its queue finished in the last hour: no pace to estimate from".into(),
+        };
+    };
+    let rate = pace.starts_per_second();
+    if rate <= 0.0 {
+        return Estimate {
+            in_seconds: None,
+            at: None,
+            basis: "no job of its queue holds a run slot now: it starts once one frees elsewhere"
+                .into(),
+        };
+    }
+    Estimate {
+        in_seconds: Some((place as f64 / rate * 10.0).round() / 10.0),
+        at: None,
+        basis: format!(
+            "its place in its queue ({place}) at the queue's recent pace: {:.2} starts/s \
+             (its run slots turning over once per mean run time, {:.1} s over its last {} \
+             finished jobs); an estimate, not a promise",
+            rate,
+            pace.mean_run_ms / 1000.0,
+            pace.samples
+        ),
+    }
+}
+
+/// The order in which the scheduler would admit `waiting` (each queue's Waiting jobs in its
+/// admission order, as [`crate::store::Store::waiting_brief`] returns them) if slots freed one
+/// by one from the `loads` each queue holds now: [`scheduler::plan_queues`] itself, with caps
+/// that never bind and no `maxLaunching` (each admission is one more run slot of its queue, so
+/// the shares move as they will). Jobs it would not admit now (in a back-off, being cancelled,
+/// their queue missing, refusing their namespace or at its `maxRunning`) come after, in their
+/// queue's order. Returns the job ids in that order, and how many of them lead it (admissible).
+pub fn admission_order(
+    queues: &Queues,
+    loads: &BTreeMap<String, QueueLoad>,
+    waiting: &[BriefJob],
+    now_ms: i64,
+) -> (Vec<i64>, usize) {
+    let mut views: BTreeMap<&str, QueueView> = BTreeMap::new();
+    for j in waiting {
+        let view = views.entry(j.queue.as_str()).or_insert_with(|| QueueView {
+            name: j.queue.clone(),
+            policy: queues.get(&j.queue).cloned().map(|mut p| {
+                p.max_launching = None;
+                p
+            }),
+            load: QueueLoad {
+                launching: 0,
+                alive: loads.get(&j.queue).map_or(0, |l| l.alive),
+            },
+            relaunches: Vec::new(),
+            new_jobs: Vec::new(),
+        });
+        if admissible_now(j, now_ms) {
+            view.new_jobs.push(Candidate {
+                id: j.id,
+                priority: j.priority,
+                namespace: j.namespace.clone(),
+            });
+        }
+    }
+    let views: Vec<QueueView> = views.into_values().collect();
+    let unbounded = Caps {
+        launch: usize::MAX,
+        run: usize::MAX,
+    };
+    let usage = SlotUsage::default();
+    let mut order: Vec<i64> = scheduler::plan_queues(usage, unbounded, &views)
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    let lead = order.len();
+    let placed: BTreeSet<i64> = order.iter().copied().collect();
+    order.extend(waiting.iter().map(|j| j.id).filter(|id| !placed.contains(id)));
+    (order, lead)
+}
+
+/// True when a pass could admit `j` at `now_ms` as far as the job itself goes: not being
+/// cancelled, not suspended, not in a back-off.
+fn admissible_now(j: &BriefJob, now_ms: i64) -> bool {
+    !j.cancel_requested && !j.suspended && j.backoff_until_ms.is_none_or(|t| t <= now_ms)
+}
+
+/// Which limit holds new jobs back now: `RunCap` (every run slot held), `LaunchCap` (every
+/// launch slot held), or None (a new job can be admitted).
+pub fn binding_limit(usage: SlotUsage, caps: Caps) -> Option<&'static str> {
+    if usage.alive >= caps.run {
+        Some("RunCap")
+    } else if usage.launching >= caps.launch {
+        Some("LaunchCap")
+    } else {
+        None
+    }
+}
+
+/// New jobs that could be admitted at once: free launch slots and free run slots, the fewer.
+pub fn room(usage: SlotUsage, caps: Caps) -> usize {
+    caps.launch
+        .saturating_sub(usage.launching)
+        .min(caps.run.saturating_sub(usage.alive))
+}
+
+/// A waiting job in the answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingJob {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `status.jobId`.
+    pub job_id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// `spec.priority`.
+    pub priority: i32,
+    /// 1-based, among the waiting jobs of this answer, in the order they will be admitted
+    /// (as slots free); jobs that cannot be admitted now (see `reason`) come last.
+    pub position: usize,
+    /// Why it waits: a `WaitReason` (`RunCapReached`, `ShareUsed`, `QueueMaxRunning`, ...),
+    /// `BackOff` (retrying after a failure), or `Cancelling`.
+    pub reason: String,
+    /// The sentence its status shows (or would, for jobs past a queue's head).
+    pub message: String,
+    /// When it entered its queue (RFC 3339).
+    pub waiting_since: String,
+    /// When it may start.
+    pub estimated_start: Estimate,
+}
+
+/// A job holding slots (Launching, Alive, AliveWaiting) in the answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveJob {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `status.jobId`.
+    pub job_id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its phase.
+    pub phase: String,
+    /// Its schedule state.
+    pub schedule_state: String,
+    /// Its current attempt (1-based).
+    pub attempt: i32,
+    /// A pipeline's current task (0-based).
+    pub task: i32,
+    /// Its workload (Pod name, process), once launched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// When it first started (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// Its status message.
+    pub message: String,
+}
+
+/// A job neither waiting nor holding a slot and not finished (suspended).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InactiveJob {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// `status.jobId`.
+    pub job_id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its phase (`Suspended`, or `Pending` before it is queued).
+    pub phase: String,
+    /// Its status message.
+    pub message: String,
+}
+
+/// Counts of one namespace's jobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceCounts {
+    /// The namespace.
+    pub namespace: String,
+    /// Jobs waiting for a slot.
+    pub waiting: usize,
+    /// Jobs holding a launch slot.
+    pub launching: usize,
+    /// Jobs holding a run slot (launching, running, waiting to relaunch).
+    pub holding_run_slots: usize,
+    /// Jobs suspended (or not yet queued).
+    pub inactive: usize,
+}
+
+/// The caps and which one binds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapsView {
+    /// The launch cap (jobs launching at once).
+    pub launch: usize,
+    /// The run cap (jobs holding a run slot at once).
+    pub run: usize,
+    /// `RunCap`, `LaunchCap`, or absent: which holds new jobs back now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binding: Option<&'static str>,
+}
+
+/// Slots in use across the operator: shown only to a caller who may list ManagedJobs in every
+/// namespace (the counts include every namespace's jobs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageView {
+    /// Jobs holding a launch slot.
+    pub launching: usize,
+    /// Jobs holding a run slot.
+    pub holding_run_slots: usize,
+    /// Jobs waiting.
+    pub waiting: usize,
+}
+
+/// The answer of `GET .../queue`: kind `JobQueue`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobQueue {
+    /// [`API_VERSION`].
+    pub api_version: &'static str,
+    /// `JobQueue`.
+    pub kind: &'static str,
+    /// When it was computed (RFC 3339).
+    pub generated_at: String,
+    /// The namespaces it covers (those the caller may list ManagedJobs in); empty with
+    /// `allNamespaces`.
+    pub namespaces: Vec<String>,
+    /// The caller may list ManagedJobs in every namespace: nothing was left out.
+    pub all_namespaces: bool,
+    /// The operator's caps.
+    pub caps: CapsView,
+    /// The slots in use in all, for a caller of every namespace only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageView>,
+    /// Per namespace shown, its counts.
+    pub counts: Vec<NamespaceCounts>,
+    /// The waiting jobs, in admission order.
+    pub waiting: Vec<WaitingJob>,
+    /// The jobs holding slots, by job id.
+    pub live: Vec<LiveJob>,
+    /// The suspended jobs, by job id.
+    pub inactive: Vec<InactiveJob>,
+}
+
+/// What [`queue`] needs, read from the store at one moment.
+pub struct Snapshot<'a> {
+    /// Now, ms since epoch.
+    pub now_ms: i64,
+    /// The caps in force.
+    pub caps: Caps,
+    /// The slots held in all.
+    pub usage: SlotUsage,
+    /// The queues in force.
+    pub queues: &'a Queues,
+    /// Each queue's slots held.
+    pub loads: &'a BTreeMap<String, QueueLoad>,
+    /// Every Waiting job, per queue in admission order.
+    pub waiting: &'a [BriefJob],
+    /// Every job holding a run slot.
+    pub live: &'a [BriefJob],
+    /// Every Inactive job not finished.
+    pub inactive: &'a [BriefJob],
+    /// Each queue's pace, for those with waiting jobs.
+    pub pace: &'a BTreeMap<String, Throughput>,
+    /// The context of each queue's reason ([`scheduler::why_waiting`]).
+    pub wait: &'a WaitContext<'a>,
+}
+
+/// The counts of `ns`, added when missing.
+fn counted<'a>(
+    counts: &'a mut BTreeMap<String, NamespaceCounts>,
+    ns: &str,
+) -> &'a mut NamespaceCounts {
+    counts
+        .entry(ns.to_string())
+        .or_insert_with(|| NamespaceCounts {
+            namespace: ns.to_string(),
+            ..Default::default()
+        })
+}
+
+/// Formats ms since epoch as RFC 3339 (UTC, ms).
+pub fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_default()
+}
+
+/// The `JobQueue` answer for a caller who may see `visible` (None: every namespace). Jobs of
+/// other namespaces are left out and counted nowhere; their presence shows only through the
+/// estimates and the binding cap.
+pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
+    let shows = |ns: &str| visible.is_none_or(|v| v.contains(ns));
+    let (order, lead) = admission_order(s.queues, s.loads, s.waiting, s.now_ms);
+    let by_id: BTreeMap<i64, &BriefJob> = s.waiting.iter().map(|j| (j.id, j)).collect();
+    let room = room(s.usage, s.caps);
+    let mut place_in_queue: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut counts: BTreeMap<String, NamespaceCounts> = BTreeMap::new();
+    if let Some(v) = visible {
+        for ns in v {
+            counts.insert(
+                ns.clone(),
+                NamespaceCounts {
+                    namespace: ns.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    let mut waiting = Vec::new();
+    for (i, id) in order.iter().enumerate() {
+        let j = by_id[id];
+        let admissible = i < lead;
+        let place = place_in_queue.entry(j.queue.as_str()).or_default();
+        if admissible {
+            *place += 1;
+        }
+        if !shows(&j.namespace) {
+            continue;
+        }
+        counted(&mut counts, &j.namespace).waiting += 1;
+        let (reason, message) = if j.cancel_requested {
+            ("Cancelling".to_string(), j.message.clone())
+        } else if let Some(until) = j.backoff_until_ms.filter(|t| *t > s.now_ms) {
+            (
+                "BackOff".to_string(),
+                format!("retrying after a failure, not before {}", rfc3339(until)),
+            )
+        } else {
+            let (r, m) = scheduler::why_waiting(s.wait, &j.queue, Some(&j.namespace));
+            (r.as_str().to_string(), m)
+        };
+        let mut estimated_start = if admissible {
+            estimate(*place, i + 1, room, s.pace.get(&j.queue).copied())
+        } else {
+            Estimate {
+                in_seconds: None,
+                at: None,
+                basis: "it cannot be admitted now (see its reason)".into(),
+            }
+        };
+        if let Some(secs) = estimated_start.in_seconds {
+            estimated_start.at = Some(rfc3339(s.now_ms + (secs * 1000.0) as i64));
+        }
+        waiting.push(WaitingJob {
+            namespace: j.namespace.clone(),
+            name: j.name.clone(),
+            job_id: j.id,
+            queue: j.queue.clone(),
+            priority: j.priority,
+            position: waiting.len() + 1,
+            reason,
+            message,
+            waiting_since: rfc3339(j.queued_at_ms),
+            estimated_start,
+        });
+    }
+    let mut live = Vec::new();
+    for j in s.live.iter().filter(|j| shows(&j.namespace)) {
+        let c = counted(&mut counts, &j.namespace);
+        c.holding_run_slots += 1;
+        if j.schedule_state == ScheduleState::Launching {
+            c.launching += 1;
+        }
+        live.push(LiveJob {
+            namespace: j.namespace.clone(),
+            name: j.name.clone(),
+            job_id: j.id,
+            queue: j.queue.clone(),
+            phase: j.phase.as_str().into(),
+            schedule_state: j.schedule_state.as_str().into(),
+            attempt: j.attempt,
+            task: j.task_index,
+            workload: j.workload.clone(),
+            started_at: j.started_at_ms.map(rfc3339),
+            message: j.message.clone(),
+        });
+    }
+    let mut inactive = Vec::new();
+    for j in s.inactive.iter().filter(|j| shows(&j.namespace)) {
+        counted(&mut counts, &j.namespace).inactive += 1;
+        inactive.push(InactiveJob {
+            namespace: j.namespace.clone(),
+            name: j.name.clone(),
+            job_id: j.id,
+            queue: j.queue.clone(),
+            phase: j.phase.as_str().into(),
+            message: j.message.clone(),
+        });
+    }
+    JobQueue {
+        api_version: API_VERSION,
+        kind: "JobQueue",
+        generated_at: rfc3339(s.now_ms),
+        namespaces: visible.map(|v| v.iter().cloned().collect()).unwrap_or_default(),
+        all_namespaces: visible.is_none(),
+        caps: CapsView {
+            launch: s.caps.launch,
+            run: s.caps.run,
+            binding: binding_limit(s.usage, s.caps),
+        },
+        usage: visible.is_none().then_some(UsageView {
+            launching: s.usage.launching,
+            holding_run_slots: s.usage.alive,
+            waiting: s.usage.waiting,
+        }),
+        counts: counts.into_values().collect(),
+        waiting,
+        live,
+        inactive,
+    }
+}
