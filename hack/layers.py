@@ -44,6 +44,8 @@ LAYERS = [
     ["executor", "scheduler", "status", "events", "metrics"],
     # The processes that carry decisions out.
     ["engine", "job_controller"],
+    # What users see of the engine's store: the visibility API and dashboard.
+    ["visibility"],
     # The Kubernetes side; the chart's smoke test.
     ["operator", "smoke_test"],
     # The command line.

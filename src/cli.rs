@@ -51,6 +51,8 @@ pub fn long_version() -> &'static str {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of `run`'s flags beside the others costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the operator: watch ManagedJobs, schedule them, write status.
@@ -168,27 +170,65 @@ pub struct RunArgs {
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
+    /// Serve the visibility API and dashboard (HTTPS) on this address, e.g. `0.0.0.0:8443`
+    /// (`none`: not served). Each answer shows only what the caller's Kubernetes identity may
+    /// list (docs/tasks/visibility.md).
+    #[arg(long, env = "MJ_VISIBILITY_ADDR", default_value = "none")]
+    pub visibility_addr: String,
+    /// The visibility API's certificate chain (PEM); without it and the key, a self-signed
+    /// certificate is made at start.
+    #[arg(
+        long,
+        env = "MJ_VISIBILITY_TLS_CERT_FILE",
+        requires = "visibility_tls_key_file"
+    )]
+    pub visibility_tls_cert_file: Option<PathBuf>,
+    /// The visibility API's private key (PEM).
+    #[arg(
+        long,
+        env = "MJ_VISIBILITY_TLS_KEY_FILE",
+        requires = "visibility_tls_cert_file"
+    )]
+    pub visibility_tls_key_file: Option<PathBuf>,
 }
 
 /// Flags of `managed-jobs queue`.
+///
+/// Without `--state-dir` (and `MJ_STATE_DIR`) it asks the installed operator's visibility API
+/// through the API server with the caller's kubeconfig (no exec into the operator): the jobs
+/// of the namespaces the caller may list ManagedJobs in, the waiting ones in admission order
+/// with why each waits and when it may start. With `--state-dir` it reads an operator's store
+/// directly (every job, finished ones too with `--all`).
 #[derive(Debug, clap::Args)]
 pub struct QueueArgs {
-    /// State dir of the operator.
-    #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
-    pub state_dir: PathBuf,
-    /// Also show finished jobs.
+    /// Read this operator's state dir instead of asking the API.
+    #[arg(long, env = "MJ_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// With `--state-dir`: also show finished jobs.
     #[arg(long, short)]
     pub all: bool,
-    /// Also show one line per task of each pipeline.
+    /// With `--state-dir`: also show one line per task of each pipeline.
     #[arg(long)]
     pub tasks: bool,
     /// Read every shard's jobs through the Kubernetes API (KUBECONFIG) instead of one
     /// operator's store: per shard, its slots in use and its jobs, as their status shows them.
     #[arg(long)]
     pub all_shards: bool,
-    /// With `--all-shards`: only this namespace (default: all namespaces).
+    /// The namespace (default: the kubeconfig context's; with `--all-shards`: all).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// Every namespace the caller may list ManagedJobs in.
+    #[arg(long, short = 'A', conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+    /// Only this ManagedJobQueue's jobs.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// At most this many waiting jobs (the first in admission order).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// `table` (the default) or `json` (the API's `JobQueue` as it came).
+    #[arg(long, short = 'o', default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
 }
 
 /// Flags of `managed-jobs logs`.
@@ -307,6 +347,23 @@ impl RunArgs {
             }),
             duration_seconds: self.lease_duration_seconds.max(2),
         })
+    }
+
+    /// The visibility API's settings, or None for `--visibility-addr none`.
+    pub fn visibility(&self) -> anyhow::Result<Option<crate::visibility::Options>> {
+        if self.visibility_addr == "none" {
+            return Ok(None);
+        }
+        Ok(Some(crate::visibility::Options {
+            addr: self.visibility_addr.parse().with_context(|| {
+                format!(
+                    "--visibility-addr {:?} is not host:port (or none)",
+                    self.visibility_addr
+                )
+            })?,
+            cert_file: self.visibility_tls_cert_file.clone(),
+            key_file: self.visibility_tls_key_file.clone(),
+        }))
     }
 
     /// Cap overrides from the flags.
@@ -507,15 +564,182 @@ async fn queue_all_shards(args: &QueueArgs) -> anyhow::Result<()> {
 
 /// `managed-jobs queue`.
 pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
-    if args.all_shards {
-        return tokio::runtime::Builder::new_current_thread()
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()?
-            .block_on(queue_all_shards(args));
+            .build()
+    };
+    if args.all_shards {
+        return runtime()?.block_on(queue_all_shards(args));
     }
-    let store = open_existing(&args.state_dir)?;
+    let Some(state_dir) = &args.state_dir else {
+        return runtime()?.block_on(queue_through_api(args));
+    };
+    let store = open_existing(state_dir)?;
     print!("{}", queue_table(&store, args.all, args.tasks)?);
     Ok(())
+}
+
+/// What a visibility API request's failure means to a user: the API not served (no APIService,
+/// or the operator not running), refused (401/403, the API's own sentence), or other.
+pub fn visibility_error(e: kube::Error) -> anyhow::Error {
+    match e {
+        kube::Error::Api(s) if s.code == 404 && !s.message.contains("the operator has no job") => {
+            anyhow::anyhow!(
+                "the visibility API ({}) is not served by this cluster: install the chart with visibility.enabled (the default), \
+                 or read an operator's store with --state-dir DIR ({})",
+                crate::visibility::view::API_VERSION,
+                s.message
+            )
+        }
+        kube::Error::Api(s) if s.code == 503 => anyhow::anyhow!(
+            "the visibility API is unavailable (is the operator running and Ready?): {}",
+            s.message
+        ),
+        kube::Error::Api(s) => anyhow::anyhow!("{} ({})", s.message, s.reason),
+        e => anyhow::Error::new(e).context("asking the visibility API"),
+    }
+}
+
+/// `managed-jobs queue` without a state dir: the visibility API through the API server.
+async fn queue_through_api(args: &QueueArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("managed-jobs queue asks the API server (KUBECONFIG); or read an operator's store with --state-dir DIR")?;
+    let path = if args.all_namespaces {
+        format!("{}/queue", crate::visibility::PREFIX)
+    } else {
+        let ns = args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        format!("{}/namespaces/{ns}/queue", crate::visibility::PREFIX)
+    };
+    let mut query = Vec::new();
+    if let Some(q) = &args.queue {
+        query.push(format!("queue={q}"));
+    }
+    if let Some(n) = args.limit {
+        query.push(format!("limit={n}"));
+    }
+    let uri = if query.is_empty() {
+        path
+    } else {
+        format!("{path}?{}", query.join("&"))
+    };
+    let text = client
+        .request_text(http::Request::get(uri).body(Vec::new())?)
+        .await
+        .map_err(visibility_error)?;
+    if args.output == "json" {
+        println!("{text}");
+        return Ok(());
+    }
+    let q: crate::visibility::view::JobQueue =
+        serde_json::from_str(&text).context("the visibility API's answer")?;
+    print!("{}", render_job_queue(&q, now_ms()));
+    Ok(())
+}
+
+/// The `queue` table of a visibility API answer at `now` (ms since epoch): a summary line per
+/// namespace, then the waiting jobs in admission order (position, reason, estimated start)
+/// and the jobs holding slots.
+pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> String {
+    let since = |t: &str| {
+        t.parse::<jiff::Timestamp>()
+            .map(|t| human_duration(now - t.as_millisecond()))
+            .unwrap_or_else(|_| "-".into())
+    };
+    let mut out = format!(
+        "caps: launch={},run={}{}",
+        q.caps.launch,
+        q.caps.run,
+        match &q.caps.binding {
+            Some(b) => format!(" ({b} binds: new jobs wait)"),
+            None => String::new(),
+        }
+    );
+    if let Some(u) = &q.usage {
+        out.push_str(&format!(
+            "; in use: launching {}, alive {}; queued {}",
+            u.launching, u.holding_run_slots, u.waiting
+        ));
+    }
+    out.push('\n');
+    for c in &q.counts {
+        out.push_str(&format!(
+            "namespace {}: waiting {}, launching {}, holding run slots {}, suspended {}\n",
+            c.namespace, c.waiting, c.launching, c.holding_run_slots, c.inactive
+        ));
+    }
+    if !q.waiting.is_empty() {
+        out.push_str(&format!(
+            "\n{:>5}  {:<40} {:<12} {:>5}  {:<20} {:<16} {:>8}  {}\n",
+            "POS", "NAMESPACE/NAME", "QUEUE", "PRIO", "REASON", "EST. START", "WAITING", "MESSAGE"
+        ));
+        for j in &q.waiting {
+            let est = match j.estimated_start.in_seconds {
+                Some(s) if s <= 0.0 => "next pass".to_string(),
+                Some(s) => format!("~{}", human_duration((s * 1000.0) as i64)),
+                None => "-".to_string(),
+            };
+            out.push_str(&format!(
+                "{:>5}  {:<40} {:<12} {:>5}  {:<20} {:<16} {:>8}  {}\n",
+                j.position,
+                format!("{}/{}", j.namespace, j.name),
+                j.queue,
+                j.priority,
+                j.reason,
+                est,
+                since(&j.waiting_since),
+                j.message
+            ));
+        }
+        if q.waiting_total > q.waiting.len() {
+            out.push_str(&format!(
+                "  ... and {} more waiting\n",
+                q.waiting_total - q.waiting.len()
+            ));
+        }
+    }
+    if !q.live.is_empty() {
+        out.push_str(&format!(
+            "\n{:>6}  {:<40} {:<12} {:<12} {:<12} {:>7}  {:<28} {:>8}  {}\n",
+            "ID",
+            "NAMESPACE/NAME",
+            "QUEUE",
+            "PHASE",
+            "SCHEDULE",
+            "ATTEMPT",
+            "WORKLOAD",
+            "RUNNING",
+            "MESSAGE"
+        ));
+        for j in &q.live {
+            out.push_str(&format!(
+                "{:>6}  {:<40} {:<12} {:<12} {:<12} {:>7}  {:<28} {:>8}  {}\n",
+                j.job_id,
+                format!("{}/{}", j.namespace, j.name),
+                j.queue,
+                j.phase,
+                j.schedule_state,
+                j.attempt,
+                j.workload.as_deref().unwrap_or("-"),
+                j.started_at.as_deref().map_or("-".into(), since),
+                j.message
+            ));
+        }
+    }
+    for j in &q.inactive {
+        out.push_str(&format!(
+            "suspended: {}/{} ({}): {}\n",
+            j.namespace, j.name, j.phase, j.message
+        ));
+    }
+    if q.waiting.is_empty() && q.live.is_empty() && q.inactive.is_empty() {
+        out.push_str("no job waits or runs\n");
+    }
+    out
 }
 
 /// `managed-jobs logs`.

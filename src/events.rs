@@ -31,7 +31,8 @@ pub enum EventType {
 }
 
 impl EventType {
-    fn as_str(self) -> &'static str {
+    /// `Normal` or `Warning`.
+    pub fn as_str(self) -> &'static str {
         match self {
             EventType::Normal => "Normal",
             EventType::Warning => "Warning",

@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
                         metrics_addr: args.metrics_addr()?,
                         leader_election: args.leader_election(),
                         events: args.events,
+                        visibility: args.visibility()?,
                         claim_duration: std::time::Duration::from_secs(
                             args.lease_duration_seconds.max(2),
                         ),

@@ -536,7 +536,6 @@ fn admit(
     Ok((result, touched))
 }
 
-#[allow(clippy::too_many_arguments)]
 /// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):
 /// `loads` and `usage` the slots held, `waiting_queues` the queues with Waiting jobs. Reads the
 /// node waits (one index scan of the live jobs) only when the run cap is full.
@@ -574,6 +573,7 @@ pub fn wait_context<'a>(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn tell_heads(
     store: &mut Store,
     caps: Caps,

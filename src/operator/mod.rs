@@ -82,6 +82,8 @@ pub struct Options {
     /// The duration of the claims on namespaces (`--lease-duration-seconds`): an owner that
     /// dies hands its jobs over within about this.
     pub claim_duration: Duration,
+    /// Serve the visibility API and dashboard ([`crate::visibility`]).
+    pub visibility: Option<crate::visibility::Options>,
 }
 
 /// Errors of a reconcile.
@@ -131,6 +133,16 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
                     ""
                 };
                 tracing::error!(error = %e, %addr, "the metrics server (/metrics, /healthz, /readyz) could not serve on {addr}{hint}");
+            }
+        });
+    }
+    // The visibility API answers 503 until this operator leads and its engine runs.
+    if let Some(visibility) = options.visibility.clone() {
+        let (client, engine) = (client.clone(), started.clone());
+        tokio::spawn(async move {
+            let addr = visibility.addr;
+            if let Err(e) = crate::visibility::serve(visibility, client, engine).await {
+                tracing::error!(error = %format!("{e:#}"), %addr, "the visibility API could not serve on {addr}");
             }
         });
     }
@@ -186,6 +198,9 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     .await?;
     let engine = Engine::start_locked(cfg, lock)?;
     let _ = started.set(engine.clone());
+    // The counts the dashboard plots, sampled whether or not it is served (a restart of the
+    // server then still shows the last hour).
+    tokio::spawn(crate::visibility::sample_loop(engine.clone()));
     let budget = options.budget;
     let events = options.events.then(|| {
         EventPublisher::new(

@@ -232,11 +232,25 @@ const STEPS: &[M<'static>] = &[
         "#,
     ),
     // The visibility API (crate::visibility): each queue's most recently finished jobs, for the
-    // estimated start of its waiting ones (their run times), without reading every finished job.
+    // estimated start of its waiting ones (their run times), without reading every finished job;
+    // and the counts of waiting, launching and running jobs per namespace and queue sampled
+    // every few seconds (store::visibility::record_samples), for the dashboard's plot of the
+    // last hour. Samples are pruned as they age (an hour and a margin): the table stays small.
+    // The suspended (Inactive) jobs by their own partial index, as the other states have.
     M::up(
         r#"
         CREATE INDEX jobs_finished_by_queue ON jobs (queue, finished_at_ms)
             WHERE finished_at_ms IS NOT NULL AND started_at_ms IS NOT NULL;
+        CREATE TABLE samples (
+            at_ms INTEGER NOT NULL,
+            namespace TEXT NOT NULL,
+            queue TEXT NOT NULL,
+            waiting INTEGER NOT NULL,
+            launching INTEGER NOT NULL,
+            running INTEGER NOT NULL
+        );
+        CREATE INDEX samples_by_time ON samples (at_ms);
+        CREATE INDEX jobs_inactive ON jobs (id) WHERE schedule_state = 'Inactive';
         "#,
     ),
 ];

@@ -13,7 +13,8 @@
 //! - Nothing else: no credential is 401, a token the API server does not know is 401.
 //!
 //! Authorization: a SubjectAccessReview per namespace asks whether the caller may `list`
-//! `managedjobs.managedjobs.dev` there (in every namespace: the review without a namespace).
+//! `managedjobs.managedjobs.dev` there (in every namespace: the review without a namespace);
+//! a job's kept logs also need `get` on `pods/log` there ([`Access`]).
 //! Answers, positive and negative, are kept [`CACHE_TTL`]: a revoked permission stops showing
 //! data within that.
 
@@ -87,7 +88,9 @@ impl FrontProxy {
         let cm = match api.get_opt("extension-apiserver-authentication").await {
             Ok(Some(cm)) => cm,
             Ok(None) => {
-                tracing::warn!("no kube-system/extension-apiserver-authentication ConfigMap: the visibility API accepts bearer tokens only");
+                tracing::warn!(
+                    "no kube-system/extension-apiserver-authentication ConfigMap: the visibility API accepts bearer tokens only"
+                );
                 return None;
             }
             Err(e) => {
@@ -182,11 +185,14 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Answers of SubjectAccessReviews: per (caller, namespace, access), when and whether allowed.
+type AccessCache = HashMap<(Caller, String, Access), (Instant, bool)>;
+
 /// Reviews of tokens and of access, cached.
 pub struct Reviewer {
     client: kube::Client,
     tokens: Mutex<HashMap<String, (Instant, Option<Caller>)>>,
-    access: Mutex<HashMap<(Caller, String), (Instant, bool)>>,
+    access: Mutex<AccessCache>,
 }
 
 impl Reviewer {
@@ -230,23 +236,26 @@ impl Reviewer {
         caller.ok_or_else(|| {
             Refused::Unauthenticated(format!(
                 "the token is not valid{}",
-                status
-                    .error
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default()
+                status.error.map(|e| format!(": {e}")).unwrap_or_default()
             ))
         })
     }
 
-    /// Whether `caller` may list ManagedJobs in `namespace` ("": in every namespace), by a
-    /// SubjectAccessReview (cached).
-    pub async fn may_list(&self, caller: &Caller, namespace: &str) -> Result<bool, Refused> {
-        let key = (caller.clone(), namespace.to_string());
+    /// Whether `caller` may do `access` in `namespace` ("": in every namespace), by a
+    /// SubjectAccessReview (cached [`CACHE_TTL`], allowed or not).
+    pub async fn may(
+        &self,
+        caller: &Caller,
+        namespace: &str,
+        access: Access,
+    ) -> Result<bool, Refused> {
+        let key = (caller.clone(), namespace.to_string(), access);
         if let Some((at, allowed)) = self.access.lock().expect("cache").get(&key).copied()
             && at.elapsed() < CACHE_TTL
         {
             return Ok(allowed);
         }
+        let (group, resource, subresource, verb) = access.attributes();
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(caller.username.clone()),
@@ -254,9 +263,10 @@ impl Reviewer {
                 groups: Some(caller.groups.clone()),
                 extra: (!caller.extra.is_empty()).then(|| caller.extra.clone()),
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some(crate::api::GROUP.into()),
-                    resource: Some("managedjobs".into()),
-                    verb: Some("list".into()),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    subresource: subresource.map(str::to_string),
+                    verb: Some(verb.into()),
                     namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
                     ..Default::default()
                 }),
@@ -276,6 +286,47 @@ impl Reviewer {
         }
         cache.insert(key, (Instant::now(), allowed));
         Ok(allowed)
+    }
+}
+
+/// What a caller asks to do, as a SubjectAccessReview names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// `list` `managedjobs.managedjobs.dev`: every answer about a namespace's jobs needs it.
+    ListManagedJobs,
+    /// `get` `pods/log`: a job's kept logs need it too (the output of its workload, which a
+    /// user who may only list jobs does not read from their Pods either).
+    ReadPodLogs,
+}
+
+impl Access {
+    /// (API group, resource, subresource, verb).
+    pub fn attributes(
+        self,
+    ) -> (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static str,
+    ) {
+        match self {
+            Access::ListManagedJobs => (crate::api::GROUP, "managedjobs", None, "list"),
+            Access::ReadPodLogs => ("", "pods", Some("log"), "get"),
+        }
+    }
+
+    /// How a refusal says what was missing, e.g. `list managedjobs.managedjobs.dev`.
+    pub fn describe(self) -> String {
+        let (group, resource, sub, verb) = self.attributes();
+        let resource = match sub {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_string(),
+        };
+        if group.is_empty() {
+            format!("{verb} {resource}")
+        } else {
+            format!("{verb} {resource}.{group}")
+        }
     }
 }
 
@@ -333,6 +384,15 @@ mod tests {
             ..proxy()
         };
         assert!(any.allows("whoever"));
+    }
+
+    #[test]
+    fn each_access_names_what_a_role_grants() {
+        assert_eq!(
+            Access::ListManagedJobs.describe(),
+            "list managedjobs.managedjobs.dev"
+        );
+        assert_eq!(Access::ReadPodLogs.describe(), "get pods/log");
     }
 
     #[test]

@@ -1,21 +1,39 @@
 //! The visibility API: a read-only HTTPS server in the operator that shows each caller the
-//! queue as the scheduler sees it (positions, reasons, estimated starts, the caps in use) and
-//! each job's history, under the caller's own Kubernetes permissions ([`auth`]).
+//! queue as the scheduler sees it (positions, reasons, estimated starts, the caps in use), each
+//! job's history and kept logs, a plot of the last hour, and a web dashboard over them, under
+//! the caller's own Kubernetes permissions ([`auth`]). Nothing is written for it: positions
+//! are computed on request from the store ([`view`]), never stored on the objects.
 //!
-//! Paths (JSON), each also served through the API server as the aggregated API
-//! `visibility.managedjobs.dev/v1alpha1` (the chart's `APIService`), so that
-//! `kubectl get --raw /apis/visibility.managedjobs.dev/v1alpha1/namespaces/NS/queue` and
-//! `managed-jobs queue -n NS` work with a user's kubeconfig:
-//! - `GET /apis/visibility.managedjobs.dev/v1alpha1`: discovery (`APIResourceList`).
-//! - `GET .../namespaces/{ns}/queue`: that namespace's [`view::JobQueue`]; 403 unless the
-//!   caller may list ManagedJobs there.
-//! - `GET .../queue`: the `JobQueue` of every namespace the caller may list ManagedJobs in
-//!   (all, with the operator's total usage, for a caller of every namespace); 403 when none.
-//! - `GET .../namespaces/{ns}/managedjobs/{name}`: a job's status as the operator renders it
-//!   and its history (`JobHistory`); 404 when the store has no such job.
+//! Paths, under [`PREFIX`] (`/apis/visibility.managedjobs.dev/v1alpha1`), each also served
+//! through the API server as the aggregated API of that group and version (the chart's
+//! `APIService`), so that `kubectl get --raw`, `kubectl proxy` and `managed-jobs queue` reach
+//! them with a user's own kubeconfig:
+//! - `GET /apis`, `/apis/visibility.managedjobs.dev`, `PREFIX`: discovery (no data; served to
+//!   anyone, as every API server serves discovery).
+//! - `GET PREFIX/namespaces/{ns}/queue[?queue=Q&limit=N]`: that namespace's [`view::JobQueue`];
+//!   403 unless the caller may list ManagedJobs there.
+//! - `GET PREFIX/queue[?queue=Q&limit=N]`: the `JobQueue` of every namespace the caller may list
+//!   ManagedJobs in (for a caller of every namespace: all, with the operator's usage); 403
+//!   when none.
+//! - `GET PREFIX/namespaces/{ns}/managedjobs/{name}`: a job's detail (`JobDetail`: its status
+//!   as the operator renders it, its transitions and Events, its place in the queue, its kept
+//!   logs); 404 when the operator has no such job.
+//! - `GET PREFIX/namespaces/{ns}/managedjobs/{name}/log[?attempt=&task=&rank=&container=]`:
+//!   a kept log (text); it also needs `get` on `pods/log` in `ns`.
+//! - `GET PREFIX/namespaces/{ns}/history[?minutes=M]` and `PREFIX/history`: the counts of
+//!   waiting, launching and running jobs sampled over the last `M` minutes (default 60).
+//! - `GET PREFIX/namespaces/{ns}/dashboard` and `PREFIX/dashboard`: the web dashboard (one
+//!   page, no data of its own; it reads the paths above as the caller).
 //!
 //! Reads go through a connection of their own to the store (WAL: never blocking the
-//! scheduler's writes), on the blocking pool.
+//! scheduler's writes), on the blocking pool. The queue is computed at most once per
+//! [`QUEUE_TTL`] whoever asks (one computation at a time; concurrent askers share it), then cut
+//! down to what each caller may see: a burst of requests costs the scheduler nothing and the
+//! API server one review per caller and namespace per [`auth::CACHE_TTL`].
+
+// A refusal is the answer itself (an axum `Response`, larger than clippy likes an error to
+// be): each handler returns it as it is, once per request.
+#![allow(clippy::result_large_err)]
 
 pub mod auth;
 pub mod view;
@@ -24,27 +42,43 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::engine::Engine;
 use crate::store::Store;
-use auth::{Caller, FrontProxy, Refused, Reviewer};
+use auth::{Access, Caller, FrontProxy, Refused, Reviewer};
+
+/// The API group of the visibility API.
+pub const GROUP: &str = "visibility.managedjobs.dev";
+
+/// The path prefix of every answer: `/apis/<group>/<version>`.
+pub const PREFIX: &str = "/apis/visibility.managedjobs.dev/v1alpha1";
+
+/// How long a computed queue is served before it is computed again (from one read
+/// transaction of the store): answers are at most this old (`generatedAt` says when).
+pub const QUEUE_TTL: Duration = Duration::from_secs(1);
+
+/// How often the counts plotted by the dashboard are sampled.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where and how the visibility API serves.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// The address to listen on (`--visibility-addr`).
     pub addr: SocketAddr,
-    /// The server's certificate chain (PEM, `--visibility-tls-cert-file`).
-    pub cert_file: PathBuf,
+    /// The server's certificate chain (PEM, `--visibility-tls-cert-file`); None with
+    /// `key_file` None: a self-signed certificate made at start.
+    pub cert_file: Option<PathBuf>,
     /// Its private key (PEM, `--visibility-tls-key-file`).
-    pub key_file: PathBuf,
+    pub key_file: Option<PathBuf>,
 }
 
 /// The connection a request came over: its peer, and whether that peer presented a client
@@ -57,9 +91,7 @@ pub struct Peer {
     pub front_proxy: bool,
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
-    for Peer
-{
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
     fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
         stream.remote_addr().clone()
     }
@@ -69,7 +101,8 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
 /// client delays only itself), handing each finished one to the server.
 pub struct TlsListener {
     local: SocketAddr,
-    ready: tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Peer)>,
+    ready:
+        tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Peer)>,
 }
 
 /// Handshakes under way at most; more wait in the kernel's backlog.
@@ -108,16 +141,16 @@ impl TlsListener {
                     (acceptor.clone(), tx.clone(), front_proxy.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let tls =
-                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                        {
-                            Ok(Ok(tls)) => tls,
-                            Ok(Err(e)) => {
-                                tracing::debug!(error = %e, %remote, "visibility API: TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %remote, "visibility API: TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
                     let front = front_proxy.as_ref().is_some_and(|fp| {
                         tls.get_ref()
                             .1
@@ -169,28 +202,62 @@ fn common_name(der: &[u8]) -> Option<String> {
     cn.as_str().ok().map(str::to_string)
 }
 
-/// The TLS settings: the server's certificate and key from `options`, and, with `front_proxy`,
+/// The server's certificate chain and key: from `options`' files, or (neither given) a
+/// self-signed certificate for `localhost`, `127.0.0.1` and this host's name, made now.
+///
+/// Errors: only one of the two files given, unreadable or invalid PEM.
+fn certificate(
+    options: &Options,
+) -> anyhow::Result<(
+    Vec<rustls_pki_types::CertificateDer<'static>>,
+    rustls_pki_types::PrivateKeyDer<'static>,
+)> {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    match (&options.cert_file, &options.key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+                .with_context(|| format!("--visibility-tls-cert-file {}", cert_file.display()))?
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--visibility-tls-cert-file {}", cert_file.display()))?;
+            anyhow::ensure!(
+                !certs.is_empty(),
+                "--visibility-tls-cert-file {} holds no certificate",
+                cert_file.display()
+            );
+            let key = PrivateKeyDer::from_pem_file(key_file)
+                .with_context(|| format!("--visibility-tls-key-file {}", key_file.display()))?;
+            Ok((certs, key))
+        }
+        (None, None) => {
+            let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+            if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+                names.push(host.trim().to_string());
+            }
+            let made = rcgen::generate_simple_self_signed(names)
+                .context("making a self-signed certificate for the visibility API")?;
+            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+                .map_err(|e| anyhow::anyhow!("the self-signed certificate's key: {e}"))?;
+            Ok((vec![made.cert.der().clone()], key))
+        }
+        _ => anyhow::bail!(
+            "--visibility-tls-cert-file and --visibility-tls-key-file go together: give both, or neither for a self-signed certificate"
+        ),
+    }
+}
+
+/// The TLS settings: the server's certificate ([`certificate`]), and, with `front_proxy`,
 /// client certificates of its CA accepted (not required: a bearer token needs none).
 ///
-/// Errors: unreadable or invalid PEM files, a key that does not match.
+/// Errors: the certificate's, an invalid request-header CA, a key that does not match.
 pub fn tls_config(
     options: &Options,
     front_proxy: Option<&FrontProxy>,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject as _;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&options.cert_file)
-        .with_context(|| format!("--visibility-tls-cert-file {}", options.cert_file.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("--visibility-tls-cert-file {}", options.cert_file.display()))?;
-    anyhow::ensure!(
-        !certs.is_empty(),
-        "--visibility-tls-cert-file {} holds no certificate",
-        options.cert_file.display()
-    );
-    let key = PrivateKeyDer::from_pem_file(&options.key_file)
-        .with_context(|| format!("--visibility-tls-key-file {}", options.key_file.display()))?;
+    let (certs, key) = certificate(options)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?;
@@ -202,11 +269,13 @@ pub fn tls_config(
                     .add(ca.context("the request-header CA of extension-apiserver-authentication")?)
                     .context("the request-header CA of extension-apiserver-authentication")?;
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .allow_unauthenticated()
-                    .build()
-                    .context("the front proxy's client certificate verifier")?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .context("the front proxy's client certificate verifier")?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -224,6 +293,8 @@ pub struct Server {
     front_proxy: Option<FrontProxy>,
     engine: Arc<OnceLock<Arc<Engine>>>,
     reader: Mutex<Option<Store>>,
+    /// The last queue computed over every namespace, and when ([`QUEUE_TTL`]).
+    queue: tokio::sync::Mutex<Option<(Instant, Arc<view::JobQueue>)>>,
 }
 
 /// Serves the visibility API on `options.addr` until the process ends; `engine` is set once
@@ -241,13 +312,15 @@ pub async fn serve(
     tracing::info!(
         addr = %options.addr,
         through_api_server = front_proxy.is_some(),
-        "serving the visibility API"
+        self_signed = options.cert_file.is_none(),
+        "serving the visibility API and dashboard"
     );
     let server = Arc::new(Server {
         reviewer: Reviewer::new(client),
         front_proxy,
         engine,
         reader: Mutex::new(None),
+        queue: tokio::sync::Mutex::new(None),
     });
     axum::serve(
         listener,
@@ -257,23 +330,60 @@ pub async fn serve(
     .context("the visibility API server stopped")
 }
 
-const PREFIX: &str = "/apis/visibility.managedjobs.dev/v1alpha1";
+/// Samples the counts the dashboard plots every [`SAMPLE_INTERVAL`] until the process ends
+/// (a failed sample is logged and skipped).
+pub async fn sample_loop(engine: Arc<Engine>) {
+    let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let e = engine.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            e.store().record_samples(crate::lifecycle::now_ms())
+        })
+        .await;
+        if let Ok(Err(err)) = done {
+            tracing::warn!(error = %err, "sampling the queue's counts failed");
+        }
+    }
+}
 
 fn router(server: Arc<Server>) -> axum::Router {
     axum::Router::new()
-        .route(PREFIX, get(discovery))
+        .route("/", get(root))
+        .route("/apis", get(group_list))
+        .route(&format!("/apis/{GROUP}"), get(group))
+        .route(PREFIX, get(resources))
         .route(&format!("{PREFIX}/queue"), get(all_queues))
-        .route(&format!("{PREFIX}/namespaces/{{ns}}/queue"), get(namespace_queue))
+        .route(
+            &format!("{PREFIX}/namespaces/{{ns}}/queue"),
+            get(namespace_queue),
+        )
+        .route(&format!("{PREFIX}/history"), get(all_history))
+        .route(
+            &format!("{PREFIX}/namespaces/{{ns}}/history"),
+            get(namespace_history),
+        )
         .route(
             &format!("{PREFIX}/namespaces/{{ns}}/managedjobs/{{name}}"),
-            get(job_history),
+            get(job_detail),
         )
+        .route(
+            &format!("{PREFIX}/namespaces/{{ns}}/managedjobs/{{name}}/log"),
+            get(job_log),
+        )
+        .route(&format!("{PREFIX}/dashboard"), get(dashboard))
+        .route(
+            &format!("{PREFIX}/namespaces/{{ns}}/dashboard"),
+            get(dashboard),
+        )
+        .fallback(not_found)
         .with_state(server)
 }
 
 /// A refusal or failure as a Kubernetes `Status` object.
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
-    (
+    let mut r = (
         code,
         axum::Json(json!({
             "apiVersion": "v1",
@@ -284,7 +394,18 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response {
             "code": code.as_u16(),
         })),
     )
-        .into_response()
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// An answer as JSON, never cached by a browser or proxy (it is one caller's).
+fn answer<T: serde::Serialize>(value: &T) -> Response {
+    let mut r = axum::Json(value).into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
 }
 
 impl From<Refused> for Response {
@@ -292,7 +413,9 @@ impl From<Refused> for Response {
         match r {
             Refused::Unauthenticated(m) => status(StatusCode::UNAUTHORIZED, "Unauthorized", m),
             Refused::Forbidden(m) => status(StatusCode::FORBIDDEN, "Forbidden", m),
-            Refused::Unavailable(m) => status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", m),
+            Refused::Unavailable(m) => {
+                status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", m)
+            }
         }
     }
 }
@@ -309,10 +432,77 @@ impl Server {
         match auth::bearer(headers) {
             Some(token) => self.reviewer.token(token).await,
             None => Err(Refused::Unauthenticated(
-                "no credential: send a bearer token (Authorization: Bearer ...), or go through the API server"
+                "no credential: send a bearer token (Authorization: Bearer ...), or go through the API server (kubectl get --raw, kubectl proxy)"
                     .into(),
             )),
         }
+    }
+
+    /// The caller, if it may do every one of `needs` in `ns`; else the refusal (401, 403, 503).
+    async fn allowed(
+        &self,
+        peer: &Peer,
+        headers: &HeaderMap,
+        ns: &str,
+        needs: &[Access],
+    ) -> Result<Caller, Response> {
+        let caller = self.caller(peer, headers).await?;
+        for access in needs {
+            if !self.reviewer.may(&caller, ns, *access).await? {
+                return Err(Refused::Forbidden(format!(
+                    "{} may not {} in namespace {ns}",
+                    caller.username,
+                    access.describe()
+                ))
+                .into());
+            }
+        }
+        Ok(caller)
+    }
+
+    /// The namespaces a caller of every-namespace paths sees: None (all) when it may list
+    /// ManagedJobs in every namespace, else those of `candidates` it may list them in; 403
+    /// when none.
+    async fn visible(
+        self: &Arc<Self>,
+        peer: &Peer,
+        headers: &HeaderMap,
+        candidates: impl FnOnce(&mut Store) -> anyhow::Result<Vec<String>> + Send + 'static,
+    ) -> Result<Option<BTreeSet<String>>, Response> {
+        let caller = self.caller(peer, headers).await?;
+        if self
+            .reviewer
+            .may(&caller, "", Access::ListManagedJobs)
+            .await?
+        {
+            return Ok(None);
+        }
+        let namespaces = self.read(move |_, store| candidates(store)).await?;
+        let answers: Vec<(String, Result<bool, Refused>)> =
+            futures::stream::iter(namespaces.into_iter().map(|ns| {
+                let (reviewer, caller) = (&self.reviewer, &caller);
+                async move {
+                    let allowed = reviewer.may(caller, &ns, Access::ListManagedJobs).await;
+                    (ns, allowed)
+                }
+            }))
+            .buffer_unordered(REVIEWS_AT_ONCE)
+            .collect()
+            .await;
+        let mut visible = BTreeSet::new();
+        for (ns, allowed) in answers {
+            if allowed? {
+                visible.insert(ns);
+            }
+        }
+        if visible.is_empty() {
+            return Err(Refused::Forbidden(format!(
+                "{} may not list managedjobs.managedjobs.dev in any namespace that has jobs",
+                caller.username
+            ))
+            .into());
+        }
+        Ok(Some(visible))
     }
 
     fn engine(&self) -> Result<Arc<Engine>, Response> {
@@ -335,7 +525,10 @@ impl Server {
         let joined = tokio::task::spawn_blocking(move || {
             let mut held = me.reader.lock().unwrap_or_else(|e| e.into_inner());
             if held.is_none() {
-                *held = Some(Store::open_current(&engine.state_dir().store(), 8 * 1024)?);
+                *held = Some(Store::open_current(
+                    &engine.state_dir().store(),
+                    READER_CACHE_KIB,
+                )?);
             }
             f(&engine, held.as_mut().expect("opened"))
         })
@@ -357,48 +550,112 @@ impl Server {
             )),
         }
     }
+
+    /// The queue over every namespace, computed at most once per [`QUEUE_TTL`]; concurrent
+    /// askers wait for the one computation under way.
+    async fn full_queue(self: &Arc<Self>) -> Result<Arc<view::JobQueue>, Response> {
+        let mut cached = self.queue.lock().await;
+        if let Some((at, q)) = cached.as_ref()
+            && at.elapsed() < QUEUE_TTL
+        {
+            return Ok(q.clone());
+        }
+        let q = Arc::new(self.read(read_queue).await?);
+        *cached = Some((Instant::now(), q.clone()));
+        Ok(q)
+    }
 }
 
-async fn discovery() -> Response {
-    axum::Json(json!({
+/// SubjectAccessReviews asked at once for one request over many namespaces.
+const REVIEWS_AT_ONCE: usize = 16;
+
+/// Page cache of the server's store connection, KiB: a queue of 10,000 jobs reads a few MiB of
+/// rows through it once per [`QUEUE_TTL`].
+const READER_CACHE_KIB: u32 = 8 * 1024;
+
+use futures::StreamExt as _;
+
+async fn root() -> Response {
+    axum::response::Redirect::to(&format!("{PREFIX}/dashboard")).into_response()
+}
+
+async fn not_found() -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!(
+            "no such path: the visibility API serves {PREFIX}/... (see its discovery at {PREFIX})"
+        ),
+    )
+}
+
+async fn group_list() -> Response {
+    answer(&json!({
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [group_json()],
+    }))
+}
+
+async fn group() -> Response {
+    answer(&group_json())
+}
+
+fn group_json() -> serde_json::Value {
+    json!({
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": GROUP,
+        "versions": [{"groupVersion": view::API_VERSION, "version": "v1alpha1"}],
+        "preferredVersion": {"groupVersion": view::API_VERSION, "version": "v1alpha1"},
+    })
+}
+
+async fn resources() -> Response {
+    answer(&json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
         "groupVersion": view::API_VERSION,
         "resources": [
-            {"name": "queue", "singularName": "queue", "namespaced": true, "kind": "JobQueue", "verbs": ["get", "list"]},
-            {"name": "managedjobs", "singularName": "managedjob", "namespaced": true, "kind": "JobHistory", "verbs": ["get"]},
+            {"name": "queue", "singularName": "queue", "namespaced": true, "kind": "JobQueue", "verbs": ["list"]},
+            {"name": "history", "singularName": "history", "namespaced": true, "kind": "QueueHistory", "verbs": ["list"]},
+            {"name": "managedjobs", "singularName": "managedjob", "namespaced": true, "kind": "JobDetail", "verbs": ["get"]},
+            {"name": "managedjobs/log", "singularName": "", "namespaced": true, "kind": "JobLog", "verbs": ["get"]},
+            {"name": "dashboard", "singularName": "dashboard", "namespaced": true, "kind": "Dashboard", "verbs": ["list"]},
         ],
     }))
-    .into_response()
+}
+
+/// `?queue=` and `?limit=` of the queue paths.
+#[derive(Debug, Default, Deserialize)]
+struct QueueQuery {
+    /// Only this ManagedJobQueue's jobs.
+    queue: Option<String>,
+    /// At most this many waiting jobs (the first in admission order).
+    limit: Option<usize>,
 }
 
 async fn namespace_queue(
     State(server): State<Arc<Server>>,
     ConnectInfo(peer): ConnectInfo<Peer>,
     Path(ns): Path<String>,
+    Query(q): Query<QueueQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match server.caller(&peer, &headers).await {
-        Ok(c) => c,
-        Err(r) => return r.into(),
-    };
-    match server.reviewer.may_list(&caller, &ns).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return Refused::Forbidden(format!(
-                "{} may not list managedjobs.managedjobs.dev in namespace {ns}",
-                caller.username
-            ))
-            .into();
-        }
-        Err(r) => return r.into(),
-    }
-    let visible: BTreeSet<String> = [ns].into();
-    match server
-        .read(move |engine, store| read_queue(engine, store, Some(&visible)))
+    if let Err(r) = server
+        .allowed(&peer, &headers, &ns, &[Access::ListManagedJobs])
         .await
     {
-        Ok(q) => axum::Json(q).into_response(),
+        return r;
+    }
+    let visible: BTreeSet<String> = [ns].into();
+    match server.full_queue().await {
+        Ok(all) => answer(&view::restrict(
+            &all,
+            Some(&visible),
+            q.queue.as_deref(),
+            q.limit,
+        )),
         Err(r) => r,
     }
 }
@@ -406,115 +663,236 @@ async fn namespace_queue(
 async fn all_queues(
     State(server): State<Arc<Server>>,
     ConnectInfo(peer): ConnectInfo<Peer>,
+    Query(q): Query<QueueQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match server.caller(&peer, &headers).await {
-        Ok(c) => c,
-        Err(r) => return r.into(),
-    };
-    let everywhere = match server.reviewer.may_list(&caller, "").await {
-        Ok(v) => v,
-        Err(r) => return r.into(),
-    };
-    let visible = if everywhere {
-        None
-    } else {
-        let namespaces = match server.read(|_, store| Ok(store.open_namespaces()?)).await {
-            Ok(n) => n,
-            Err(r) => return r,
-        };
-        let mut visible = BTreeSet::new();
-        for ns in namespaces {
-            match server.reviewer.may_list(&caller, &ns).await {
-                Ok(true) => {
-                    visible.insert(ns);
-                }
-                Ok(false) => {}
-                Err(r) => return r.into(),
-            }
-        }
-        if visible.is_empty() {
-            return Refused::Forbidden(format!(
-                "{} may not list managedjobs.managedjobs.dev in any namespace that has jobs",
-                caller.username
-            ))
-            .into();
-        }
-        Some(visible)
-    };
-    match server
-        .read(move |engine, store| read_queue(engine, store, visible.as_ref()))
+    let visible = match server
+        .visible(&peer, &headers, |store| Ok(store.open_namespaces()?))
         .await
     {
-        Ok(q) => axum::Json(q).into_response(),
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match server.full_queue().await {
+        Ok(all) => answer(&view::restrict(
+            &all,
+            visible.as_ref(),
+            q.queue.as_deref(),
+            q.limit,
+        )),
         Err(r) => r,
     }
 }
 
-async fn job_history(
+/// `?minutes=` and `?queue=` of the history paths.
+#[derive(Debug, Default, Deserialize)]
+struct HistoryQuery {
+    /// How far back, minutes (default 60, at most 120).
+    minutes: Option<u32>,
+    /// Only this ManagedJobQueue's jobs.
+    queue: Option<String>,
+}
+
+/// The `QueueHistory` answer: the samples of `visible` (None: all namespaces).
+async fn history_of(
+    server: &Arc<Server>,
+    visible: Option<BTreeSet<String>>,
+    q: HistoryQuery,
+) -> Response {
+    let minutes = q.minutes.unwrap_or(60).clamp(1, 120);
+    let now = crate::lifecycle::now_ms();
+    let since = now - i64::from(minutes) * 60_000;
+    let (shown, queue) = (visible.clone(), q.queue.clone());
+    match server
+        .read(move |_, store| Ok(store.samples(since, shown.as_ref(), queue.as_deref())?))
+        .await
+    {
+        Ok(samples) => answer(&json!({
+            "apiVersion": view::API_VERSION,
+            "kind": "QueueHistory",
+            "generatedAt": view::rfc3339(now),
+            "namespaces": visible.map(|v| v.into_iter().collect::<Vec<_>>()).unwrap_or_default(),
+            "queue": q.queue,
+            "intervalSeconds": SAMPLE_INTERVAL.as_secs(),
+            "samples": samples.iter().map(|s| json!({
+                "at": view::rfc3339(s.at_ms),
+                "waiting": s.waiting,
+                "launching": s.launching,
+                "running": s.running,
+            })).collect::<Vec<_>>(),
+        })),
+        Err(r) => r,
+    }
+}
+
+async fn namespace_history(
+    State(server): State<Arc<Server>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    Path(ns): Path<String>,
+    Query(q): Query<HistoryQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = server
+        .allowed(&peer, &headers, &ns, &[Access::ListManagedJobs])
+        .await
+    {
+        return r;
+    }
+    history_of(&server, Some([ns].into()), q).await
+}
+
+async fn all_history(
+    State(server): State<Arc<Server>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    Query(q): Query<HistoryQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let since = crate::lifecycle::now_ms() - 120 * 60_000;
+    let visible = match server
+        .visible(&peer, &headers, move |store| {
+            let mut ns: BTreeSet<String> = store.open_namespaces()?.into_iter().collect();
+            ns.extend(store.sampled_namespaces(since)?);
+            Ok(ns.into_iter().collect())
+        })
+        .await
+    {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    history_of(&server, visible, q).await
+}
+
+/// The operator's newest job named `ns/name`, with its history.
+fn find_job(
+    store: &Store,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<
+    Option<(
+        crate::lifecycle::JobRow,
+        Vec<crate::lifecycle::record::HistoryEntry>,
+    )>,
+> {
+    let Some(row) = store
+        .find_by_name(ns, name)?
+        .into_iter()
+        .max_by_key(|r| r.id)
+    else {
+        return Ok(None);
+    };
+    let history = store.history(row.id)?;
+    Ok(Some((row, history)))
+}
+
+async fn job_detail(
     State(server): State<Arc<Server>>,
     ConnectInfo(peer): ConnectInfo<Peer>,
     Path((ns, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match server.caller(&peer, &headers).await {
-        Ok(c) => c,
-        Err(r) => return r.into(),
-    };
-    match server.reviewer.may_list(&caller, &ns).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return Refused::Forbidden(format!(
-                "{} may not list managedjobs.managedjobs.dev in namespace {ns}",
-                caller.username
-            ))
-            .into();
-        }
-        Err(r) => return r.into(),
+    if let Err(r) = server
+        .allowed(&peer, &headers, &ns, &[Access::ListManagedJobs])
+        .await
+    {
+        return r;
     }
     let (ns2, name2) = (ns.clone(), name.clone());
     let found = server
-        .read(move |_, store| {
-            let Some(row) = store.find_by_name(&ns2, &name2)?.into_iter().max_by_key(|r| r.id)
-            else {
+        .read(move |engine, store| {
+            let Some((row, history)) = find_job(store, &ns2, &name2)? else {
                 return Ok(None);
             };
-            let history = store.history(row.id)?;
-            Ok(Some((row, history)))
+            let _ = engine;
+            let logs: Vec<serde_json::Value> = Vec::new(); // TODO(kept logs): after the merge
+            Ok(Some((row, history, logs)))
         })
         .await;
-    match found {
-        Ok(Some((row, history))) => axum::Json(json!({
-            "apiVersion": view::API_VERSION,
-            "kind": "JobHistory",
-            "metadata": {"namespace": ns, "name": name},
-            "status": crate::status::status(&row),
-            "history": history.iter().map(|h| json!({
-                "at": view::rfc3339(h.at_ms),
-                "fromPhase": h.from_phase.map(|p| p.as_str()),
-                "phase": h.to_phase.as_str(),
-                "fromScheduleState": h.from_schedule.map(|s| s.as_str()),
-                "scheduleState": h.to_schedule.as_str(),
-                "reason": h.reason.as_str(),
-                "message": h.message,
-            })).collect::<Vec<_>>(),
-        }))
-        .into_response(),
-        Ok(None) => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("the operator has no job {ns}/{name}"),
-        ),
-        Err(r) => r,
-    }
+    let (row, history, logs) = match found {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("the operator has no job {ns}/{name}"),
+            );
+        }
+        Err(r) => return r,
+    };
+    // Its place among its namespace's waiting jobs, as the queue path shows it.
+    let waiting = match server.full_queue().await {
+        Ok(all) => view::restrict(&all, Some(&[ns.clone()].into()), None, None)
+            .waiting
+            .into_iter()
+            .find(|j| j.job_id == row.id),
+        Err(_) => None,
+    };
+    let events = crate::events::events_for(&history, 0);
+    answer(&json!({
+        "apiVersion": view::API_VERSION,
+        "kind": "JobDetail",
+        "metadata": {"namespace": ns, "name": name},
+        "jobId": row.id,
+        "queue": row.queue,
+        "priority": row.spec.priority,
+        "executor": row.executor.as_str(),
+        "nodes": row.spec.nodes,
+        "tasks": row.spec.tasks.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        "status": crate::status::status(&row),
+        "waiting": waiting,
+        "transitions": history.iter().map(|h| json!({
+            "at": view::rfc3339(h.at_ms),
+            "fromPhase": h.from_phase.map(|p| p.as_str()),
+            "phase": h.to_phase.as_str(),
+            "fromScheduleState": h.from_schedule.map(|s| s.as_str()),
+            "scheduleState": h.to_schedule.as_str(),
+            "reason": h.reason.as_str(),
+            "message": h.message,
+        })).collect::<Vec<_>>(),
+        "events": events.iter().map(|e| json!({
+            "at": view::rfc3339(e.at_ms),
+            "type": e.type_.as_str(),
+            "reason": e.reason,
+            "note": e.note,
+        })).collect::<Vec<_>>(),
+        "logs": logs,
+    }))
 }
 
-/// The `JobQueue` for `visible` (None: every namespace), from one read transaction.
-pub fn read_queue(
-    engine: &Engine,
-    store: &mut Store,
-    visible: Option<&BTreeSet<String>>,
-) -> anyhow::Result<view::JobQueue> {
+async fn job_log() -> Response {
+    status(
+        StatusCode::NOT_IMPLEMENTED,
+        "NotImplemented",
+        "kept logs: not yet".into(),
+    )
+}
+
+async fn dashboard(headers: HeaderMap) -> Response {
+    let _ = headers;
+    let mut r = axum::response::Html(DASHBOARD).into_response();
+    let h = r.headers_mut();
+    // One self-contained page: its script and style inline, data from this origin only.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    r
+}
+
+/// The dashboard: one page, its script and style inline, no external resource.
+pub const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// The queue over every namespace, from one read transaction of the store.
+pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::JobQueue> {
     let queues = engine
         .queues()
         .context("the operator has not listed the queues yet")?;
@@ -561,6 +939,6 @@ pub fn read_queue(
             pace: &pace,
             wait: &wait,
         };
-        Ok(view::queue(&snapshot, visible))
+        Ok(view::queue(&snapshot))
     })
 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::api::ScheduleState;
 use crate::capacity::{Caps, SlotUsage};
@@ -60,7 +60,7 @@ impl Throughput {
 }
 
 /// When a waiting job may start, and on what that rests: never a promise.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Estimate {
     /// Seconds from the answer's time; None when there is no basis for a figure.
@@ -80,7 +80,12 @@ pub struct Estimate {
 /// second` from now (Little's law over the queue's slots and recent run times,
 /// [`Throughput::starts_per_second`]). Without a pace (nothing finished in the last hour, or
 /// nothing of its queue runs), no figure.
-pub fn estimate(place: usize, global_place: usize, room: usize, pace: Option<Throughput>) -> Estimate {
+pub fn estimate(
+    place: usize,
+    global_place: usize,
+    room: usize,
+    pace: Option<Throughput>,
+) -> Estimate {
     if global_place <= room {
         return Estimate {
             in_seconds: Some(0.0),
@@ -166,7 +171,12 @@ pub fn admission_order(
         .collect();
     let lead = order.len();
     let placed: BTreeSet<i64> = order.iter().copied().collect();
-    order.extend(waiting.iter().map(|j| j.id).filter(|id| !placed.contains(id)));
+    order.extend(
+        waiting
+            .iter()
+            .map(|j| j.id)
+            .filter(|id| !placed.contains(id)),
+    );
     (order, lead)
 }
 
@@ -196,7 +206,7 @@ pub fn room(usage: SlotUsage, caps: Caps) -> usize {
 }
 
 /// A waiting job in the answer.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WaitingJob {
     /// Its namespace.
@@ -224,7 +234,7 @@ pub struct WaitingJob {
 }
 
 /// A job holding slots (Launching, Alive, AliveWaiting) in the answer.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LiveJob {
     /// Its namespace.
@@ -254,7 +264,7 @@ pub struct LiveJob {
 }
 
 /// A job neither waiting nor holding a slot and not finished (suspended).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InactiveJob {
     /// Its namespace.
@@ -272,7 +282,7 @@ pub struct InactiveJob {
 }
 
 /// Counts of one namespace's jobs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespaceCounts {
     /// The namespace.
@@ -288,7 +298,7 @@ pub struct NamespaceCounts {
 }
 
 /// The caps and which one binds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CapsView {
     /// The launch cap (jobs launching at once).
@@ -297,12 +307,12 @@ pub struct CapsView {
     pub run: usize,
     /// `RunCap`, `LaunchCap`, or absent: which holds new jobs back now.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub binding: Option<&'static str>,
+    pub binding: Option<String>,
 }
 
 /// Slots in use across the operator: shown only to a caller who may list ManagedJobs in every
 /// namespace (the counts include every namespace's jobs).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageView {
     /// Jobs holding a launch slot.
@@ -314,13 +324,13 @@ pub struct UsageView {
 }
 
 /// The answer of `GET .../queue`: kind `JobQueue`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobQueue {
     /// [`API_VERSION`].
-    pub api_version: &'static str,
+    pub api_version: String,
     /// `JobQueue`.
-    pub kind: &'static str,
+    pub kind: String,
     /// When it was computed (RFC 3339).
     pub generated_at: String,
     /// The namespaces it covers (those the caller may list ManagedJobs in); empty with
@@ -328,6 +338,9 @@ pub struct JobQueue {
     pub namespaces: Vec<String>,
     /// The caller may list ManagedJobs in every namespace: nothing was left out.
     pub all_namespaces: bool,
+    /// The one queue (ManagedJobQueue) shown, when the request named one (`?queue=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// The operator's caps.
     pub caps: CapsView,
     /// The slots in use in all, for a caller of every namespace only.
@@ -335,6 +348,8 @@ pub struct JobQueue {
     pub usage: Option<UsageView>,
     /// Per namespace shown, its counts.
     pub counts: Vec<NamespaceCounts>,
+    /// How many jobs wait in all (of those shown): `waiting` holds the first `?limit=` of them.
+    pub waiting_total: usize,
     /// The waiting jobs, in admission order.
     pub waiting: Vec<WaitingJob>,
     /// The jobs holding slots, by job id.
@@ -387,28 +402,18 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-/// The `JobQueue` answer for a caller who may see `visible` (None: every namespace). Jobs of
-/// other namespaces are left out and counted nowhere; their presence shows only through the
-/// estimates and the binding cap.
-pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
-    let shows = |ns: &str| visible.is_none_or(|v| v.contains(ns));
+/// The `JobQueue` answer over every namespace: the waiting jobs in the order the scheduler
+/// will admit them (positions across all namespaces), each with its reason and estimated
+/// start, the jobs holding slots and the suspended ones, and the counts. A caller's answer is
+/// this, [`restrict`]ed to what it may see.
+pub fn queue(s: &Snapshot<'_>) -> JobQueue {
     let (order, lead) = admission_order(s.queues, s.loads, s.waiting, s.now_ms);
     let by_id: BTreeMap<i64, &BriefJob> = s.waiting.iter().map(|j| (j.id, j)).collect();
     let room = room(s.usage, s.caps);
     let mut place_in_queue: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut counts: BTreeMap<String, NamespaceCounts> = BTreeMap::new();
-    if let Some(v) = visible {
-        for ns in v {
-            counts.insert(
-                ns.clone(),
-                NamespaceCounts {
-                    namespace: ns.clone(),
-                    ..Default::default()
-                },
-            );
-        }
-    }
-    let mut waiting = Vec::new();
+    let mut waiting = Vec::with_capacity(order.len());
+    // The reason a queue's admissible jobs wait is the same for all of them: asked once.
+    let mut why: BTreeMap<(&str, &str), (String, String)> = BTreeMap::new();
     for (i, id) in order.iter().enumerate() {
         let j = by_id[id];
         let admissible = i < lead;
@@ -416,10 +421,6 @@ pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
         if admissible {
             *place += 1;
         }
-        if !shows(&j.namespace) {
-            continue;
-        }
-        counted(&mut counts, &j.namespace).waiting += 1;
         let (reason, message) = if j.cancel_requested {
             ("Cancelling".to_string(), j.message.clone())
         } else if let Some(until) = j.backoff_until_ms.filter(|t| *t > s.now_ms) {
@@ -428,8 +429,12 @@ pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
                 format!("retrying after a failure, not before {}", rfc3339(until)),
             )
         } else {
-            let (r, m) = scheduler::why_waiting(s.wait, &j.queue, Some(&j.namespace));
-            (r.as_str().to_string(), m)
+            why.entry((j.queue.as_str(), j.namespace.as_str()))
+                .or_insert_with(|| {
+                    let (r, m) = scheduler::why_waiting(s.wait, &j.queue, Some(&j.namespace));
+                    (r.as_str().to_string(), m)
+                })
+                .clone()
         };
         let mut estimated_start = if admissible {
             estimate(*place, i + 1, room, s.pace.get(&j.queue).copied())
@@ -456,14 +461,10 @@ pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
             estimated_start,
         });
     }
-    let mut live = Vec::new();
-    for j in s.live.iter().filter(|j| shows(&j.namespace)) {
-        let c = counted(&mut counts, &j.namespace);
-        c.holding_run_slots += 1;
-        if j.schedule_state == ScheduleState::Launching {
-            c.launching += 1;
-        }
-        live.push(LiveJob {
+    let live = s
+        .live
+        .iter()
+        .map(|j| LiveJob {
             namespace: j.namespace.clone(),
             name: j.name.clone(),
             job_id: j.id,
@@ -475,39 +476,128 @@ pub fn queue(s: &Snapshot<'_>, visible: Option<&BTreeSet<String>>) -> JobQueue {
             workload: j.workload.clone(),
             started_at: j.started_at_ms.map(rfc3339),
             message: j.message.clone(),
-        });
-    }
-    let mut inactive = Vec::new();
-    for j in s.inactive.iter().filter(|j| shows(&j.namespace)) {
-        counted(&mut counts, &j.namespace).inactive += 1;
-        inactive.push(InactiveJob {
+        })
+        .collect();
+    let inactive = s
+        .inactive
+        .iter()
+        .map(|j| InactiveJob {
             namespace: j.namespace.clone(),
             name: j.name.clone(),
             job_id: j.id,
             queue: j.queue.clone(),
             phase: j.phase.as_str().into(),
             message: j.message.clone(),
-        });
-    }
-    JobQueue {
-        api_version: API_VERSION,
-        kind: "JobQueue",
+        })
+        .collect();
+    let mut all = JobQueue {
+        api_version: API_VERSION.into(),
+        kind: "JobQueue".into(),
         generated_at: rfc3339(s.now_ms),
-        namespaces: visible.map(|v| v.iter().cloned().collect()).unwrap_or_default(),
-        all_namespaces: visible.is_none(),
+        namespaces: Vec::new(),
+        all_namespaces: true,
+        queue: None,
         caps: CapsView {
             launch: s.caps.launch,
             run: s.caps.run,
-            binding: binding_limit(s.usage, s.caps),
+            binding: binding_limit(s.usage, s.caps).map(str::to_string),
         },
-        usage: visible.is_none().then_some(UsageView {
+        usage: Some(UsageView {
             launching: s.usage.launching,
             holding_run_slots: s.usage.alive,
             waiting: s.usage.waiting,
         }),
-        counts: counts.into_values().collect(),
+        counts: Vec::new(),
+        waiting_total: 0,
         waiting,
         live,
         inactive,
+    };
+    all.waiting_total = all.waiting.len();
+    all.counts = count(&all, None);
+    all
+}
+
+/// Per namespace of `q` (and each of `visible`, even without jobs), its counts.
+fn count(q: &JobQueue, visible: Option<&BTreeSet<String>>) -> Vec<NamespaceCounts> {
+    let mut counts: BTreeMap<String, NamespaceCounts> = BTreeMap::new();
+    for ns in visible.into_iter().flatten() {
+        counted(&mut counts, ns);
     }
+    for j in &q.waiting {
+        counted(&mut counts, &j.namespace).waiting += 1;
+    }
+    for j in &q.live {
+        let c = counted(&mut counts, &j.namespace);
+        c.holding_run_slots += 1;
+        if j.schedule_state == ScheduleState::Launching.as_str() {
+            c.launching += 1;
+        }
+    }
+    for j in &q.inactive {
+        counted(&mut counts, &j.namespace).inactive += 1;
+    }
+    counts.into_values().collect()
+}
+
+/// What a caller who may see `visible` (None: every namespace) is shown of `all` (from
+/// [`queue`]), of `queue` only when given, with at most `limit` waiting jobs (the first in
+/// admission order; `waitingTotal` counts them all). Jobs of other namespaces are left out
+/// and counted nowhere: positions are renumbered among the jobs shown, and the operator-wide
+/// usage is shown only to a caller of every namespace asking for every queue. What still
+/// reflects other namespaces' jobs: the estimates and which cap binds (documented).
+pub fn restrict(
+    all: &JobQueue,
+    visible: Option<&BTreeSet<String>>,
+    queue: Option<&str>,
+    limit: Option<usize>,
+) -> JobQueue {
+    let shows = |ns: &str, q: &str| {
+        visible.is_none_or(|v| v.contains(ns)) && queue.is_none_or(|want| want == q)
+    };
+    let mut waiting: Vec<WaitingJob> = all
+        .waiting
+        .iter()
+        .filter(|j| shows(&j.namespace, &j.queue))
+        .cloned()
+        .collect();
+    for (i, j) in waiting.iter_mut().enumerate() {
+        j.position = i + 1;
+    }
+    let mut out = JobQueue {
+        api_version: API_VERSION.into(),
+        kind: "JobQueue".into(),
+        generated_at: all.generated_at.clone(),
+        namespaces: visible
+            .map(|v| v.iter().cloned().collect())
+            .unwrap_or_default(),
+        all_namespaces: visible.is_none(),
+        queue: queue.map(str::to_string),
+        caps: all.caps.clone(),
+        usage: if visible.is_none() && queue.is_none() {
+            all.usage.clone()
+        } else {
+            None
+        },
+        counts: Vec::new(),
+        waiting_total: waiting.len(),
+        waiting,
+        live: all
+            .live
+            .iter()
+            .filter(|j| shows(&j.namespace, &j.queue))
+            .cloned()
+            .collect(),
+        inactive: all
+            .inactive
+            .iter()
+            .filter(|j| shows(&j.namespace, &j.queue))
+            .cloned()
+            .collect(),
+    };
+    out.counts = count(&out, visible);
+    if let Some(limit) = limit {
+        out.waiting.truncate(limit);
+    }
+    out
 }

@@ -14,6 +14,9 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
+pub mod visibility;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
