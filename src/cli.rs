@@ -165,6 +165,12 @@ pub struct RunArgs {
     /// timeout).
     #[arg(long, env = "MJ_GANG_SCHEDULING", default_value = "auto", value_parser = ["auto", "off"])]
     pub gang_scheduling: String,
+    /// Bytes of the end of each container's log that a pod job's controller keeps in the state
+    /// dir per attempt (every rank's and task's Pod, init containers too), once the attempt
+    /// ended or before it stops its Pods, so that `managed-jobs logs` shows it after the Pod is
+    /// gone; kept as long as the job's record. 0 keeps none.
+    #[arg(long, env = "MJ_KEPT_LOG_BYTES", default_value_t = defaults::KEPT_LOG_BYTES)]
+    pub kept_log_bytes: u64,
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
