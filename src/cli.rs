@@ -167,6 +167,12 @@ pub struct RunArgs {
     /// timeout).
     #[arg(long, env = "MJ_GANG_SCHEDULING", default_value = "auto", value_parser = ["auto", "off"])]
     pub gang_scheduling: String,
+    /// Bytes of the end of each container's log that a pod job's controller keeps in the state
+    /// dir per attempt (every rank's and task's Pod, init containers too), once the attempt
+    /// ended or before it stops its Pods, so that `managed-jobs logs` shows it after the Pod is
+    /// gone; kept as long as the job's record. 0 keeps none.
+    #[arg(long, env = "MJ_KEPT_LOG_BYTES", default_value_t = defaults::KEPT_LOG_BYTES)]
+    pub kept_log_bytes: u64,
     /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
@@ -246,6 +252,11 @@ pub struct LogsArgs {
     /// A multi-node job's member (0..N-1): its Pod's log. Without it, every rank's.
     #[arg(long)]
     pub rank: Option<u32>,
+    /// A pod job's attempt (counted over the whole job, as `status.attempt` and
+    /// `status.attempts[].attempt`): the log kept of it. Without it, the latest attempt's (of
+    /// each task of a pipeline).
+    #[arg(long)]
+    pub attempt: Option<i32>,
     /// State dir of the operator.
     #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
     pub state_dir: PathBuf,
@@ -791,9 +802,13 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
         }
     }
     if row.executor.facts().api_objects {
-        print!("{}", pod_logs_hint(&row, task, args.rank));
-        return Ok(());
+        return print_pod_logs(&store, &dir, &row, task, args);
     }
+    anyhow::ensure!(
+        args.attempt.is_none(),
+        "job {} is a local job: its log holds every attempt's output, in order (--attempt is for pod jobs)",
+        row.key()
+    );
     if !row.spec.is_pipeline() {
         let path = dir.workload_log(row.id);
         let text = std::fs::read(&path)
@@ -848,67 +863,441 @@ fn task_index(row: &JobRow, which: &str) -> anyhow::Result<usize> {
     }
 }
 
-/// A pod job's output is its Pods' logs: the `kubectl logs` command for the last attempt of
-/// each task (or of `task`), or of the job.
-fn pod_logs_hint(row: &JobRow, task: Option<usize>, rank: Option<u32>) -> String {
-    use crate::executor::pod;
-    let ns = &row.namespace;
-    // The ranks to show of a task (or job) of `nodes` members: the one asked for, else all.
-    let ranks = |nodes: Option<i32>| -> Vec<Option<u32>> {
-        match (nodes, rank) {
-            (None, _) => vec![None],
-            (Some(_), Some(r)) => vec![Some(r)],
-            (Some(n), None) => (0..n.max(1) as u32).map(Some).collect(),
-        }
-    };
-    if !row.spec.is_pipeline() {
-        if row.launched_attempt == 0 {
-            return format!("job {} has not launched a Pod yet\n", row.key());
-        }
-        let attempt = row.attempt.max(1);
-        return ranks(row.spec.nodes)
-            .into_iter()
-            .map(|r| match r {
-                None => format!(
-                    "kubectl logs -n {ns} {}\n",
-                    pod::attempt_pod_name(row, attempt)
-                ),
-                Some(r) => format!(
-                    "kubectl logs -n {ns} {}  # rank {r}\n",
-                    pod::member_pod_name(row, attempt, r)
-                ),
-            })
-            .collect();
+/// Prints what [`pod_logs`] shows of pod job `row`: a kept log alone as it is; several, each
+/// under a `==> ... <==` header; `kubectl logs` commands on stdout, notes on stderr. Fails,
+/// naming why, when there is nothing to show.
+fn print_pod_logs(
+    store: &Store,
+    dir: &StateDir,
+    row: &JobRow,
+    task: Option<usize>,
+    args: &LogsArgs,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let last = row.attempt.max(row.launched_attempt);
+    let mut seen = Vec::new();
+    for attempt in 1..=last {
+        seen.extend(store.pod_members(row.id, attempt)?);
     }
-    let mut out = String::new();
-    for (i, t) in row.tasks.iter().enumerate() {
-        if task.is_some_and(|k| k != i) {
-            continue;
-        }
-        if t.attempt == 0 {
-            out.push_str(&format!("# task {} has not launched a Pod\n", t.name));
-        } else {
-            for r in ranks(row.spec.task(i).nodes) {
-                match r {
-                    None => {
-                        let name = pod::task_pod_name(row, i, t.attempt);
-                        out.push_str(&format!("kubectl logs -n {ns} {name}  # task {}\n", t.name))
-                    }
-                    Some(r) => {
-                        let name = pod::task_member_pod_name(row, i, t.attempt, r);
-                        out.push_str(&format!(
-                            "kubectl logs -n {ns} {name}  # task {}, rank {r}\n",
-                            t.name
-                        ))
-                    }
+    let kept = crate::executor::pod::logs::kept_logs(dir, row, &Default::default());
+    let kept_bytes = store.settings()?.kept_log_bytes;
+    let pieces = pod_logs(row, &kept, &seen, task, args.rank, args.attempt, kept_bytes)
+        .map_err(|why| anyhow::anyhow!(why))?;
+    let shown = pieces
+        .iter()
+        .filter(|p| !matches!(p, PodLogPiece::Note(_)))
+        .count();
+    let mut out = std::io::stdout().lock();
+    for piece in pieces {
+        match piece {
+            PodLogPiece::Kept { header, log } => {
+                let mut file = std::fs::File::open(&log.path)
+                    .with_context(|| format!("reading {}", log.path.display()))?;
+                if shown > 1 {
+                    writeln!(out, "==> {header} <==")?;
+                } else if log.truncated {
+                    eprintln!(
+                        "note: {header}: only the last {} bytes were kept",
+                        log.bytes
+                    );
                 }
+                std::io::copy(&mut file, &mut out)?;
+            }
+            PodLogPiece::Command(line) => writeln!(out, "{line}")?,
+            PodLogPiece::Note(note) => eprintln!("note: {note}"),
+        }
+    }
+    Ok(())
+}
+
+/// One thing `managed-jobs logs` shows of a pod job ([`pod_logs`]), in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodLogPiece {
+    /// A kept log, under `header` when more than one log or command is shown.
+    Kept {
+        /// E.g. `task train, attempt 2, rank 1, container main (its last 4096 bytes)`.
+        header: String,
+        /// The file.
+        log: crate::state_dir::KeptLog,
+    },
+    /// A `kubectl logs` command for a Pod that is still there and of which nothing is kept
+    /// (stdout).
+    Command(String),
+    /// What is not shown and why, or where more is (stderr).
+    Note(String),
+}
+
+/// The task of pod job `row` the Pod `o` ran: 0 without tasks; for a pipeline, the task whose
+/// deterministic Pod names include its name, else the current task when the attempt is one of
+/// it; None when unknown.
+fn task_of(row: &JobRow, o: &crate::store::pods::PodObservation) -> Option<usize> {
+    use crate::executor::pod;
+    if !row.spec.is_pipeline() {
+        return Some(0);
+    }
+    for (i, t) in row.tasks.iter().enumerate() {
+        let size = row.spec.task(i).size() as u32;
+        for k in 1..=t.attempt.max(0) + 1 {
+            if (0..size).any(|r| pod::task_member_pod_name(row, i, k, r) == o.pod_name) {
+                return Some(i);
             }
         }
     }
-    out
+    (o.attempt >= row.task_first_attempt).then_some(row.task_index.max(0) as usize)
+}
+
+/// What `managed-jobs logs` shows of pod job `row` ([`PodLogPiece`]s), given every log kept of
+/// it (`kept`, in [`crate::executor::pod::logs::kept_logs`]'s order) and every Pod of its
+/// attempts the operator's Pod watch saw (`seen`); for `task` (None: each task of a pipeline),
+/// `rank` (None: every rank) and `attempt` (None: the latest of each task):
+///
+/// - the attempt's kept logs, every rank and container (init containers first);
+/// - for a member of which nothing is kept, a `kubectl logs` command while its Pod is there
+///   (the attempt still runs, or its log could not be kept), else a note that it is gone;
+/// - with the latest attempt shown as a command (it runs), a note naming the latest attempt
+///   whose log is kept.
+///
+/// An error, one sentence naming why, when nothing can be shown: never a command that would
+/// fail. `kept_bytes` is the operator's `--kept-log-bytes` (0: it keeps none).
+pub fn pod_logs(
+    row: &JobRow,
+    kept: &[crate::state_dir::KeptLog],
+    seen: &[crate::store::pods::PodObservation],
+    task: Option<usize>,
+    rank: Option<u32>,
+    attempt: Option<i32>,
+    kept_bytes: u64,
+) -> Result<Vec<PodLogPiece>, String> {
+    let job = row.key();
+    let last = row.attempt.max(row.launched_attempt);
+    if row.launched_attempt == 0 && kept.is_empty() && seen.is_empty() {
+        return Err(format!("job {job} has not launched a Pod yet"));
+    }
+    if let Some(a) = attempt
+        && !(1..=last).contains(&a)
+    {
+        return Err(format!(
+            "job {job} has no attempt {a} (its attempts so far: 1 to {last})"
+        ));
+    }
+    let pipeline = row.spec.is_pipeline();
+    let tasks: Vec<usize> = match task {
+        Some(i) => vec![i],
+        None => (0..row.spec.tasks.len().max(1)).collect(),
+    };
+    let why_gone = if kept_bytes == 0 {
+        "the operator keeps no logs (it runs with --kept-log-bytes 0)"
+    } else {
+        "it was deleted before its job controller kept its log, or none of its containers ran"
+    };
+    let in_rank = |r: u32| rank.is_none_or(|x| x == r);
+    let mut pieces = Vec::new();
+    let mut missing = Vec::new();
+    for i in tasks {
+        let view = row.spec.task(i);
+        let gang = view.nodes.is_some();
+        let label = view.name.map(|n| format!("task {n}"));
+        let kept_i: Vec<_> = kept
+            .iter()
+            .filter(|l| l.key.task == i && in_rank(l.key.rank))
+            .collect();
+        let seen_i: Vec<_> = seen
+            .iter()
+            .filter(|o| task_of(row, o) == Some(i) && in_rank(o.rank))
+            .collect();
+        let known = |a: i32| {
+            kept_i.iter().any(|l| l.key.attempt == a) || seen_i.iter().any(|o| o.attempt == a)
+        };
+        let latest = kept_i
+            .iter()
+            .map(|l| l.key.attempt)
+            .chain(seen_i.iter().map(|o| o.attempt))
+            .max();
+        let what = |a: i32, r: Option<u32>| {
+            let mut parts: Vec<String> = label.iter().cloned().collect();
+            parts.push(format!("attempt {a}"));
+            if let Some(r) = r.filter(|_| gang) {
+                parts.push(format!("rank {r}"));
+            }
+            parts.join(", ")
+        };
+        let chosen = match (attempt, latest) {
+            // Another task's attempt (a pipeline asked for one attempt, without --task).
+            (Some(a), _) if pipeline && task.is_none() && !known(a) => continue,
+            (Some(a), _) => a,
+            (None, Some(a)) => a,
+            (None, None) => {
+                let launched = if pipeline {
+                    row.tasks.get(i).is_some_and(|t| t.attempt > 0)
+                } else {
+                    row.launched_attempt > 0
+                };
+                missing.push(match (&label, launched) {
+                    (Some(l), false) => format!("{l} has not launched a Pod yet"),
+                    (None, false) => format!("job {job} has not launched a Pod yet"),
+                    (_, true) => format!(
+                        "{}: nothing kept and no Pod seen",
+                        label.clone().unwrap_or_else(|| format!("job {job}"))
+                    ),
+                });
+                continue;
+            }
+        };
+        let logs: Vec<_> = kept_i.iter().filter(|l| l.key.attempt == chosen).collect();
+        for log in &logs {
+            let mut header = what(chosen, Some(log.key.rank));
+            header.push_str(&format!(", container {}", log.key.container));
+            if log.truncated {
+                header.push_str(&format!(" (its last {} bytes)", log.bytes));
+            }
+            pieces.push(PodLogPiece::Kept {
+                header,
+                log: (**log).clone(),
+            });
+        }
+        let pods: Vec<_> = seen_i.iter().filter(|o| o.attempt == chosen).collect();
+        let mut commands = 0;
+        for o in &pods {
+            if logs.iter().any(|l| l.key.rank == o.rank) {
+                continue;
+            }
+            if o.deleted {
+                missing.push(format!(
+                    "{}: nothing kept, and its Pod {} is gone: {why_gone}",
+                    what(chosen, Some(o.rank)),
+                    o.pod_name
+                ));
+                continue;
+            }
+            let mut notes: Vec<String> = label.iter().cloned().collect();
+            if gang {
+                notes.push(format!("rank {}", o.rank));
+            }
+            let comment = if notes.is_empty() {
+                String::new()
+            } else {
+                format!("  # {}", notes.join(", "))
+            };
+            pieces.push(PodLogPiece::Command(format!(
+                "kubectl logs -n {} {}{comment}",
+                row.namespace, o.pod_name
+            )));
+            commands += 1;
+        }
+        if logs.is_empty() && pods.is_empty() {
+            missing.push(format!(
+                "{}: nothing kept and no Pod seen",
+                what(chosen, rank)
+            ));
+        }
+        if attempt.is_none()
+            && commands > 0
+            && let Some(ended) = kept_i
+                .iter()
+                .map(|l| l.key.attempt)
+                .filter(|&a| a < chosen)
+                .max()
+        {
+            pieces.push(PodLogPiece::Note(format!(
+                "{} still runs; the log kept of {}: managed-jobs logs {job} --attempt {ended}",
+                what(chosen, None),
+                what(ended, None)
+            )));
+        }
+    }
+    if pieces.iter().all(|p| matches!(p, PodLogPiece::Note(_))) {
+        if missing.is_empty() {
+            // A pipeline asked for an attempt that no task knows.
+            missing.push(format!(
+                "attempt {}: nothing kept and no Pod seen",
+                attempt.unwrap_or(last)
+            ));
+        }
+        return Err(format!("job {job}: no log to show: {}", missing.join("; ")));
+    }
+    pieces.extend(missing.into_iter().map(PodLogPiece::Note));
+    Ok(pieces)
 }
 
 /// Seconds (float) to a duration, refusing negatives.
 pub fn seconds(s: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("invalid seconds {s}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_dir::{KeptLog, KeptLogKey};
+    use crate::store::pods::{PodObservation, PodState};
+
+    fn pod_job(nodes: Option<i32>) -> JobRow {
+        let mut store = Store::in_memory().unwrap();
+        let mut spec: crate::api::ManagedJobSpec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {
+                "initContainers": [{"name": "prepare", "image": "b"}],
+                "containers": [{"name": "main", "image": "b"}]
+            }}
+        }))
+        .unwrap();
+        spec.nodes = nodes;
+        let mut row = store.upsert("u", "ns", "job", 1, &spec).unwrap().row;
+        row.executor = ExecutorKind::Pod;
+        row
+    }
+
+    fn kept(attempt: i32, rank: u32, container: &str, truncated: bool) -> KeptLog {
+        KeptLog {
+            key: KeptLogKey {
+                task: 0,
+                attempt,
+                rank,
+                container: container.into(),
+            },
+            path: PathBuf::from(format!("/s/T0-A{attempt}-R{rank}-{container}.log")),
+            bytes: 4096,
+            truncated,
+        }
+    }
+
+    fn seen(attempt: i32, rank: u32, state: PodState, deleted: bool) -> PodObservation {
+        PodObservation {
+            job_id: 1,
+            attempt,
+            rank,
+            pod_name: format!("job-1-{attempt}-{rank}"),
+            state,
+            exit_code: None,
+            reason: String::new(),
+            message: String::new(),
+            deleted,
+            node: "n".into(),
+            terminating_since_ms: None,
+            grace_seconds: None,
+            evidence: Default::default(),
+            ended_at_ms: None,
+        }
+    }
+
+    fn kept_of(pieces: &[PodLogPiece]) -> Vec<(i32, u32, String)> {
+        pieces
+            .iter()
+            .filter_map(|p| match p {
+                PodLogPiece::Kept { log, .. } => {
+                    Some((log.key.attempt, log.key.rank, log.key.container.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Issue 33: after a pod job's Pods are gone, `managed-jobs logs` shows the latest
+    /// attempt's kept log (or the one asked for), never a command that would fail; with nothing
+    /// kept and no Pod left it fails naming why.
+    #[test]
+    fn a_pod_jobs_logs_come_from_what_was_kept_once_its_pods_are_gone() {
+        let mut row = pod_job(None);
+        row.attempt = 2;
+        row.launched_attempt = 2;
+        let kept = [
+            kept(1, 0, "prepare", false),
+            kept(1, 0, "main", true),
+            kept(2, 0, "main", true),
+        ];
+        let gone = [
+            seen(1, 0, PodState::Failed, true),
+            seen(2, 0, PodState::Failed, true),
+        ];
+        let latest = pod_logs(&row, &kept, &gone, None, None, None, 4096).unwrap();
+        assert_eq!(kept_of(&latest), [(2, 0, "main".to_string())]);
+        assert_eq!(latest.len(), 1, "{latest:?}");
+        let first = pod_logs(&row, &kept, &gone, None, None, Some(1), 4096).unwrap();
+        assert_eq!(
+            kept_of(&first),
+            [(1, 0, "prepare".to_string()), (1, 0, "main".to_string())]
+        );
+        let PodLogPiece::Kept { header, .. } = &first[1] else {
+            panic!("{first:?}")
+        };
+        assert_eq!(header, "attempt 1, container main (its last 4096 bytes)");
+        // Nothing kept of attempt 2 and its Pod gone: an error naming why, no command.
+        let err = pod_logs(&row, &kept[..2], &gone, None, None, None, 4096).unwrap_err();
+        assert!(
+            err.contains("attempt 2: nothing kept, and its Pod job-1-2-0 is gone")
+                && err.contains("deleted before its job controller kept its log"),
+            "{err}"
+        );
+        let err = pod_logs(&row, &[], &gone, None, None, None, 0).unwrap_err();
+        assert!(err.contains("--kept-log-bytes 0"), "{err}");
+        // Its Pod still there (nothing could be kept): the command works, so it is given.
+        let there = [seen(2, 0, PodState::Failed, false)];
+        let pieces = pod_logs(&row, &[], &there, None, None, None, 4096).unwrap();
+        assert_eq!(
+            pieces,
+            [PodLogPiece::Command("kubectl logs -n ns job-1-2-0".into())]
+        );
+        let err = pod_logs(&row, &kept, &gone, None, None, Some(3), 4096).unwrap_err();
+        assert!(
+            err.contains("has no attempt 3 (its attempts so far: 1 to 2)"),
+            "{err}"
+        );
+        let mut new = pod_job(None);
+        new.attempt = 1;
+        let err = pod_logs(&new, &[], &[], None, None, None, 4096).unwrap_err();
+        assert_eq!(err, "job ns/job has not launched a Pod yet");
+    }
+
+    /// A running attempt is shown as its command, with a note naming the latest kept one.
+    #[test]
+    fn a_running_attempt_is_a_command_and_the_last_ended_one_is_named() {
+        let mut row = pod_job(None);
+        row.attempt = 3;
+        row.launched_attempt = 3;
+        let kept = [kept(2, 0, "main", false)];
+        let pods = [
+            seen(2, 0, PodState::Failed, true),
+            seen(3, 0, PodState::Running, false),
+        ];
+        let pieces = pod_logs(&row, &kept, &pods, None, None, None, 4096).unwrap();
+        assert_eq!(
+            pieces,
+            [
+                PodLogPiece::Command("kubectl logs -n ns job-1-3-0".into()),
+                PodLogPiece::Note(
+                    "attempt 3 still runs; the log kept of attempt 2: managed-jobs logs ns/job --attempt 2"
+                        .into()
+                ),
+            ]
+        );
+    }
+
+    /// A multi-node job: every rank's kept log, or the one asked for.
+    #[test]
+    fn a_multi_node_jobs_ranks_each_have_their_log() {
+        let mut row = pod_job(Some(2));
+        row.attempt = 1;
+        row.launched_attempt = 1;
+        let kept = [kept(1, 0, "main", false), kept(1, 1, "main", false)];
+        let pods = [
+            seen(1, 0, PodState::Succeeded, true),
+            seen(1, 1, PodState::Succeeded, true),
+        ];
+        let all = pod_logs(&row, &kept, &pods, None, None, None, 4096).unwrap();
+        assert_eq!(
+            kept_of(&all),
+            [(1, 0, "main".to_string()), (1, 1, "main".to_string())]
+        );
+        let PodLogPiece::Kept { header, .. } = &all[1] else {
+            panic!("{all:?}")
+        };
+        assert_eq!(header, "attempt 1, rank 1, container main");
+        let one = pod_logs(&row, &kept, &pods, None, Some(1), None, 4096).unwrap();
+        assert_eq!(kept_of(&one), [(1, 1, "main".to_string())]);
+        // Rank 1 kept nothing and is gone: rank 0's log, and a note for rank 1.
+        let some = pod_logs(&row, &kept[..1], &pods, None, None, None, 4096).unwrap();
+        assert_eq!(kept_of(&some), [(1, 0, "main".to_string())]);
+        assert!(
+            matches!(&some[1], PodLogPiece::Note(n) if n.starts_with("attempt 1, rank 1: nothing kept")),
+            "{some:?}"
+        );
+    }
 }

@@ -32,6 +32,14 @@ pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(LAUNCH_TIMEOUT_SECONDS 
 /// `--max-launch-timeouts`: launch timeouts in a row that end a job FailedNoResource.
 pub const MAX_LAUNCH_TIMEOUTS: i32 = 3;
 
+/// `--kept-log-bytes`, bytes: how much of the end of each container's log a pod job's
+/// controller keeps per attempt in the state dir, after the attempt ended or before it stops
+/// its Pods (`docs/reference/what-survives-what.md`). 1 MiB: a tenth of what the kubelet keeps
+/// of a container (its `containerLogMaxSize`, 10 MiB), some 10,000 lines of 100 bytes (the end
+/// of the output is what explains a failure); a job of ten attempts of one container then
+/// keeps at most 10 MiB of the state volume. 0 keeps none.
+pub const KEPT_LOG_BYTES: u64 = 1024 * 1024;
+
 /// `--job-memory-mib`: the per-job memory budget behind the run cap, MiB. A job controller
 /// process measures about 1-4 MiB of private memory (USS; see BENCHMARKS.md); the budget
 /// leaves room for its page tables and kernel overhead and for bursts while it launches

@@ -77,6 +77,9 @@ pub struct Config {
     /// under a claim on their job's namespace that the operator renewed lately. False: the
     /// engine alone, without an API.
     pub claims: bool,
+    /// Bytes of the end of each container's log a pod job's controller keeps per attempt
+    /// (`--kept-log-bytes`; 0: none).
+    pub kept_log_bytes: u64,
 }
 
 /// Shared state of the engine's tasks.
@@ -364,6 +367,7 @@ impl Engine {
             shard: cfg.shard.clone(),
             claims: cfg.claims,
             gang_scheduling: cfg.gang_scheduling,
+            kept_log_bytes: cfg.kept_log_bytes,
         });
         match shared {
             Ok(()) => {}

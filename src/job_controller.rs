@@ -5,7 +5,8 @@
 //!
 //! Each turn of its loop reads the job's row, asks the executor what it observes of the current
 //! attempt, lets [`lifecycle::next_action`] decide, and carries the decision out (a
-//! compare-and-set, a launch, a stop, or a wait). It holds no state of its own beyond the
+//! compare-and-set, a launch, a stop, or a wait), having the executor keep the end of the
+//! attempt's logs first when [`lifecycle::keep_logs`] says so (an attempt that ended, a stop). It holds no state of its own beyond the
 //! executor's handle on a running workload, so a fresh process started after a crash re-attaches
 //! to the running workload (or finds how it ended) instead of launching it again. It makes no API
 //! calls for local jobs and holds one SQLite connection with a small page cache.
@@ -86,6 +87,9 @@ struct JobController {
     /// Claims are in force (the operator runs with an API): each turn reads the claim on the
     /// job's namespace before deciding (`docs/design.md#one-owner-per-job`).
     claims: bool,
+    /// The last keep of an attempt's logs this process did: a stop decided again each turn
+    /// until the workload is gone keeps once.
+    kept: Option<lifecycle::KeepLogs>,
 }
 
 /// Entry point of `managed-jobs job-controller`. Returns when the job is Done.
@@ -144,6 +148,7 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
         max_launch_timeouts: settings.max_launch_timeouts,
         executors: settings.executors,
         claims: settings.claims,
+        kept: None,
     }
     .drive()
     .await
@@ -232,6 +237,15 @@ impl JobController {
             let decided_ms = cx.now_ms;
             let action = lifecycle::next_action(&row, observed.as_ref(), &cx);
             let grace = lifecycle::action_grace(&action, &row, self.grace);
+            if let Some(keep) = lifecycle::keep_logs(&row, observed.as_ref(), &action)
+                && self.kept != Some(keep)
+            {
+                // Best effort and bounded in time: nothing of it fails the turn.
+                self.executor
+                    .keep_logs(&self.store, &row, keep.attempt)
+                    .await;
+                self.kept = Some(keep);
+            }
             match action {
                 Action::Exit => {
                     tracing::info!(phase = %row.phase, "job is done");

@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
                 gang_scheduling: args.gang_scheduling == "auto",
                 queues_from_api: true,
                 claims: true,
+                kept_log_bytes: args.kept_log_bytes,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -29,6 +29,7 @@ fn config(dir: &Path, caps: Caps) -> Config {
         gang_scheduling: true,
         queues_from_api: false,
         claims: false,
+        kept_log_bytes: managed_jobs::defaults::KEPT_LOG_BYTES,
     }
 }
 

@@ -155,6 +155,37 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         let answer = answer.lines().next().unwrap_or("").trim();
         assert_eq!(answer, expected, "can {sa} {verb} {resource}?");
     }
+    // Pods' subresources: their logs are read (kept in the state dir when an attempt ends);
+    // nothing is run in a Pod or attached to it.
+    for (verb, resource, subresource, expected) in [
+        ("get", "pods", "log", "yes"),
+        ("create", "pods", "exec", "no"),
+        ("get", "pods", "exec", "no"),
+        ("create", "pods", "attach", "no"),
+        ("create", "pods", "portforward", "no"),
+        ("create", "pods", "eviction", "no"),
+        ("patch", "pods", "status", "no"),
+    ] {
+        let (_, answer) = support::kubectl(
+            cp,
+            &[
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                &format!("--subresource={subresource}"),
+                "-n",
+                &ns.name,
+                "--as",
+                &who,
+            ],
+        );
+        let answer = answer.lines().next().unwrap_or("").trim();
+        assert_eq!(
+            answer, expected,
+            "can {sa} {verb} {resource}/{subresource}?"
+        );
+    }
     for (verb, resource, expected) in [
         ("patch", "managedjobqueues.managedjobs.dev", "yes"),
         ("update", "managedjobqueues.managedjobs.dev", "no"),
@@ -190,7 +221,7 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
     let as_sa = support::ControlPlane { kubeconfig: path };
 
     // With leader election on, as the chart runs it: the Lease is taken with the chart's Role.
-    let _op = support::OperatorProcess::start(
+    let op = support::OperatorProcess::start(
         &as_sa,
         &ns.name,
         &[
@@ -226,6 +257,31 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         s.phase == Some(JobPhase::Cancelled)
     })
     .await;
+    // Each job's controller asked for its Pod's log as the attempt ended (or before the
+    // cancel stopped it), and was allowed to: kwok's nodes serve no logs, but the API server
+    // authorized the request before it asked the node.
+    let logs = op.state_path().join("logs");
+    let mut asked = 0;
+    for entry in std::fs::read_dir(&logs).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        asked += text
+            .lines()
+            .filter(|l| l.contains("kept the end of the attempt's logs"))
+            .count();
+        let keeping = |l: &&str| l.contains("the container's log") || l.contains("its logs");
+        for line in text.lines().filter(keeping) {
+            assert!(
+                !line.contains("forbidden") && !line.contains("403"),
+                "{}: {line}",
+                path.display()
+            );
+        }
+    }
+    assert!(asked >= 2, "a keep per job: {asked}");
     // Cluster-scoped objects the chart created for this namespace's release.
     for name in [
         format!("{}-t-managed-jobs", ns.name),

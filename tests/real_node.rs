@@ -35,9 +35,8 @@ const NAMESPACE: &str = "mj-system";
 /// The StatefulSet's Pod and its state volume's claim (release `mj`: full name `mj-managed-jobs`).
 const OPERATOR_POD: &str = "mj-managed-jobs-0";
 const CLAIM: &str = "state-mj-managed-jobs-0";
-/// The real node, its containerd and the image `hack/image.sh --load` imports (hack/realnode.sh).
-const NODE: &str = "mj-real-node";
-const CONTAINERD: &str = "/run/mj-realnode/containerd/containerd.sock";
+/// The real node (hack/realnode.sh).
+const NODE: &str = support::REAL_NODE;
 /// The image `hack/image.sh` builds: tagged with this release's version, the chart's appVersion
 /// (the default tag the chart installs).
 const IMAGE: &str = concat!("docker.io/library/managed-jobs:", env!("CARGO_PKG_VERSION"));
@@ -74,44 +73,12 @@ fn kubectl(cp: &support::ControlPlane, args: &[&str]) -> (bool, String) {
 
 /// `ctr` against the real node's containerd, namespace k8s.io (the kubelet's).
 fn ctr(args: &[&str]) -> (bool, String) {
-    run(Command::new("ctr")
-        .args(["-a", CONTAINERD, "-n", "k8s.io"])
-        .args(args))
+    support::real_node_ctr(args)
 }
 
 /// Is the real node Ready with the operator image imported? If not: a skip, or under CI a failure.
 fn real_node_ready(cp: &support::ControlPlane) -> bool {
-    let (_, ready) = kubectl(
-        cp,
-        &[
-            "get",
-            "node",
-            NODE,
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-        ],
-    );
-    let images = ctr(&["images", "ls", "-q"]).1;
-    let image = images.lines().any(|l| l.trim() == IMAGE);
-    if ready.trim() == "True" && image {
-        return true;
-    }
-    let why = format!(
-        "the real node is {} and the image {IMAGE} is {}: run `hack/controlplane.sh up --real-node` \
-         and `hack/image.sh --load` (as root)",
-        if ready.trim() == "True" {
-            "Ready"
-        } else {
-            "not Ready"
-        },
-        if image { "imported" } else { "missing" }
-    );
-    assert!(
-        std::env::var("CI").unwrap_or_default().is_empty(),
-        "CI is set but {why}"
-    );
-    support::record_skip(&format!("real-node test: {why}"));
-    false
+    support::real_node_ready(cp, IMAGE, "`hack/image.sh --load`")
 }
 
 /// The control plane, the lock and a client, or a skip (see [`real_node_ready`]).
@@ -410,31 +377,9 @@ fn create_state_volume(cp: &support::ControlPlane) {
     assert!(ok, "creating the state volume: {out}");
 }
 
-/// `job` (a ManagedJob as YAML) with every Pod template placed on the real node.
-fn on_real_node(yaml: &str) -> ManagedJob {
-    let mut job: Value = serde_norway::from_str(yaml).expect("ManagedJob YAML");
-    let place = |template: &mut Value| {
-        template["spec"]["nodeSelector"] = json!({"managedjobs.dev/real-node": "true"});
-        template["spec"]["tolerations"] = json!([
-            {"key": "managedjobs.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}
-        ]);
-    };
-    if job["spec"]["template"].is_object() {
-        place(&mut job["spec"]["template"]);
-    }
-    if let Some(tasks) = job["spec"].get_mut("tasks").and_then(Value::as_array_mut) {
-        for task in tasks {
-            if task["template"].is_object() {
-                place(&mut task["template"]);
-            }
-        }
-    }
-    serde_json::from_value(job).expect("a ManagedJob")
-}
-
 async fn create(client: &Client, ns: &str, yaml: &str) {
     Api::<ManagedJob>::namespaced(client.clone(), ns)
-        .create(&Default::default(), &on_real_node(yaml))
+        .create(&Default::default(), &support::on_real_node(yaml))
         .await
         .expect("creating the ManagedJob");
 }

@@ -23,10 +23,10 @@ pub enum AnyExecutor {
 pub fn for_job(kind: ExecutorKind, dir: &StateDir, settings: &Settings) -> AnyExecutor {
     match kind {
         ExecutorKind::Local => AnyExecutor::Local(local::LocalExecutor::new(dir)),
-        ExecutorKind::Pod => AnyExecutor::Pod(pod::PodExecutor::new(
-            settings.shard.clone(),
-            settings.gang_scheduling,
-        )),
+        ExecutorKind::Pod => AnyExecutor::Pod(
+            pod::PodExecutor::new(settings.shard.clone(), settings.gang_scheduling)
+                .keeping_logs(dir, settings.kept_log_bytes),
+        ),
     }
 }
 
@@ -76,5 +76,9 @@ impl Executor for AnyExecutor {
 
     async fn stop(&mut self, store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
         each!(self, e => e.stop(store, job, grace).await)
+    }
+
+    async fn keep_logs(&mut self, store: &Store, job: &JobRow, attempt: i32) {
+        each!(self, e => e.keep_logs(store, job, attempt).await)
     }
 }

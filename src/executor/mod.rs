@@ -8,7 +8,8 @@
 //! The job controller asks its executor what it [`observe`](Executor::observe)s of the current
 //! attempt's members (kind-neutral: [`crate::lifecycle::Observed`]), lets
 //! [`crate::lifecycle::next_action`] decide, and asks the executor to
-//! [`launch`](Executor::launch) or [`stop`](Executor::stop). [`any`] is the only place that
+//! [`launch`](Executor::launch) or [`stop`](Executor::stop), having it
+//! [`keep_logs`](Executor::keep_logs) first when [`crate::lifecycle::keep_logs`] says so. [`any`] is the only place that
 //! chooses an executor by kind ([`for_job`], [`member_names`]); what the rest of the operator
 //! knows of a kind is declared once, in [`crate::api::ExecutorFacts`].
 //!
@@ -131,4 +132,14 @@ pub trait Executor {
         job: &JobRow,
         grace: Duration,
     ) -> impl Future<Output = Result<Stop>>;
+
+    /// Keeps the end of the output of `attempt` of `job` in the state dir, so that it outlives
+    /// the workload (a pod job's container logs, [`pod::logs`]), when
+    /// [`crate::lifecycle::keep_logs`] says so. Best effort and bounded in time: a failure is
+    /// logged and keeps nothing, and never fails or holds up the job. By default nothing (a
+    /// local job's output is written to the state dir as it runs).
+    fn keep_logs(&mut self, store: &Store, job: &JobRow, attempt: i32) -> impl Future<Output = ()> {
+        let _ = (store, job, attempt);
+        std::future::ready(())
+    }
 }

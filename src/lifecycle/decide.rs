@@ -1,6 +1,7 @@
 //! What a job controller does next ([`next_action`]): a pure decision over the job's record, what
 //! its executor observes of the current attempt and what the controller knows ([`Context`]);
-//! and what a launch refused for good means ([`after_refusal`]).
+//! what a launch refused for good means ([`after_refusal`]); and when the end of an attempt's
+//! logs is kept before the decision is carried out ([`keep_logs`]).
 
 use std::time::Duration;
 
@@ -523,6 +524,68 @@ pub fn action_grace(action: &Action, row: &JobRow, default: Duration) -> Duratio
     } else {
         stop_grace(row, default)
     }
+}
+
+/// When the job controller keeps the end of an attempt's logs ([`keep_logs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeepMoment {
+    /// The attempt's members ended (exited, refused, lost, never able to start): kept before
+    /// its outcome is written (and before members still alive are stopped, for a gang that
+    /// fails fast).
+    Ended,
+    /// Its members are about to be stopped while they may run (a cancel, a suspend, a
+    /// preemption, a deadline, a launch timeout): kept before the stop, best effort.
+    Stopping,
+}
+
+/// The logs of which attempt to keep, and why ([`keep_logs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeepLogs {
+    /// The attempt (the job's count, as `row.attempt`).
+    pub attempt: i32,
+    /// Why now.
+    pub moment: KeepMoment,
+}
+
+/// Whether the job controller keeps the end of the current attempt's logs before it carries out
+/// `action` (decided by [`next_action`] on `row` and `observed`), so that they outlive the
+/// workload (`docs/reference/what-survives-what.md`): the executor does the I/O (a pod job's
+/// Pods' container logs; nothing for a local job, whose output is in the state dir already).
+///
+/// - only an action that writes an outcome or stops the workload keeps anything, and only of
+///   an attempt that was launched (an attempt in its back-off, not launched yet, has nothing:
+///   the one before was kept when it ended);
+/// - [`KeepMoment::Ended`] when the observation shows the attempt ended (every outcome,
+///   written at once or after the members still alive are stopped);
+/// - [`KeepMoment::Stopping`] when the action stops a workload that has not ended (it is
+///   kept first: once stopped, a Pod's log goes with it);
+/// - never from a member stuck terminating on a node that is not Ready: its kubelet cannot
+///   answer, and the force-delete must not wait on it.
+///
+/// A later keep of the same attempt replaces an earlier one; the job controller skips a keep
+/// it has just done (the same attempt and moment, as a stop is decided again each turn until
+/// the workload is gone).
+pub fn keep_logs(row: &JobRow, observed: Option<&Observed>, action: &Action) -> Option<KeepLogs> {
+    let attempt = row.current_attempt();
+    let stops = match action {
+        Action::Apply(_) => false,
+        Action::StopThen(_) | Action::RemoveThen(_) => true,
+        Action::Exit | Action::Launch { .. } | Action::Wait { .. } => return None,
+    };
+    if row.launched_attempt < attempt {
+        return None;
+    }
+    let view = observed.map(view);
+    let moment = match view {
+        Some(View::Ended { .. }) => KeepMoment::Ended,
+        Some(View::Terminating {
+            node_ready: Some(false),
+            ..
+        }) => return None,
+        _ if stops => KeepMoment::Stopping,
+        _ => return None,
+    };
+    Some(KeepLogs { attempt, moment })
 }
 
 #[cfg(test)]
@@ -1213,6 +1276,109 @@ pub(crate) mod tests {
         );
     }
 
+    /// Logs that outlive Pods (issue 33): the end of an attempt's logs is kept when its end
+    /// is written (one member, or a gang that fails fast: before the others are stopped), and
+    /// before a stop of a workload that may run (a cancel, a launch timeout); never while it
+    /// runs or waits, never for an attempt not launched (in a back-off), never from a node
+    /// that is not Ready.
+    #[test]
+    fn logs_are_kept_when_an_attempt_ends_and_before_it_is_stopped() {
+        let pod = |state| Observed::one(Some(Workload::Pod("p".into())), state);
+        let mut r = row(JobPhase::Running, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 2;
+        r.launched_attempt = 2;
+        let decide = |r: &JobRow, o: Option<&Observed>| {
+            let a = next_action(r, o, &cx(true));
+            (keep_logs(r, o, &a), a)
+        };
+        let ended = |attempt| {
+            Some(KeepLogs {
+                attempt,
+                moment: KeepMoment::Ended,
+            })
+        };
+        let stopping = |attempt| {
+            Some(KeepLogs {
+                attempt,
+                moment: KeepMoment::Stopping,
+            })
+        };
+        // Running: nothing yet.
+        let (keep, a) = decide(&r, Some(&pod(MemberState::Running)));
+        assert_eq!((keep, a), (None, Action::Wait { until_ms: None }));
+        // It exited: kept as its outcome is written.
+        let failed = pod(MemberState::Ended(Outcome::Failed {
+            code: 3,
+            reason: "Error".into(),
+            detail: None,
+            evidence: Evidence::exit("main", false, 3, "Error"),
+        }));
+        let (keep, a) = decide(&r, Some(&failed));
+        assert!(matches!(a, Action::Apply(_)), "{a:?}");
+        assert_eq!(keep, ended(2));
+        let (keep, _) = decide(&r, Some(&pod(MemberState::Ended(Outcome::Succeeded))));
+        assert_eq!(keep, ended(2));
+        // Evicted (its Pod stays, Failed): kept too.
+        let lost = pod(MemberState::Ended(Outcome::lost("evicted", "Evicted")));
+        assert_eq!(decide(&r, Some(&lost)).0, ended(2));
+        // Not seen (created again): nothing to keep.
+        let (keep, a) = decide(&r, Some(&Observed::not_found()));
+        assert!(matches!(a, Action::Launch { .. }), "{a:?}");
+        assert_eq!(keep, None);
+        // A gang that fails fast: kept before the members still alive are stopped.
+        let mut gang = failed.clone();
+        gang.members.push(crate::lifecycle::Member {
+            rank: 1,
+            workload: Some(Workload::Pod("q".into())),
+            state: MemberState::Running,
+            ended_at_ms: None,
+        });
+        let mut g = r.clone();
+        g.spec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "nodes": 2,
+        }))
+        .unwrap();
+        let (keep, a) = decide(&g, Some(&gang));
+        assert!(matches!(a, Action::StopThen(_)), "{a:?}");
+        assert_eq!(keep, ended(2));
+        // A cancel: kept before the stop.
+        let mut c = r.clone();
+        c.cancel_requested = true;
+        c.phase = JobPhase::Cancelling;
+        let (keep, a) = decide(&c, None);
+        assert!(matches!(a, Action::StopThen(_)), "{a:?}");
+        assert_eq!(keep, stopping(2));
+        // A cancel during a back-off: attempt 3 never launched, attempt 2 was kept as it ended.
+        c.attempt = 3;
+        assert!(matches!(decide(&c, None).1, Action::StopThen(_)));
+        assert_eq!(decide(&c, None).0, None);
+        // A launch timeout (init containers may have run): kept before the removal.
+        let mut l = row(JobPhase::Starting, ScheduleState::Launching);
+        l.executor = ExecutorKind::Pod;
+        l.attempt = 1;
+        l.launched_attempt = 1;
+        l.launched_at_ms = Some(1_000);
+        l.spec.launch_timeout_seconds = Some(5);
+        let pending = pod(MemberState::Pending {
+            reason: String::new(),
+            message: "init container prepare running".into(),
+        });
+        let (keep, a) = decide(&l, Some(&pending));
+        assert!(matches!(a, Action::RemoveThen(_)), "{a:?}");
+        assert_eq!(keep, stopping(1));
+        // Stuck terminating on a node that is not Ready: force-deleted, nothing asked of it.
+        let stuck = pod(MemberState::Terminating {
+            message: "Pod p on node n is terminating".into(),
+            force_at_ms: Some(5_000),
+            node_ready: Some(false),
+        });
+        let (keep, a) = decide(&r, Some(&stuck));
+        assert!(matches!(a, Action::RemoveThen(_)), "{a:?}");
+        assert_eq!(keep, None);
+    }
+
     fn phase() -> impl Strategy<Value = JobPhase> {
         prop::sample::select(JobPhase::ALL.to_vec())
     }
@@ -1300,6 +1466,64 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// Whatever the row and the observation: logs are kept only of the current attempt,
+        /// launched, before a transition is written; before every outcome written for it that
+        /// comes from what its members showed, as [`KeepMoment::Ended`]; before every stop of
+        /// it (but from a node that is not Ready); never as it runs, waits or launches.
+        #[test]
+        fn logs_are_kept_before_every_outcome_and_every_stop(
+            phase in phase(),
+            schedule in schedule(),
+            cancel in any::<bool>(),
+            attempt in 0i32..3,
+            launched in 0i32..3,
+            observed in observed(),
+            idempotent in any::<bool>(),
+            launched_at in prop::option::of(0i64..20_000),
+            launch_timeout_s in prop::option::of(1i64..20),
+            suspend in any::<bool>(),
+        ) {
+            prop_assume!((schedule == ScheduleState::Done) == phase.is_terminal());
+            prop_assume!(!matches!(schedule, ScheduleState::Inactive | ScheduleState::Waiting) || phase == JobPhase::Pending);
+            prop_assume!(phase != JobPhase::Cancelling || cancel);
+            prop_assume!(legal_state(phase, schedule, cancel));
+            let mut r = row(phase, schedule);
+            r.cancel_requested = cancel;
+            r.attempt = attempt;
+            r.launched_attempt = launched;
+            r.launched_at_ms = launched_at;
+            r.spec.launch_timeout_seconds = launch_timeout_s;
+            r.spec.suspend = suspend;
+            let a = next_action(&r, observed.as_ref(), &cx(idempotent));
+            let keep = keep_logs(&r, observed.as_ref(), &a);
+            let launched = r.launched_attempt >= r.current_attempt();
+            let shown = observed.as_ref().map(view);
+            let node_gone = matches!(shown, Some(View::Terminating { node_ready: Some(false), .. }));
+            let writes = match &a {
+                Action::Apply(t) | Action::StopThen(t) | Action::RemoveThen(t) => Some(t),
+                _ => None,
+            };
+            if let Some(k) = keep {
+                prop_assert_eq!(k.attempt, r.current_attempt());
+                prop_assert!(launched, "kept an attempt not launched: {:?}", a);
+                prop_assert!(writes.is_some(), "kept without a transition: {:?}", a);
+                if matches!(a, Action::Apply(_)) {
+                    prop_assert_eq!(k.moment, KeepMoment::Ended, "an Apply stops nothing");
+                }
+            }
+            let outcome = writes.is_some_and(|t| matches!(
+                t.change.reason,
+                Reason::Restarting | Reason::Recovering | Reason::Ignored | Reason::TaskSucceeded
+                    | Reason::Succeeded | Reason::Failed
+            ));
+            if outcome && launched && matches!(shown, Some(View::Ended { .. })) {
+                prop_assert_eq!(keep.map(|k| k.moment), Some(KeepMoment::Ended), "{:?}", a);
+            }
+            if matches!(a, Action::StopThen(_) | Action::RemoveThen(_)) && launched && !node_gone {
+                prop_assert!(keep.is_some(), "a stop of a launched attempt kept nothing: {:?}", a);
+            }
+        }
+
         /// Whatever the row and the observation, a write the controller decides is legal from
         /// the state it was decided on (the store would refuse it otherwise), and a Done job's
         /// controller exits.

@@ -25,7 +25,8 @@
 //! - [`change`]: a [`Change`] (built only here) and how it is applied to a record ([`apply`]);
 //! - [`transitions`]: the named transitions ([`admit`], [`controller_started`],
 //!   [`launch_intent`], [`running`], [`after_outcome`], ...), each a guard and a change;
-//! - [`decide`]: a job controller's next step ([`next_action`]), a refused launch;
+//! - [`decide`]: a job controller's next step ([`next_action`]), a refused launch, when an
+//!   attempt's logs are kept ([`keep_logs`]);
 //! - [`supervise`]: the operator's choices around job controllers: a cancel's route, a
 //!   controller's exit, a failed spawn, the start-up sweep;
 //! - [`submit`]: a ManagedJob's first sight; [`restore`](mod@restore): a record rebuilt from a status;
@@ -65,8 +66,8 @@ pub use change::{Change, LaunchClock, Transition, apply, check_edge};
 pub use clock::{MAX_BACKOFF, backoff, earliest, now_ms};
 pub use deadlines::stop_grace;
 pub use decide::{
-    Action, AfterRefusal, Context, action_grace, after_refusal, in_backoff, next_action, observes,
-    stop_requested,
+    Action, AfterRefusal, Context, KeepLogs, KeepMoment, action_grace, after_refusal, in_backoff,
+    keep_logs, next_action, observes, stop_requested,
 };
 pub use edges::{
     Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,

@@ -47,6 +47,11 @@ pub struct Settings {
     /// (`--gang-scheduling`; an older operator's settings read as on).
     #[serde(default = "default_true")]
     pub gang_scheduling: bool,
+    /// Bytes of the end of each container's log a pod job's controller keeps per attempt in
+    /// the state dir (`--kept-log-bytes`; 0: none; an older operator's settings read as the
+    /// default).
+    #[serde(default = "default_kept_log_bytes")]
+    pub kept_log_bytes: u64,
 }
 
 fn default_true() -> bool {
@@ -59,6 +64,10 @@ fn default_launch_timeout_ms() -> u64 {
 
 fn default_max_launch_timeouts() -> i32 {
     defaults::MAX_LAUNCH_TIMEOUTS
+}
+
+fn default_kept_log_bytes() -> u64 {
+    defaults::KEPT_LOG_BYTES
 }
 
 impl Default for Settings {
@@ -76,6 +85,7 @@ impl Default for Settings {
             shard: None,
             claims: false,
             gang_scheduling: true,
+            kept_log_bytes: default_kept_log_bytes(),
         }
     }
 }
@@ -141,6 +151,7 @@ mod tests {
             shard: Some("a".into()),
             claims: true,
             gang_scheduling: true,
+            kept_log_bytes: 4096,
         };
         store.set_settings(&s).unwrap();
         assert_eq!(store.settings().unwrap(), s);

@@ -11,6 +11,8 @@
 //!   accepted by admission).
 //! - [`OperatorProcess`] runs the real `managed-jobs run` binary scoped to one namespace with its
 //!   own state dir, and kills it and every process it started when dropped.
+//! - [`real_node_ready`] and [`on_real_node`]: the control plane's real kubelet node
+//!   (`hack/controlplane.sh up --real-node`), where Pods really run (and have logs).
 
 #![allow(dead_code)]
 
@@ -1040,4 +1042,94 @@ async fn uid_and_id(client: &Client, ns: &str, name: &str) -> (String, i64) {
         mj.metadata.uid.clone().expect("an object has a uid"),
         mj.status.and_then(|s| s.job_id).expect("checked"),
     )
+}
+
+/// The dev control plane's real kubelet node (hack/realnode.sh): its name, the label and taint
+/// it is registered with, and its containerd's socket.
+pub const REAL_NODE: &str = "mj-real-node";
+/// Label (value `"true"`) and taint (`NoSchedule`) of [`REAL_NODE`].
+pub const REAL_NODE_MARK: &str = "managedjobs.dev/real-node";
+/// The socket of [`REAL_NODE`]'s containerd.
+pub const REAL_NODE_CONTAINERD: &str = "/run/mj-realnode/containerd/containerd.sock";
+/// The image the real node's Pods run (imported by hack/realnode.sh: `imagePullPolicy: Never`
+/// finds it).
+pub const BUSYBOX: &str = "docker.io/library/busybox:1.36";
+
+/// `ctr` against the real node's containerd, namespace k8s.io (the kubelet's); (success,
+/// stdout+stderr).
+pub fn real_node_ctr(args: &[&str]) -> (bool, String) {
+    let out = Command::new("ctr")
+        .args(["-a", REAL_NODE_CONTAINERD, "-n", "k8s.io"])
+        .args(args)
+        .output();
+    match out {
+        Ok(out) => {
+            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stderr));
+            (out.status.success(), text)
+        }
+        Err(e) => (false, format!("running ctr: {e}")),
+    }
+}
+
+/// Is the real node Ready with `image` imported? If not: a recorded skip, or under `CI` a
+/// failure (a real-node test never skips silently there). `how` says what brings the image
+/// (e.g. "`hack/image.sh --load`"); the node itself needs root and
+/// `hack/controlplane.sh up --real-node`.
+pub fn real_node_ready(cp: &ControlPlane, image: &str, how: &str) -> bool {
+    let (_, ready) = kubectl(
+        cp,
+        &[
+            "get",
+            "node",
+            REAL_NODE,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+    );
+    let images = real_node_ctr(&["images", "ls", "-q"]).1;
+    let imported = images.lines().any(|l| l.trim() == image);
+    if ready.trim() == "True" && imported {
+        return true;
+    }
+    let why = format!(
+        "the real node is {} and the image {image} is {}: run `hack/controlplane.sh up --real-node` \
+         and {how} (as root)",
+        if ready.trim() == "True" {
+            "Ready"
+        } else {
+            "not Ready"
+        },
+        if imported { "imported" } else { "missing" }
+    );
+    assert!(
+        std::env::var("CI").unwrap_or_default().is_empty(),
+        "CI is set but {why}"
+    );
+    record_skip(&format!("real-node test: {why}"));
+    false
+}
+
+/// `yaml` (a ManagedJob) with every Pod template placed on the real node: its label as node
+/// selector, a toleration of its taint.
+pub fn on_real_node(yaml: &str) -> ManagedJob {
+    use serde_json::{Value, json};
+    let mut job: Value = serde_norway::from_str(yaml).expect("ManagedJob YAML");
+    let place = |template: &mut Value| {
+        template["spec"]["nodeSelector"] = json!({ REAL_NODE_MARK: "true" });
+        template["spec"]["tolerations"] = json!([
+            {"key": REAL_NODE_MARK, "operator": "Exists", "effect": "NoSchedule"}
+        ]);
+    };
+    if job["spec"]["template"].is_object() {
+        place(&mut job["spec"]["template"]);
+    }
+    if let Some(tasks) = job["spec"].get_mut("tasks").and_then(Value::as_array_mut) {
+        for task in tasks {
+            if task["template"].is_object() {
+                place(&mut task["template"]);
+            }
+        }
+    }
+    serde_json::from_value(job).expect("a ManagedJob")
 }

@@ -8,6 +8,8 @@
 //! - The operator's single shared watch on labelled Pods (`operator::pod_watch`) turns each
 //!   Pod into a [`PodObservation`] ([`state::observe`]) in the store; job controllers read
 //!   those and never watch or poll the API themselves.
+//! - When an attempt ends, or before its Pods are stopped, the end of each container's log is
+//!   kept in the state dir ([`logs`]), so that it outlives the Pods.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use crate::lifecycle::{FailureReason, JobRow, Member, MemberState, Observed, Ref
 use crate::store::Store;
 
 pub mod gang;
+pub mod logs;
 pub mod names;
 pub mod state;
 
@@ -141,6 +144,9 @@ pub struct PodExecutor {
     /// them (at most [`REPORT_WAIT`]), a launch asked again creates nothing (a gang's members are
     /// reported one by one; creating the unreported ones again would cost N conflicts each time).
     created: Option<(i32, std::time::Instant)>,
+    /// Where the end of each container's log is kept, and how much of it ([`logs::keep`]);
+    /// None keeps nothing.
+    keep: Option<(crate::state_dir::StateDir, u64)>,
 }
 
 /// How long Pods just created are left to the operator's watch before a launch of the same
@@ -180,6 +186,16 @@ impl PodExecutor {
             pod_groups: None,
             create_failure: None,
             created: None,
+            keep: None,
+        }
+    }
+
+    /// The same executor, keeping the last `bytes` of each container's log of an attempt in
+    /// the state dir `dir` ([`Executor::keep_logs`]; 0 keeps nothing).
+    pub fn keeping_logs(self, dir: &crate::state_dir::StateDir, bytes: u64) -> PodExecutor {
+        PodExecutor {
+            keep: (bytes > 0).then(|| (dir.clone(), bytes)),
+            ..self
         }
     }
 
@@ -584,6 +600,22 @@ impl Executor for PodExecutor {
         } else {
             Stop::Stopping { waiting_on }
         })
+    }
+
+    /// Keeps the end of each container's log of `attempt`'s Pods ([`logs::keep`]), within
+    /// [`logs::KEEP_TIMEOUT`]; nothing without a client or a bound.
+    async fn keep_logs(&mut self, store: &Store, job: &JobRow, attempt: i32) {
+        let Some((dir, bytes)) = self.keep.clone() else {
+            return;
+        };
+        let client = match self.client().await {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::warn!(attempt, error = %e, "no client to keep the attempt's logs with; nothing kept");
+                return;
+            }
+        };
+        logs::keep(&client, store, &dir, job, attempt, bytes).await;
     }
 }
 
