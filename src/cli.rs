@@ -15,6 +15,7 @@ use crate::lifecycle::now_ms;
 use crate::state_dir::StateDir;
 use crate::store::Store;
 use crate::telemetry::LogFormat;
+use crate::visibility::logs::{PodLogPiece, pod_logs};
 
 /// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
 /// preemption, restarted after errors, cancelled on request.
@@ -257,9 +258,11 @@ pub struct LogsArgs {
     /// each task of a pipeline).
     #[arg(long)]
     pub attempt: Option<i32>,
-    /// State dir of the operator.
-    #[arg(long, env = "MJ_STATE_DIR", default_value_os_t = default_state_dir())]
-    pub state_dir: PathBuf,
+    /// Read this operator's state dir instead of asking the API (needed for `--controller`
+    /// and for job ids). Without it, the installed operator's visibility API is asked through
+    /// the API server with the caller's kubeconfig, as the caller.
+    #[arg(long, env = "MJ_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Flags of the internal `job-controller` (`--job-id N` always last: liveness checks read it).
@@ -595,7 +598,10 @@ pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
 /// or the operator not running), refused (401/403, the API's own sentence), or other.
 pub fn visibility_error(e: kube::Error) -> anyhow::Error {
     match e {
-        kube::Error::Api(s) if s.code == 404 && !s.message.contains("the operator has no job") => {
+        // The API server's own 404: nothing serves the group (no APIService).
+        kube::Error::Api(s)
+            if s.code == 404 && s.message.contains("could not find the requested resource") =>
+        {
             anyhow::anyhow!(
                 "the visibility API ({}) is not served by this cluster: install the chart with visibility.enabled (the default), \
                  or read an operator's store with --state-dir DIR ({})",
@@ -755,7 +761,13 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
 
 /// `managed-jobs logs`.
 pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
-    let store = open_existing(&args.state_dir)?;
+    let Some(state_dir) = &args.state_dir else {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(logs_through_api(args));
+    };
+    let store = open_existing(state_dir)?;
     let row = match args.job.parse::<i64>() {
         Ok(id) => store.get(id)?,
         Err(_) => {
@@ -767,7 +779,7 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("no job {ns}/{name} in the store"))?
         }
     };
-    let dir = StateDir::new(&args.state_dir);
+    let dir = StateDir::new(state_dir);
     use std::io::Write as _;
     if args.controller {
         let path = dir.controller_log(row.id);
@@ -845,6 +857,92 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `managed-jobs logs` without a state dir: what the operator kept, through the visibility
+/// API as the caller; for an attempt that still runs (nothing kept yet), its Pods' logs read
+/// from the API with the caller's own permissions.
+async fn logs_through_api(args: &LogsArgs) -> anyhow::Result<()> {
+    use futures::AsyncBufReadExt as _;
+    use futures::AsyncReadExt as _;
+    anyhow::ensure!(
+        !args.controller,
+        "--controller reads the job controller's log in the operator's state dir: give --state-dir DIR"
+    );
+    let client = kube::Client::try_default()
+        .await
+        .context("managed-jobs logs asks the API server (KUBECONFIG); or read an operator's store with --state-dir DIR")?;
+    anyhow::ensure!(
+        args.job.parse::<i64>().is_err(),
+        "a job id is the store's: give NAMESPACE/NAME (or NAME in the kubeconfig's namespace), or --state-dir DIR"
+    );
+    let (ns, name) = match args.job.split_once('/') {
+        Some((ns, name)) => (ns.to_string(), name.to_string()),
+        None => (client.default_namespace().to_string(), args.job.clone()),
+    };
+    let base = format!(
+        "{}/namespaces/{ns}/managedjobs/{name}",
+        crate::visibility::PREFIX
+    );
+    let mut query = Vec::new();
+    if let Some(a) = args.attempt {
+        query.push(format!("attempt={a}"));
+    }
+    if let Some(t) = &args.task {
+        query.push(format!("task={t}"));
+    }
+    if let Some(r) = args.rank {
+        query.push(format!("rank={r}"));
+    }
+    let uri = format!("{base}/log?{}", query.join("&"));
+    let mut out = Vec::new();
+    match client
+        .request_stream(http::Request::get(uri).body(Vec::new())?)
+        .await
+    {
+        Ok(mut body) => {
+            body.read_to_end(&mut out).await?;
+            use std::io::Write as _;
+            std::io::stdout().write_all(&out)?;
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 && args.attempt.is_none() => {
+            // Nothing kept of the attempt asked for: it may still run; its Pods say.
+            let detail: serde_json::Value = client
+                .request(http::Request::get(base.clone()).body(Vec::new())?)
+                .await
+                .map_err(visibility_error)?;
+            let pods: Vec<(u64, String)> = detail["pods"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p["rank"].as_u64()?, p["name"].as_str()?.to_string())))
+                .filter(|(rank, _)| args.rank.is_none_or(|r| u64::from(r) == *rank))
+                .collect();
+            if pods.is_empty() {
+                anyhow::bail!("{}", s.message);
+            }
+            let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+                kube::Api::namespaced(client.clone(), &ns);
+            let many = pods.len() > 1;
+            for (rank, pod) in pods {
+                if many {
+                    println!("==> rank {rank}, Pod {pod} <==");
+                }
+                let mut lines = api
+                    .log_stream(&pod, &Default::default())
+                    .await
+                    .with_context(|| format!("reading the log of Pod {ns}/{pod}"))?
+                    .lines();
+                use futures::StreamExt as _;
+                while let Some(line) = lines.next().await {
+                    println!("{}", line?);
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(visibility_error(e)),
+    }
+}
+
 /// The index of the task `which` (a name, or an index from 0) of `row`'s pipeline.
 fn task_index(row: &JobRow, which: &str) -> anyhow::Result<usize> {
     if let Some(i) = row.spec.tasks.iter().position(|t| t.name == which) {
@@ -910,394 +1008,7 @@ fn print_pod_logs(
     Ok(())
 }
 
-/// One thing `managed-jobs logs` shows of a pod job ([`pod_logs`]), in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PodLogPiece {
-    /// A kept log, under `header` when more than one log or command is shown.
-    Kept {
-        /// E.g. `task train, attempt 2, rank 1, container main (its last 4096 bytes)`.
-        header: String,
-        /// The file.
-        log: crate::state_dir::KeptLog,
-    },
-    /// A `kubectl logs` command for a Pod that is still there and of which nothing is kept
-    /// (stdout).
-    Command(String),
-    /// What is not shown and why, or where more is (stderr).
-    Note(String),
-}
-
-/// The task of pod job `row` the Pod `o` ran: 0 without tasks; for a pipeline, the task whose
-/// deterministic Pod names include its name, else the current task when the attempt is one of
-/// it; None when unknown.
-fn task_of(row: &JobRow, o: &crate::store::pods::PodObservation) -> Option<usize> {
-    use crate::executor::pod;
-    if !row.spec.is_pipeline() {
-        return Some(0);
-    }
-    for (i, t) in row.tasks.iter().enumerate() {
-        let size = row.spec.task(i).size() as u32;
-        for k in 1..=t.attempt.max(0) + 1 {
-            if (0..size).any(|r| pod::task_member_pod_name(row, i, k, r) == o.pod_name) {
-                return Some(i);
-            }
-        }
-    }
-    (o.attempt >= row.task_first_attempt).then_some(row.task_index.max(0) as usize)
-}
-
-/// What `managed-jobs logs` shows of pod job `row` ([`PodLogPiece`]s), given every log kept of
-/// it (`kept`, in [`crate::executor::pod::logs::kept_logs`]'s order) and every Pod of its
-/// attempts the operator's Pod watch saw (`seen`); for `task` (None: each task of a pipeline),
-/// `rank` (None: every rank) and `attempt` (None: the latest of each task):
-///
-/// - the attempt's kept logs, every rank and container (init containers first);
-/// - for a member of which nothing is kept, a `kubectl logs` command while its Pod is there
-///   (the attempt still runs, or its log could not be kept), else a note that it is gone;
-/// - with the latest attempt shown as a command (it runs), a note naming the latest attempt
-///   whose log is kept.
-///
-/// An error, one sentence naming why, when nothing can be shown: never a command that would
-/// fail. `kept_bytes` is the operator's `--kept-log-bytes` (0: it keeps none).
-pub fn pod_logs(
-    row: &JobRow,
-    kept: &[crate::state_dir::KeptLog],
-    seen: &[crate::store::pods::PodObservation],
-    task: Option<usize>,
-    rank: Option<u32>,
-    attempt: Option<i32>,
-    kept_bytes: u64,
-) -> Result<Vec<PodLogPiece>, String> {
-    let job = row.key();
-    let last = row.attempt.max(row.launched_attempt);
-    if row.launched_attempt == 0 && kept.is_empty() && seen.is_empty() {
-        return Err(format!("job {job} has not launched a Pod yet"));
-    }
-    if let Some(a) = attempt
-        && !(1..=last).contains(&a)
-    {
-        return Err(format!(
-            "job {job} has no attempt {a} (its attempts so far: 1 to {last})"
-        ));
-    }
-    let pipeline = row.spec.is_pipeline();
-    let tasks: Vec<usize> = match task {
-        Some(i) => vec![i],
-        None => (0..row.spec.tasks.len().max(1)).collect(),
-    };
-    let why_gone = if kept_bytes == 0 {
-        "the operator keeps no logs (it runs with --kept-log-bytes 0)"
-    } else {
-        "it was deleted before its job controller kept its log, or none of its containers ran"
-    };
-    let in_rank = |r: u32| rank.is_none_or(|x| x == r);
-    let mut pieces = Vec::new();
-    let mut missing = Vec::new();
-    for i in tasks {
-        let view = row.spec.task(i);
-        let gang = view.nodes.is_some();
-        let label = view.name.map(|n| format!("task {n}"));
-        let kept_i: Vec<_> = kept
-            .iter()
-            .filter(|l| l.key.task == i && in_rank(l.key.rank))
-            .collect();
-        let seen_i: Vec<_> = seen
-            .iter()
-            .filter(|o| task_of(row, o) == Some(i) && in_rank(o.rank))
-            .collect();
-        let known = |a: i32| {
-            kept_i.iter().any(|l| l.key.attempt == a) || seen_i.iter().any(|o| o.attempt == a)
-        };
-        let latest = kept_i
-            .iter()
-            .map(|l| l.key.attempt)
-            .chain(seen_i.iter().map(|o| o.attempt))
-            .max();
-        let what = |a: i32, r: Option<u32>| {
-            let mut parts: Vec<String> = label.iter().cloned().collect();
-            parts.push(format!("attempt {a}"));
-            if let Some(r) = r.filter(|_| gang) {
-                parts.push(format!("rank {r}"));
-            }
-            parts.join(", ")
-        };
-        let chosen = match (attempt, latest) {
-            // Another task's attempt (a pipeline asked for one attempt, without --task).
-            (Some(a), _) if pipeline && task.is_none() && !known(a) => continue,
-            (Some(a), _) => a,
-            (None, Some(a)) => a,
-            (None, None) => {
-                let launched = if pipeline {
-                    row.tasks.get(i).is_some_and(|t| t.attempt > 0)
-                } else {
-                    row.launched_attempt > 0
-                };
-                missing.push(match (&label, launched) {
-                    (Some(l), false) => format!("{l} has not launched a Pod yet"),
-                    (None, false) => format!("job {job} has not launched a Pod yet"),
-                    (_, true) => format!(
-                        "{}: nothing kept and no Pod seen",
-                        label.clone().unwrap_or_else(|| format!("job {job}"))
-                    ),
-                });
-                continue;
-            }
-        };
-        let logs: Vec<_> = kept_i.iter().filter(|l| l.key.attempt == chosen).collect();
-        for log in &logs {
-            let mut header = what(chosen, Some(log.key.rank));
-            header.push_str(&format!(", container {}", log.key.container));
-            if log.truncated {
-                header.push_str(&format!(" (its last {} bytes)", log.bytes));
-            }
-            pieces.push(PodLogPiece::Kept {
-                header,
-                log: (**log).clone(),
-            });
-        }
-        let pods: Vec<_> = seen_i.iter().filter(|o| o.attempt == chosen).collect();
-        let mut commands = 0;
-        for o in &pods {
-            if logs.iter().any(|l| l.key.rank == o.rank) {
-                continue;
-            }
-            if o.deleted {
-                missing.push(format!(
-                    "{}: nothing kept, and its Pod {} is gone: {why_gone}",
-                    what(chosen, Some(o.rank)),
-                    o.pod_name
-                ));
-                continue;
-            }
-            let mut notes: Vec<String> = label.iter().cloned().collect();
-            if gang {
-                notes.push(format!("rank {}", o.rank));
-            }
-            let comment = if notes.is_empty() {
-                String::new()
-            } else {
-                format!("  # {}", notes.join(", "))
-            };
-            pieces.push(PodLogPiece::Command(format!(
-                "kubectl logs -n {} {}{comment}",
-                row.namespace, o.pod_name
-            )));
-            commands += 1;
-        }
-        if logs.is_empty() && pods.is_empty() {
-            missing.push(format!(
-                "{}: nothing kept and no Pod seen",
-                what(chosen, rank)
-            ));
-        }
-        if attempt.is_none()
-            && commands > 0
-            && let Some(ended) = kept_i
-                .iter()
-                .map(|l| l.key.attempt)
-                .filter(|&a| a < chosen)
-                .max()
-        {
-            pieces.push(PodLogPiece::Note(format!(
-                "{} still runs; the log kept of {}: managed-jobs logs {job} --attempt {ended}",
-                what(chosen, None),
-                what(ended, None)
-            )));
-        }
-    }
-    if pieces.iter().all(|p| matches!(p, PodLogPiece::Note(_))) {
-        if missing.is_empty() {
-            // A pipeline asked for an attempt that no task knows.
-            missing.push(format!(
-                "attempt {}: nothing kept and no Pod seen",
-                attempt.unwrap_or(last)
-            ));
-        }
-        return Err(format!("job {job}: no log to show: {}", missing.join("; ")));
-    }
-    pieces.extend(missing.into_iter().map(PodLogPiece::Note));
-    Ok(pieces)
-}
-
 /// Seconds (float) to a duration, refusing negatives.
 pub fn seconds(s: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("invalid seconds {s}: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::state_dir::{KeptLog, KeptLogKey};
-    use crate::store::pods::{PodObservation, PodState};
-
-    fn pod_job(nodes: Option<i32>) -> JobRow {
-        let mut store = Store::in_memory().unwrap();
-        let mut spec: crate::api::ManagedJobSpec = serde_json::from_value(serde_json::json!({
-            "template": {"spec": {
-                "initContainers": [{"name": "prepare", "image": "b"}],
-                "containers": [{"name": "main", "image": "b"}]
-            }}
-        }))
-        .unwrap();
-        spec.nodes = nodes;
-        let mut row = store.upsert("u", "ns", "job", 1, &spec).unwrap().row;
-        row.executor = ExecutorKind::Pod;
-        row
-    }
-
-    fn kept(attempt: i32, rank: u32, container: &str, truncated: bool) -> KeptLog {
-        KeptLog {
-            key: KeptLogKey {
-                task: 0,
-                attempt,
-                rank,
-                container: container.into(),
-            },
-            path: PathBuf::from(format!("/s/T0-A{attempt}-R{rank}-{container}.log")),
-            bytes: 4096,
-            truncated,
-        }
-    }
-
-    fn seen(attempt: i32, rank: u32, state: PodState, deleted: bool) -> PodObservation {
-        PodObservation {
-            job_id: 1,
-            attempt,
-            rank,
-            pod_name: format!("job-1-{attempt}-{rank}"),
-            state,
-            exit_code: None,
-            reason: String::new(),
-            message: String::new(),
-            deleted,
-            node: "n".into(),
-            terminating_since_ms: None,
-            grace_seconds: None,
-            evidence: Default::default(),
-            ended_at_ms: None,
-        }
-    }
-
-    fn kept_of(pieces: &[PodLogPiece]) -> Vec<(i32, u32, String)> {
-        pieces
-            .iter()
-            .filter_map(|p| match p {
-                PodLogPiece::Kept { log, .. } => {
-                    Some((log.key.attempt, log.key.rank, log.key.container.clone()))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Issue 33: after a pod job's Pods are gone, `managed-jobs logs` shows the latest
-    /// attempt's kept log (or the one asked for), never a command that would fail; with nothing
-    /// kept and no Pod left it fails naming why.
-    #[test]
-    fn a_pod_jobs_logs_come_from_what_was_kept_once_its_pods_are_gone() {
-        let mut row = pod_job(None);
-        row.attempt = 2;
-        row.launched_attempt = 2;
-        let kept = [
-            kept(1, 0, "prepare", false),
-            kept(1, 0, "main", true),
-            kept(2, 0, "main", true),
-        ];
-        let gone = [
-            seen(1, 0, PodState::Failed, true),
-            seen(2, 0, PodState::Failed, true),
-        ];
-        let latest = pod_logs(&row, &kept, &gone, None, None, None, 4096).unwrap();
-        assert_eq!(kept_of(&latest), [(2, 0, "main".to_string())]);
-        assert_eq!(latest.len(), 1, "{latest:?}");
-        let first = pod_logs(&row, &kept, &gone, None, None, Some(1), 4096).unwrap();
-        assert_eq!(
-            kept_of(&first),
-            [(1, 0, "prepare".to_string()), (1, 0, "main".to_string())]
-        );
-        let PodLogPiece::Kept { header, .. } = &first[1] else {
-            panic!("{first:?}")
-        };
-        assert_eq!(header, "attempt 1, container main (its last 4096 bytes)");
-        // Nothing kept of attempt 2 and its Pod gone: an error naming why, no command.
-        let err = pod_logs(&row, &kept[..2], &gone, None, None, None, 4096).unwrap_err();
-        assert!(
-            err.contains("attempt 2: nothing kept, and its Pod job-1-2-0 is gone")
-                && err.contains("deleted before its job controller kept its log"),
-            "{err}"
-        );
-        let err = pod_logs(&row, &[], &gone, None, None, None, 0).unwrap_err();
-        assert!(err.contains("--kept-log-bytes 0"), "{err}");
-        // Its Pod still there (nothing could be kept): the command works, so it is given.
-        let there = [seen(2, 0, PodState::Failed, false)];
-        let pieces = pod_logs(&row, &[], &there, None, None, None, 4096).unwrap();
-        assert_eq!(
-            pieces,
-            [PodLogPiece::Command("kubectl logs -n ns job-1-2-0".into())]
-        );
-        let err = pod_logs(&row, &kept, &gone, None, None, Some(3), 4096).unwrap_err();
-        assert!(
-            err.contains("has no attempt 3 (its attempts so far: 1 to 2)"),
-            "{err}"
-        );
-        let mut new = pod_job(None);
-        new.attempt = 1;
-        let err = pod_logs(&new, &[], &[], None, None, None, 4096).unwrap_err();
-        assert_eq!(err, "job ns/job has not launched a Pod yet");
-    }
-
-    /// A running attempt is shown as its command, with a note naming the latest kept one.
-    #[test]
-    fn a_running_attempt_is_a_command_and_the_last_ended_one_is_named() {
-        let mut row = pod_job(None);
-        row.attempt = 3;
-        row.launched_attempt = 3;
-        let kept = [kept(2, 0, "main", false)];
-        let pods = [
-            seen(2, 0, PodState::Failed, true),
-            seen(3, 0, PodState::Running, false),
-        ];
-        let pieces = pod_logs(&row, &kept, &pods, None, None, None, 4096).unwrap();
-        assert_eq!(
-            pieces,
-            [
-                PodLogPiece::Command("kubectl logs -n ns job-1-3-0".into()),
-                PodLogPiece::Note(
-                    "attempt 3 still runs; the log kept of attempt 2: managed-jobs logs ns/job --attempt 2"
-                        .into()
-                ),
-            ]
-        );
-    }
-
-    /// A multi-node job: every rank's kept log, or the one asked for.
-    #[test]
-    fn a_multi_node_jobs_ranks_each_have_their_log() {
-        let mut row = pod_job(Some(2));
-        row.attempt = 1;
-        row.launched_attempt = 1;
-        let kept = [kept(1, 0, "main", false), kept(1, 1, "main", false)];
-        let pods = [
-            seen(1, 0, PodState::Succeeded, true),
-            seen(1, 1, PodState::Succeeded, true),
-        ];
-        let all = pod_logs(&row, &kept, &pods, None, None, None, 4096).unwrap();
-        assert_eq!(
-            kept_of(&all),
-            [(1, 0, "main".to_string()), (1, 1, "main".to_string())]
-        );
-        let PodLogPiece::Kept { header, .. } = &all[1] else {
-            panic!("{all:?}")
-        };
-        assert_eq!(header, "attempt 1, rank 1, container main");
-        let one = pod_logs(&row, &kept, &pods, None, Some(1), None, 4096).unwrap();
-        assert_eq!(kept_of(&one), [(1, 1, "main".to_string())]);
-        // Rank 1 kept nothing and is gone: rank 0's log, and a note for rank 1.
-        let some = pod_logs(&row, &kept[..1], &pods, None, None, None, 4096).unwrap();
-        assert_eq!(kept_of(&some), [(1, 0, "main".to_string())]);
-        assert!(
-            matches!(&some[1], PodLogPiece::Note(n) if n.starts_with("attempt 1, rank 1: nothing kept")),
-            "{some:?}"
-        );
-    }
 }

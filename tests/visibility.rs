@@ -681,3 +681,194 @@ async fn the_estimated_start_of_the_40th_waiting_job_is_within_a_quarter_of_when
         error * 100.0
     );
 }
+
+/// The dashboard as a user opens it after a failure: through `kubectl proxy`, the queue page
+/// lists the waiting jobs in admission order with their reasons and plots the last hour (a
+/// screenshot is taken; the plot's waiting area has height); a failed pod job's page shows its
+/// attempt's log after its Pod was deleted; `managed-jobs logs` shows it too, through the API.
+/// Needs the real kubelet node (kwok's nodes have no logs) and Chromium.
+#[tokio::test]
+async fn the_dashboard_shows_the_queue_its_plot_and_a_failed_attempts_log_after_its_pod_is_gone() {
+    let cp = control_plane_or_skip!();
+    if !support::real_node_ready(cp, support::BUSYBOX, "nothing more (it imports busybox)") {
+        return;
+    }
+    let Some(browser) = browser() else { return };
+    let _one = ONE_API.lock().await;
+    let client = support::client(cp).await;
+    let ns = TestNamespace::new(&client, cp, "vis-dash").await;
+    let shard = unique("vis-dash");
+    let served = Served::new("mj-visibility", &ns.name);
+    let _op = operator(
+        cp,
+        &shard,
+        &served,
+        &[
+            "--executors",
+            "local,pod",
+            "--run-cap",
+            "1",
+            "--launch-cap",
+            "2",
+        ],
+    );
+    let alice = User::new(cp, &ns.name, "alice");
+    vis::grant_reader(cp, "reader", &ns.name, &alice);
+    let _aggregated = allow_aggregated(cp, &unique("mj-vis-dash"), &[&alice]);
+
+    // A pod job that prints and fails, on the real node; then its Pod is deleted.
+    let crash = format!(
+        r#"apiVersion: managedjobs.dev/v1alpha1
+kind: ManagedJob
+metadata:
+  name: crash
+  labels: {{managedjobs.dev/shard: {shard}}}
+spec:
+  template:
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: main
+          image: {image}
+          imagePullPolicy: Never
+          command: ["sh", "-c", "for i in 1 2 3; do echo step $i; done; echo out of memory in step 3 >&2; exit 3"]
+          resources:
+            requests: {{cpu: 10m, memory: 16Mi}}
+"#,
+        image = support::BUSYBOX
+    );
+    kube::Api::<managed_jobs::api::ManagedJob>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &support::on_real_node(&crash))
+        .await
+        .expect("creating the pod job");
+    support::wait_status(
+        &client,
+        &ns.name,
+        "crash",
+        Duration::from_secs(300),
+        "Failed",
+        support::phase_is(managed_jobs::api::JobPhase::Failed),
+    )
+    .await;
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
+    let lp = kube::api::ListParams::default().labels("managedjobs.dev/job-name=crash");
+    pods.delete_collection(&Default::default(), &lp)
+        .await
+        .expect("deleting its Pod");
+    let start = Instant::now();
+    while !pods.list(&lp).await.unwrap().items.is_empty() {
+        assert!(start.elapsed() < T, "the Pod of crash was never deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The run slot held, three jobs wait: the plot's waiting area grows over two samples.
+    support::create_yaml(&client, &ns.name, &job("hold", &shard, "sleep 600", 100)).await;
+    support::wait_status(
+        &client,
+        &ns.name,
+        "hold",
+        T,
+        "Running",
+        support::phase_is(managed_jobs::api::JobPhase::Running),
+    )
+    .await;
+    for (name, prio) in [("next-low", 0), ("next-high", 20), ("next-mid", 10)] {
+        support::create_yaml(&client, &ns.name, &job(name, &shard, "true", prio)).await;
+    }
+    served.wait_up().await;
+    let as_alice = served.client(Some(&alice.token));
+    let ns_path = format!("{PREFIX}/namespaces/{}", ns.name);
+    poll(
+        &as_alice,
+        &format!("{ns_path}/history"),
+        Duration::from_secs(60),
+        |h| {
+            h["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["waiting"] == 3)
+                .count()
+                >= 2
+        },
+    )
+    .await;
+
+    // The log, through the API and the CLI (the API server, alice's kubeconfig).
+    let log = vis::get_text(&as_alice, &format!("{ns_path}/managedjobs/crash/log"))
+        .await
+        .expect("the kept log");
+    assert!(
+        log.contains("step 1") && log.contains("out of memory in step 3"),
+        "{log}"
+    );
+    let _api = ApiService::register(cp, &ns.name, "mj-visibility", &served);
+    let out = Command::new(support::binary())
+        .args(["logs", "crash"])
+        .env("KUBECONFIG", &alice.kubeconfig)
+        .env_remove("MJ_STATE_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("out of memory in step 3"),
+        "managed-jobs logs crash: {out:?}"
+    );
+
+    // The queue page, its order and reasons, and the plot.
+    let proxy = Proxy::start(&alice.kubeconfig);
+    let page = browser.open(&proxy.url(&format!("{ns_path}/dashboard")));
+    page.wait_for("document.body.dataset.ready === 'true'", T);
+    assert_eq!(
+        page.eval(DASHBOARD_ROWS),
+        serde_json::json!([
+            format!("{}/next-high", ns.name),
+            format!("{}/next-mid", ns.name),
+            format!("{}/next-low", ns.name)
+        ])
+    );
+    let reasons =
+        page.eval("[...document.querySelectorAll('#waiting td.reason')].map(td => td.textContent)");
+    assert_eq!(
+        reasons,
+        serde_json::json!(["RunCapReached", "RunCapReached", "RunCapReached"])
+    );
+    // The waiting area has height: some of its points lie above the plot's baseline.
+    let heights = page.eval(
+        "(() => { const p = document.querySelector('#plot-svg polygon.area-waiting'); if (!p) return null; \
+         const ys = p.getAttribute('points').trim().split(' ').map(xy => Number(xy.split(',')[1])); \
+         return Math.max(...ys) - Math.min(...ys); })()",
+    );
+    assert!(
+        heights.as_f64().is_some_and(|h| h > 10.0),
+        "the waiting area's height in the plot: {heights}"
+    );
+    let shot = tempfile::tempdir().unwrap();
+    let png = shot.path().join("queue.png");
+    let bytes = page.screenshot(&png);
+    let head = std::fs::read(&png).unwrap();
+    assert!(
+        bytes > 20_000 && head.starts_with(b"\x89PNG"),
+        "a screenshot of {bytes} bytes"
+    );
+    println!("dashboard screenshot: {bytes} bytes");
+
+    // The failed job's page: its attempt and its log, its Pod long gone.
+    page.navigate(&proxy.url(&format!("{ns_path}/dashboard#/job/{}/crash", ns.name)));
+    page.wait_for(
+        "document.body.dataset.page === 'job' && !document.getElementById('log-text').hidden",
+        T,
+    );
+    let shown = page.eval("document.getElementById('log-text').textContent");
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|t| t.contains("out of memory in step 3")),
+        "the page's log: {shown}"
+    );
+    let attempts = page.eval("document.querySelector('#attempts tbody').innerText");
+    assert!(
+        attempts.as_str().is_some_and(|t| t.contains('3')),
+        "the attempts table: {attempts}"
+    );
+}

@@ -36,6 +36,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+pub mod logs;
 pub mod view;
 
 use std::collections::BTreeSet;
@@ -802,12 +803,12 @@ async fn job_detail(
             let Some((row, history)) = find_job(store, &ns2, &name2)? else {
                 return Ok(None);
             };
-            let _ = engine;
-            let logs: Vec<serde_json::Value> = Vec::new(); // TODO(kept logs): after the merge
-            Ok(Some((row, history, logs)))
+            let logs = logs::listed(engine.state_dir(), &row);
+            let pods = logs::live_pods(store, &row)?;
+            Ok(Some((row, history, logs, pods)))
         })
         .await;
-    let (row, history, logs) = match found {
+    let (row, history, logs, pods) = match found {
         Ok(Some(found)) => found,
         Ok(None) => {
             return status(
@@ -855,15 +856,76 @@ async fn job_detail(
             "note": e.note,
         })).collect::<Vec<_>>(),
         "logs": logs,
+        "pods": pods,
     }))
 }
 
-async fn job_log() -> Response {
-    status(
-        StatusCode::NOT_IMPLEMENTED,
-        "NotImplemented",
-        "kept logs: not yet".into(),
-    )
+/// `?attempt=&task=&rank=&container=&limitBytes=` of the log path.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogQuery {
+    /// A pod job's attempt (the job's count, from 1); default: the latest of each task.
+    attempt: Option<i32>,
+    /// A pipeline's task: its name, or its index from 0.
+    task: Option<String>,
+    /// A multi-node job's rank.
+    rank: Option<u32>,
+    /// One container's log only.
+    container: Option<String>,
+    /// At most the last this many bytes of each log (default and most: [`logs::MAX_BYTES`]).
+    limit_bytes: Option<u64>,
+}
+
+async fn job_log(
+    State(server): State<Arc<Server>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<LogQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = server
+        .allowed(
+            &peer,
+            &headers,
+            &ns,
+            &[Access::ListManagedJobs, Access::ReadPodLogs],
+        )
+        .await
+    {
+        return r;
+    }
+    let (ns2, name2) = (ns.clone(), name.clone());
+    let shown = server
+        .read(move |engine, store| {
+            let Some((row, _)) = find_job(store, &ns2, &name2)? else {
+                return Ok(Err(logs::Missing::NotFound(format!(
+                    "the operator has no job {ns2}/{name2}"
+                ))));
+            };
+            let filter = logs::Filter {
+                attempt: q.attempt,
+                task: q.task.clone(),
+                rank: q.rank,
+                container: q.container.clone(),
+                limit_bytes: q.limit_bytes,
+            };
+            logs::read(store, engine.state_dir(), &row, &filter)
+        })
+        .await;
+    match shown {
+        Ok(Ok(text)) => {
+            let mut r =
+                ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response();
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Ok(Err(logs::Missing::NotFound(why))) => status(StatusCode::NOT_FOUND, "NotFound", why),
+        Ok(Err(logs::Missing::BadRequest(why))) => {
+            status(StatusCode::BAD_REQUEST, "BadRequest", why)
+        }
+        Err(r) => r,
+    }
 }
 
 async fn dashboard(headers: HeaderMap) -> Response {
