@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project: unit, property, engine (real processes and SQLite) and the
 # integration tests against the real dev control plane (kube-apiserver, etcd, kube-scheduler,
-# kube-controller-manager, kwok) and real Flux controllers (hack/flux.sh), and, as root, the
+# kube-controller-manager, kwok), real Flux controllers (hack/flux.sh), the dashboard in a real
+# headless Chromium (Debian's, installed when missing), and, as root, the
 # operator image installed by its chart on the control plane's real kubelet node (containerd and
 # runc from Debian packages, installed when missing). The first run builds the control plane and
 # Flux from the official Go modules (about 15 + 11 minutes on 2 cores; cached per user
@@ -23,6 +24,20 @@ hack/flux.sh build
 # in tests/real_node.rs): a debug build of hack/previous-release's commit, cached by it (about
 # 5 min cold).
 hack/previous-release.sh build
+# A real headless browser for the dashboard's tests (tests/visibility.rs, tests/real_node.rs):
+# Debian's Chromium, installed when missing (as root; otherwise those tests skip, or fail under
+# CI=true).
+if [[ ! -x /usr/bin/chromium ]]; then
+  if [[ $EUID == 0 ]]; then
+    echo "[test] installing chromium (the dashboard's tests)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; then
+      echo "[test] installing chromium failed; the dashboard's tests will fail under CI=true" >&2
+    fi
+  else
+    echo "[test] not root and no /usr/bin/chromium: the dashboard's tests will skip (or fail under CI=true)" >&2
+  fi
+fi
 was_running=0
 if hack/controlplane.sh status >/dev/null 2>&1; then was_running=1; fi
 if [[ $was_running == 0 ]]; then

@@ -587,27 +587,44 @@ pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
         return runtime()?.block_on(queue_all_shards(args));
     }
     let Some(state_dir) = &args.state_dir else {
-        return runtime()?.block_on(queue_through_api(args));
+        let asked = runtime()?.block_on(queue_through_api(args));
+        return match local_fallback(asked)? {
+            None => Ok(()),
+            Some(dir) => {
+                let store = open_existing(&dir)?;
+                print!("{}", queue_table(&store, args.all, args.tasks)?);
+                Ok(())
+            }
+        };
     };
     let store = open_existing(state_dir)?;
     print!("{}", queue_table(&store, args.all, args.tasks)?);
     Ok(())
 }
 
-/// What a visibility API request's failure means to a user: the API not served (no APIService,
-/// or the operator not running), refused (401/403, the API's own sentence), or other.
+/// The visibility API is not there to ask: no kubeconfig, or no APIService serves its group.
+/// `managed-jobs queue` and `logs` then read the default state dir when it holds a store (an
+/// operator run by hand on this machine), saying so.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotServed(String);
+
+/// What a visibility API request's failure means to a user: the API not served (no APIService:
+/// [`NotServed`]), unavailable (the operator not running), refused (401/403, the API's own
+/// sentence), or other.
 pub fn visibility_error(e: kube::Error) -> anyhow::Error {
     match e {
         // The API server's own 404: nothing serves the group (no APIService).
         kube::Error::Api(s)
             if s.code == 404 && s.message.contains("could not find the requested resource") =>
         {
-            anyhow::anyhow!(
+            NotServed(format!(
                 "the visibility API ({}) is not served by this cluster: install the chart with visibility.enabled (the default), \
                  or read an operator's store with --state-dir DIR ({})",
                 crate::visibility::view::API_VERSION,
                 s.message
-            )
+            ))
+            .into()
         }
         kube::Error::Api(s) if s.code == 503 => anyhow::anyhow!(
             "the visibility API is unavailable (is the operator running and Ready?): {}",
@@ -618,11 +635,31 @@ pub fn visibility_error(e: kube::Error) -> anyhow::Error {
     }
 }
 
+/// After asking the API: done (None), or, when it is not served ([`NotServed`]) and the
+/// default state dir ([`default_state_dir`]) holds a store, that dir to read instead (said on
+/// stderr); any other failure as it came.
+fn local_fallback(asked: anyhow::Result<()>) -> anyhow::Result<Option<PathBuf>> {
+    let Err(e) = asked else {
+        return Ok(None);
+    };
+    let dir = default_state_dir();
+    if e.downcast_ref::<NotServed>().is_some() && StateDir::new(&dir).store().exists() {
+        eprintln!(
+            "note: {e}; reading the store of an operator on this machine at {} instead",
+            dir.display()
+        );
+        return Ok(Some(dir));
+    }
+    Err(e)
+}
+
 /// `managed-jobs queue` without a state dir: the visibility API through the API server.
 async fn queue_through_api(args: &QueueArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
-        .await
-        .context("managed-jobs queue asks the API server (KUBECONFIG); or read an operator's store with --state-dir DIR")?;
+    let client = kube::Client::try_default().await.map_err(|e| {
+        NotServed(format!(
+            "managed-jobs queue asks the API server (KUBECONFIG), and there is none to ask ({e}); or read an operator's store with --state-dir DIR"
+        ))
+    })?;
     let path = if args.all_namespaces {
         format!("{}/queue", crate::visibility::PREFIX)
     } else {
@@ -761,11 +798,22 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
 
 /// `managed-jobs logs`.
 pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
-    let Some(state_dir) = &args.state_dir else {
-        return tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(logs_through_api(args));
+    let local;
+    let state_dir = match &args.state_dir {
+        Some(dir) => dir,
+        None => {
+            let asked = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(logs_through_api(args));
+            match local_fallback(asked)? {
+                None => return Ok(()),
+                Some(dir) => {
+                    local = dir;
+                    &local
+                }
+            }
+        }
     };
     let store = open_existing(state_dir)?;
     let row = match args.job.parse::<i64>() {
@@ -863,17 +911,23 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
 async fn logs_through_api(args: &LogsArgs) -> anyhow::Result<()> {
     use futures::AsyncBufReadExt as _;
     use futures::AsyncReadExt as _;
-    anyhow::ensure!(
-        !args.controller,
-        "--controller reads the job controller's log in the operator's state dir: give --state-dir DIR"
-    );
-    let client = kube::Client::try_default()
-        .await
-        .context("managed-jobs logs asks the API server (KUBECONFIG); or read an operator's store with --state-dir DIR")?;
-    anyhow::ensure!(
-        args.job.parse::<i64>().is_err(),
-        "a job id is the store's: give NAMESPACE/NAME (or NAME in the kubeconfig's namespace), or --state-dir DIR"
-    );
+    if args.controller {
+        return Err(NotServed(
+            "--controller reads the job controller's log in the operator's state dir: give --state-dir DIR".into(),
+        )
+        .into());
+    }
+    let client = kube::Client::try_default().await.map_err(|e| {
+        NotServed(format!(
+            "managed-jobs logs asks the API server (KUBECONFIG), and there is none to ask ({e}); or read an operator's store with --state-dir DIR"
+        ))
+    })?;
+    if args.job.parse::<i64>().is_ok() {
+        return Err(NotServed(
+            "a job id is the store's: give NAMESPACE/NAME (or NAME in the kubeconfig's namespace), or --state-dir DIR".into(),
+        )
+        .into());
+    }
     let (ns, name) = match args.job.split_once('/') {
         Some((ns, name)) => (ns.to_string(), name.to_string()),
         None => (client.default_namespace().to_string(), args.job.clone()),

@@ -89,7 +89,9 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
     assert!(rbac.len() >= 3, "the chart rendered no RBAC:\n{rendered}");
     let (ok, text) = kubectl_stdin(
         cp,
-        &["apply", "-n", &ns.name, "-f", "-"],
+        // Every object names its namespace (the release's, or kube-system for the visibility
+        // API's reader binding).
+        &["apply", "-f", "-"],
         &rbac.join("\n---\n"),
     );
     assert!(ok, "applying the chart's RBAC: {text}");
@@ -145,6 +147,15 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         // Which namespaces a queue admits: read only.
         ("list", "namespaces", "yes"),
         ("patch", "namespaces", "no"),
+        // The visibility API: who a caller is and what it may list (system:auth-delegator).
+        ("create", "tokenreviews.authentication.k8s.io", "yes"),
+        ("create", "subjectaccessreviews.authorization.k8s.io", "yes"),
+        (
+            "create",
+            "localsubjectaccessreviews.authorization.k8s.io",
+            "no",
+        ),
+        ("get", "configmaps", "no"),
     ] {
         let (_, answer) = support::kubectl(
             cp,
@@ -204,6 +215,29 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         );
         let answer = answer.lines().next().unwrap_or("").trim();
         assert_eq!(answer, expected, "can {sa} {verb} {resource}/status?");
+    }
+    // The front proxy's CA and header names (extension-apiserver-authentication-reader), and
+    // nothing else of kube-system.
+    for (object, expected) in [
+        ("configmaps/extension-apiserver-authentication", "yes"),
+        ("configmaps/kube-root-ca.crt", "no"),
+        ("secrets", "no"),
+    ] {
+        let (_, answer) = support::kubectl(
+            cp,
+            &[
+                "auth",
+                "can-i",
+                "get",
+                object,
+                "-n",
+                "kube-system",
+                "--as",
+                &who,
+            ],
+        );
+        let answer = answer.lines().next().unwrap_or("").trim();
+        assert_eq!(answer, expected, "can {sa} get {object} in kube-system?");
     }
 
     // A kubeconfig with a token of that ServiceAccount.

@@ -1270,6 +1270,8 @@ async fn two_releases_watching_one_namespace_run_each_job_once_and_hand_over() {
         "gitopsPolicy.enabled=false",
         "finalizerPolicy.enabled=false",
         "helmTest.enabled=false",
+        // One APIService per cluster: the first release's fronts the visibility API.
+        "visibility.apiService.enabled=false",
     ] {
         args.extend(["--set", set]);
     }
@@ -1424,5 +1426,153 @@ async fn a_two_rank_job_reaches_its_ranks_by_the_addresses_it_was_given() {
     assert!(
         logs["1"].contains(&format!("nodes {addrs}")),
         "both ranks got the same address list: {logs:#?}"
+    );
+}
+
+/// The visibility API as the chart installs it (issue 33): its certificate and APIService, the
+/// operator's TokenReview/SubjectAccessReview permissions, and the roles it aggregates into
+/// `view`. A user granted `view` in one namespace sees that namespace's queue (in admission
+/// order, with reasons) through the API server with `managed-jobs queue` and `kubectl get
+/// --raw`, a finished job's log after its Pod is gone with `managed-jobs logs`, and the
+/// dashboard through `kubectl proxy` in Chromium; a user of another namespace sees none of it.
+#[tokio::test]
+async fn the_charts_visibility_api_shows_a_view_user_their_namespace_only() {
+    use support::visibility::{self as vis, PREFIX, User};
+    let (cp, _guard, client) = real_node_or_skip!();
+    let _release = Release::install(cp, &["caps.runCap=1"]);
+    let start = Instant::now();
+    loop {
+        let (_, available) = kubectl(
+            cp,
+            &[
+                "get",
+                "apiservice",
+                vis::API_SERVICE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ],
+        );
+        if available.trim() == "True" {
+            break;
+        }
+        assert!(
+            start.elapsed() < T,
+            "the chart's APIService never became Available: {available}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let ns = support::TestNamespace::new(&client, cp, "real-vis").await;
+    let other = support::TestNamespace::new(&client, cp, "real-vis-other").await;
+    let viewer = User::new(cp, &ns.name, "viewer");
+    let outsider = User::new(cp, &other.name, "outsider");
+    for (user, namespace) in [(&viewer, &ns.name), (&outsider, &other.name)] {
+        let (ok, out) = kubectl(
+            cp,
+            &[
+                "create",
+                "rolebinding",
+                "view",
+                "-n",
+                namespace,
+                "--clusterrole=view",
+                &format!("--user={}", user.username),
+            ],
+        );
+        assert!(ok, "{out}");
+    }
+    // One job prints and ends; then one holds the only run slot and two wait.
+    let echo = "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: echo\nspec:\n  template:\n    spec:\n      terminationGracePeriodSeconds: 2\n      containers:\n        - name: main\n          image: busybox:1.36\n          command: [\"sh\", \"-c\", \"echo kept after the Pod is gone\"]\n          resources:\n            requests: {cpu: 10m, memory: 16Mi}\n";
+    create(&client, &ns.name, echo).await;
+    assert_eq!(
+        finished(&client, &ns.name, "echo").await.phase,
+        Some(JobPhase::Succeeded)
+    );
+    let (ok, out) = kubectl(
+        cp,
+        &[
+            "-n",
+            &ns.name,
+            "delete",
+            "pods",
+            "-l",
+            "managedjobs.dev/job-name=echo",
+            "--wait=true",
+        ],
+    );
+    assert!(ok, "{out}");
+    create(&client, &ns.name, &sleeper("hold", 300)).await;
+    running(&client, &ns.name, "hold").await;
+    create(&client, &ns.name, &sleeper("later", 5)).await;
+    let high =
+        sleeper("sooner", 5).replace("spec:\n  template:", "spec:\n  priority: 10\n  template:");
+    create(&client, &ns.name, &high).await;
+
+    // Through the API server, as the view user.
+    let path = format!("{PREFIX}/namespaces/{}/queue", ns.name);
+    let as_viewer = viewer.client().await;
+    let start = Instant::now();
+    let q = loop {
+        match vis::get(&as_viewer, &path).await {
+            Ok(q) if q["waitingTotal"] == 2 => break q,
+            last => assert!(start.elapsed() < T, "{path} as the view user: {last:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let names: Vec<&str> = q["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["sooner", "later"], "{q:#}");
+    assert_eq!(q["waiting"][0]["reason"], "RunCapReached", "{q:#}");
+    let e = vis::get(&outsider.client().await, &path).await.unwrap_err();
+    assert_eq!(vis::code(&e), 403, "the other namespace's user: {e}");
+    let cli = |user: &User, args: &[&str]| {
+        let out = Command::new(support::binary())
+            .args(args)
+            .env("KUBECONFIG", &user.kubeconfig)
+            .env_remove("MJ_STATE_DIR")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, out) = cli(&viewer, &["queue"]);
+    assert!(
+        ok && out.contains("sooner") && out.contains("hold"),
+        "managed-jobs queue: {out}"
+    );
+    let (ok, out) = cli(&viewer, &["logs", "echo"]);
+    assert!(
+        ok && out.contains("kept after the Pod is gone"),
+        "managed-jobs logs echo: {out}"
+    );
+    let (ok, out) = cli(&outsider, &["queue", "-n", &ns.name]);
+    assert!(!ok && !out.contains("sooner"), "the outsider's CLI: {out}");
+
+    // The dashboard, through kubectl proxy, in Chromium.
+    let Some(browser) = support::browser::Browser::launch(1400, 1000) else {
+        assert!(
+            std::env::var("CI").unwrap_or_default().is_empty(),
+            "CI is set but Chromium is not installed"
+        );
+        support::record_skip("real-node dashboard: Chromium is not installed");
+        return;
+    };
+    let proxy = vis::Proxy::start(&viewer.kubeconfig);
+    let page = browser.open(&proxy.url(&format!("{PREFIX}/namespaces/{}/dashboard", ns.name)));
+    page.wait_for("document.body.dataset.ready === 'true'", T);
+    let rows =
+        page.eval("[...document.querySelectorAll('#waiting tbody tr')].map(r => r.dataset.job)");
+    assert_eq!(
+        rows,
+        json!([format!("{}/sooner", ns.name), format!("{}/later", ns.name)])
     );
 }

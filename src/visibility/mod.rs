@@ -54,6 +54,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::engine::Engine;
+use crate::queues::Queues;
 use crate::store::Store;
 use auth::{Access, Caller, FrontProxy, Refused, Reviewer};
 
@@ -953,11 +954,18 @@ async fn dashboard(headers: HeaderMap) -> Response {
 /// The dashboard: one page, its script and style inline, no external resource.
 pub const DASHBOARD: &str = include_str!("dashboard.html");
 
-/// The queue over every namespace, from one read transaction of the store.
+/// The queue over every namespace, from one read transaction of the store, under the
+/// engine's queues ([`queue_from_store`]).
 pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::JobQueue> {
     let queues = engine
         .queues()
         .context("the operator has not listed the queues yet")?;
+    queue_from_store(store, &queues)
+}
+
+/// The queue over every namespace under `queues`, from one read transaction of `store`: what
+/// the scheduler would admit next and why each job waits ([`view::queue`]).
+pub fn queue_from_store(store: &mut Store, queues: &Queues) -> anyhow::Result<view::JobQueue> {
     store.read_consistently(|store| {
         let now_ms = crate::lifecycle::now_ms();
         let caps = store
@@ -988,12 +996,12 @@ pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::Jo
             }
         }
         let wait =
-            crate::scheduler::wait_context(store, caps, &queues, &loads, &waiting_queues, usage)?;
+            crate::scheduler::wait_context(store, caps, queues, &loads, &waiting_queues, usage)?;
         let snapshot = view::Snapshot {
             now_ms,
             caps,
             usage,
-            queues: &queues,
+            queues,
             loads: &loads,
             waiting: &waiting,
             live: &live,
