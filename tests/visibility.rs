@@ -467,6 +467,31 @@ async fn two_users_each_see_only_their_own_namespace_through_the_api_the_cli_and
         !text.contains("a-high") && !text.contains("a-run"),
         "bob's dashboard shows A: {text}"
     );
+
+    // Straight to the operator (a port-forward): the page asks for a token and shows what it
+    // may see.
+    browser.ignore_certificate_errors();
+    page.navigate(&format!(
+        "https://127.0.0.1:{}{ns_a}/dashboard",
+        served.port
+    ));
+    page.wait_for(
+        "document.body.dataset.ready === 'error' && !!document.querySelector('form.token')",
+        T,
+    );
+    page.eval(&format!(
+        "document.getElementById('token').value = {:?}; document.querySelector('form.token button').click(); true",
+        alice.token
+    ));
+    page.wait_for(
+        "document.body.dataset.ready === 'true' && document.body.dataset.page === 'queue'",
+        T,
+    );
+    assert_eq!(
+        page.eval(DASHBOARD_ROWS),
+        serde_json::json!([format!("{}/a-high", a.name), format!("{}/a-low", a.name)]),
+        "the dashboard with alice's token"
+    );
 }
 
 /// A deterministic mix of priorities (a fixed linear congruential sequence).

@@ -173,6 +173,16 @@ impl Browser {
         answer["result"].clone()
     }
 
+    /// Trusts any server certificate from now on (`Security.setIgnoreCertificateErrors`): for a
+    /// server whose CA is a test's own.
+    pub fn ignore_certificate_errors(&self) {
+        self.call(
+            None,
+            "Security.setIgnoreCertificateErrors",
+            json!({"ignore": true}),
+        );
+    }
+
     /// Opens a new page at `url` and waits for its load event (its own requests may go on).
     pub fn open(&self, url: &str) -> Page<'_> {
         let target = self.call(None, "Target.createTarget", json!({"url": "about:blank"}));
