@@ -555,6 +555,7 @@ impl Server {
     /// The queue over every namespace, computed at most once per [`QUEUE_TTL`]; concurrent
     /// askers wait for the one computation under way.
     async fn full_queue(self: &Arc<Self>) -> Result<Arc<view::JobQueue>, Response> {
+        let asked = Instant::now();
         let mut cached = self.queue.lock().await;
         if let Some((at, q)) = cached.as_ref()
             && at.elapsed() < QUEUE_TTL
@@ -563,6 +564,11 @@ impl Server {
         }
         let q = Arc::new(self.read(read_queue).await?);
         *cached = Some((Instant::now(), q.clone()));
+        tracing::debug!(
+            total_ms = ms(asked),
+            waiting = q.waiting.len(),
+            "visibility API: queue computed for the cache"
+        );
         Ok(q)
     }
 }
@@ -651,14 +657,35 @@ async fn namespace_queue(
     }
     let visible: BTreeSet<String> = [ns].into();
     match server.full_queue().await {
-        Ok(all) => answer(&view::restrict(
-            &all,
-            Some(&visible),
-            q.queue.as_deref(),
-            q.limit,
-        )),
+        Ok(all) => queue_answer(&all, Some(&visible), &q),
         Err(r) => r,
     }
+}
+
+/// A caller's `JobQueue` (`all` cut down to `visible`, `q`), as JSON; the time each step took
+/// is logged at debug level (target `managed_jobs::visibility`).
+fn queue_answer(
+    all: &view::JobQueue,
+    visible: Option<&BTreeSet<String>>,
+    q: &QueueQuery,
+) -> Response {
+    let start = Instant::now();
+    let shown = view::restrict(all, visible, q.queue.as_deref(), q.limit);
+    let restrict_ms = ms(start);
+    let serialized = Instant::now();
+    let r = answer(&shown);
+    tracing::debug!(
+        restrict_ms,
+        serialize_ms = ms(serialized),
+        waiting = shown.waiting.len(),
+        "visibility API: queue answered"
+    );
+    r
+}
+
+/// Milliseconds since `t`.
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
 }
 
 async fn all_queues(
@@ -675,12 +702,7 @@ async fn all_queues(
         Err(r) => return r,
     };
     match server.full_queue().await {
-        Ok(all) => answer(&view::restrict(
-            &all,
-            visible.as_ref(),
-            q.queue.as_deref(),
-            q.limit,
-        )),
+        Ok(all) => queue_answer(&all, visible.as_ref(), &q),
         Err(r) => r,
     }
 }
@@ -959,6 +981,7 @@ pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::Jo
         .queues()
         .context("the operator has not listed the queues yet")?;
     store.read_consistently(|store| {
+        let start = Instant::now();
         let now_ms = crate::lifecycle::now_ms();
         let caps = store
             .settings()?
@@ -1001,6 +1024,15 @@ pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::Jo
             pace: &pace,
             wait: &wait,
         };
-        Ok(view::queue(&snapshot))
+        let reads_ms = ms(start);
+        let computed = Instant::now();
+        let q = view::queue(&snapshot);
+        tracing::debug!(
+            reads_ms,
+            view_ms = ms(computed),
+            waiting = q.waiting.len(),
+            "visibility API: queue read and ordered"
+        );
+        Ok(q)
     })
 }
