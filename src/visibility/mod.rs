@@ -27,9 +27,13 @@
 //!
 //! Reads go through a connection of their own to the store (WAL: never blocking the
 //! scheduler's writes), on the blocking pool. The queue is computed at most once per
-//! [`QUEUE_TTL`] whoever asks (one computation at a time; concurrent askers share it), then cut
-//! down to what each caller may see: a burst of requests costs the scheduler nothing and the
-//! API server one review per caller and namespace per [`auth::CACHE_TTL`].
+//! [`QUEUE_TTL`] whoever asks (one computation at a time; concurrent askers share it; past the
+//! TTL the last one is still served, up to [`QUEUE_MAX_AGE`], while the next is computed in
+//! the background), then cut down to what each caller may see; each cut is serialized once
+//! and kept with the queue it was cut from, and cut again from the next one before it is
+//! served: a caller polling a queue of 10,000 jobs costs a copy of its bytes per request. A
+//! burst of requests costs the scheduler nothing and the API server one review per caller and
+//! namespace per [`auth::CACHE_TTL`].
 
 // A refusal is the answer itself (an axum `Response`, larger than clippy likes an error to
 // be): each handler returns it as it is, once per request.
@@ -39,13 +43,14 @@ pub mod auth;
 pub mod logs;
 pub mod view;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -64,8 +69,14 @@ pub const GROUP: &str = "visibility.managedjobs.dev";
 pub const PREFIX: &str = "/apis/visibility.managedjobs.dev/v1alpha1";
 
 /// How long a computed queue is served before it is computed again (from one read
-/// transaction of the store): answers are at most this old (`generatedAt` says when).
+/// transaction of the store): answers are at most this old (`generatedAt` says when), or
+/// [`QUEUE_MAX_AGE`] while a newer one is being computed.
 pub const QUEUE_TTL: Duration = Duration::from_secs(1);
+
+/// How old a computed queue may be and still be served while the next one is computed in the
+/// background (stale while revalidating): a caller polling the queue never waits for a
+/// computation; one asking after a pause does.
+pub const QUEUE_MAX_AGE: Duration = Duration::from_secs(2);
 
 /// How often the counts plotted by the dashboard are sampled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
@@ -294,9 +305,103 @@ pub struct Server {
     front_proxy: Option<FrontProxy>,
     engine: Arc<OnceLock<Arc<Engine>>>,
     reader: Mutex<Option<Store>>,
-    /// The last queue computed over every namespace, and when ([`QUEUE_TTL`]).
-    queue: tokio::sync::Mutex<Option<(Instant, Arc<view::JobQueue>)>>,
+    /// The last queue computed over every namespace ([`Server::generation`]).
+    current: Mutex<Option<Arc<Generation>>>,
+    /// Held while the queue is computed: one computation at a time.
+    computing: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// One computation of the queue over every namespace, and the answers cut from it so far.
+struct Generation {
+    /// When its store reads began.
+    at: Instant,
+    /// The queue over every namespace.
+    all: Arc<view::JobQueue>,
+    /// The answers cut from it (a caller's view, serialized), so that a caller polling the
+    /// queue costs a copy of bytes, not a cut and a serialization of 10,000 jobs per request.
+    answers: Mutex<Answers>,
+}
+
+/// The answers of a [`Generation`], by what they show: each one's bytes, and whether a caller
+/// asked for it (only those are cut again from the next generation).
+#[derive(Default)]
+struct Answers {
+    by_slice: HashMap<Slice, (Bytes, bool)>,
+    /// Their bytes in all (at most [`ANSWER_BYTES_KEPT`]).
+    bytes: usize,
+}
+
+/// What a `JobQueue` answer shows: the caller's namespaces (None: all), `?queue=`,
+/// `?limit=`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Slice {
+    visible: Option<BTreeSet<String>>,
+    queue: Option<String>,
+    limit: Option<usize>,
+}
+
+impl Slice {
+    /// `all` cut down to this slice ([`view::restrict`]), as JSON; the time each step took
+    /// is logged at debug level (target `managed_jobs::visibility`).
+    fn answer(&self, all: &view::JobQueue) -> serde_json::Result<Bytes> {
+        let start = Instant::now();
+        let shown = view::restrict(
+            all,
+            self.visible.as_ref(),
+            self.queue.as_deref(),
+            self.limit,
+        );
+        let restrict_ms = ms(start);
+        let serialized = Instant::now();
+        let bytes = Bytes::from(serde_json::to_vec(&shown)?);
+        tracing::debug!(
+            restrict_ms,
+            serialize_ms = ms(serialized),
+            waiting = shown.waiting.len(),
+            bytes = bytes.len(),
+            "visibility API: queue answer cut"
+        );
+        Ok(bytes)
+    }
+}
+
+impl Generation {
+    /// The answer kept for `slice`, if any, for a caller.
+    fn kept(&self, slice: &Slice) -> Option<Bytes> {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let (bytes, asked) = answers.by_slice.get_mut(slice)?;
+        *asked = true;
+        Some(bytes.clone())
+    }
+
+    /// Keeps `bytes` as `slice`'s answer (`asked`: by a caller; else cut ahead), unless that
+    /// would pass [`ANSWER_BYTES_KEPT`].
+    fn keep(&self, slice: Slice, bytes: &Bytes, asked: bool) {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        if answers.bytes + bytes.len() <= ANSWER_BYTES_KEPT
+            && !answers.by_slice.contains_key(&slice)
+        {
+            answers.bytes += bytes.len();
+            answers.by_slice.insert(slice, (bytes.clone(), asked));
+        }
+    }
+
+    /// The slices callers asked for.
+    fn asked(&self) -> Vec<Slice> {
+        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers
+            .by_slice
+            .iter()
+            .filter(|(_, (_, asked))| *asked)
+            .map(|(slice, _)| slice.clone())
+            .collect()
+    }
+}
+
+/// Bytes of answers kept per [`Generation`] at most: a few callers' views of a queue of
+/// 10,000 jobs (about 5 MB each). A caller past it is answered all the same, at the cost of
+/// a cut and a serialization per request.
+const ANSWER_BYTES_KEPT: usize = 32 << 20;
 
 /// Serves the visibility API on `options.addr` until the process ends; `engine` is set once
 /// the operator leads (before: 503). Errors: the TLS files, the address taken.
@@ -321,7 +426,8 @@ pub async fn serve(
         front_proxy,
         engine,
         reader: Mutex::new(None),
-        queue: tokio::sync::Mutex::new(None),
+        current: Mutex::new(None),
+        computing: Arc::default(),
     });
     axum::serve(
         listener,
@@ -409,6 +515,21 @@ fn answer<T: serde::Serialize>(value: &T) -> Response {
     r
 }
 
+/// An answer already serialized as JSON, as [`answer`] sends it.
+fn json_answer(body: Bytes) -> Response {
+    let mut r = (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
 impl From<Refused> for Response {
     fn from(r: Refused) -> Response {
         match r {
@@ -479,9 +600,18 @@ impl Server {
             return Ok(None);
         }
         let namespaces = self.read(move |_, store| candidates(store)).await?;
+        self.visible_among(&caller, namespaces).await.map(Some)
+    }
+
+    /// Those of `namespaces` in which `caller` may list ManagedJobs; 403 when none.
+    async fn visible_among(
+        &self,
+        caller: &Caller,
+        namespaces: Vec<String>,
+    ) -> Result<BTreeSet<String>, Response> {
         let answers: Vec<(String, Result<bool, Refused>)> =
             futures::stream::iter(namespaces.into_iter().map(|ns| {
-                let (reviewer, caller) = (&self.reviewer, &caller);
+                let reviewer = &self.reviewer;
                 async move {
                     let allowed = reviewer.may(caller, &ns, Access::ListManagedJobs).await;
                     (ns, allowed)
@@ -503,7 +633,7 @@ impl Server {
             ))
             .into());
         }
-        Ok(Some(visible))
+        Ok(visible)
     }
 
     fn engine(&self) -> Result<Arc<Engine>, Response> {
@@ -552,24 +682,82 @@ impl Server {
         }
     }
 
-    /// The queue over every namespace, computed at most once per [`QUEUE_TTL`]; concurrent
-    /// askers wait for the one computation under way.
-    async fn full_queue(self: &Arc<Self>) -> Result<Arc<view::JobQueue>, Response> {
-        let asked = Instant::now();
-        let mut cached = self.queue.lock().await;
-        if let Some((at, q)) = cached.as_ref()
-            && at.elapsed() < QUEUE_TTL
-        {
-            return Ok(q.clone());
+    /// The computed queue to answer from: the last one while it is younger than
+    /// [`QUEUE_TTL`]; older, but younger than [`QUEUE_MAX_AGE`], the last one too, with a new
+    /// computation started in the background (unless one runs: callers polling the queue
+    /// never wait for one); older still, or none yet, a new one (concurrent askers wait for the
+    /// one under way).
+    async fn generation(self: &Arc<Self>) -> Result<Arc<Generation>, Response> {
+        let last = self.current();
+        if let Some(g) = &last {
+            let age = g.at.elapsed();
+            if age < QUEUE_TTL {
+                return Ok(g.clone());
+            }
+            if age < QUEUE_MAX_AGE {
+                if let Ok(computing) = self.computing.clone().try_lock_owned() {
+                    let (me, last) = (self.clone(), g.clone());
+                    tokio::spawn(async move {
+                        let _computing = computing;
+                        // A failure is the next asker's to see.
+                        let _ = me.compute(Some(last)).await;
+                    });
+                }
+                return Ok(g.clone());
+            }
         }
-        let q = Arc::new(self.read(read_queue).await?);
-        *cached = Some((Instant::now(), q.clone()));
+        let _computing = self.computing.lock().await;
+        if let Some(g) = self.current()
+            && g.at.elapsed() < QUEUE_TTL
+        {
+            return Ok(g);
+        }
+        self.compute(None).await
+    }
+
+    /// The last computed queue.
+    fn current(&self) -> Option<Arc<Generation>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Computes the queue (the caller holds `computing`) and makes it the current one; with
+    /// `last`, the answers kept with it are cut again from the new one first (off the
+    /// server's thread), so that its callers find theirs ready.
+    async fn compute(
+        self: &Arc<Self>,
+        last: Option<Arc<Generation>>,
+    ) -> Result<Arc<Generation>, Response> {
+        let started = Instant::now();
+        let all = Arc::new(self.read(read_queue).await?);
+        let generation = Arc::new(Generation {
+            at: started,
+            all,
+            answers: Mutex::default(),
+        });
+        let slices: Vec<Slice> = last.map(|g| g.asked()).unwrap_or_default();
+        let cut = slices.len();
+        if !slices.is_empty() {
+            let g = generation.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for slice in slices {
+                    if let Ok(bytes) = slice.answer(&g.all) {
+                        g.keep(slice, &bytes, false);
+                    }
+                }
+            })
+            .await;
+        }
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(generation.clone());
         tracing::debug!(
-            total_ms = ms(asked),
-            waiting = q.waiting.len(),
-            "visibility API: queue computed for the cache"
+            total_ms = ms(started),
+            answers_cut = cut,
+            waiting = generation.all.waiting.len(),
+            "visibility API: queue computed"
         );
-        Ok(q)
+        Ok(generation)
     }
 }
 
@@ -655,32 +843,44 @@ async fn namespace_queue(
     {
         return r;
     }
-    let visible: BTreeSet<String> = [ns].into();
-    match server.full_queue().await {
-        Ok(all) => queue_answer(&all, Some(&visible), &q),
-        Err(r) => r,
-    }
+    let generation = match server.generation().await {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let slice = Slice {
+        visible: Some([ns].into()),
+        queue: q.queue,
+        limit: q.limit,
+    };
+    queue_answer(&generation, slice).await
 }
 
-/// A caller's `JobQueue` (`all` cut down to `visible`, `q`), as JSON; the time each step took
-/// is logged at debug level (target `managed_jobs::visibility`).
-fn queue_answer(
-    all: &view::JobQueue,
-    visible: Option<&BTreeSet<String>>,
-    q: &QueueQuery,
-) -> Response {
-    let start = Instant::now();
-    let shown = view::restrict(all, visible, q.queue.as_deref(), q.limit);
-    let restrict_ms = ms(start);
-    let serialized = Instant::now();
-    let r = answer(&shown);
-    tracing::debug!(
-        restrict_ms,
-        serialize_ms = ms(serialized),
-        waiting = shown.waiting.len(),
-        "visibility API: queue answered"
-    );
-    r
+/// The `JobQueue` answer of `slice`: kept with `generation`, or cut from it now (off the
+/// server's thread) and kept.
+async fn queue_answer(generation: &Arc<Generation>, slice: Slice) -> Response {
+    if let Some(bytes) = generation.kept(&slice) {
+        return json_answer(bytes);
+    }
+    let g = generation.clone();
+    let cut = tokio::task::spawn_blocking(move || {
+        let bytes = slice.answer(&g.all)?;
+        g.keep(slice, &bytes, true);
+        serde_json::Result::Ok(bytes)
+    })
+    .await;
+    match cut {
+        Ok(Ok(bytes)) => json_answer(bytes),
+        Ok(Err(e)) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("serializing the queue failed: {e}"),
+        ),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("serializing the queue failed: {e}"),
+        ),
+    }
 }
 
 /// Milliseconds since `t`.
@@ -694,17 +894,43 @@ async fn all_queues(
     Query(q): Query<QueueQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let visible = match server
-        .visible(&peer, &headers, |store| Ok(store.open_namespaces()?))
+    let caller = match server.caller(&peer, &headers).await {
+        Ok(c) => c,
+        Err(r) => return r.into(),
+    };
+    let every = match server
+        .reviewer
+        .may(&caller, "", Access::ListManagedJobs)
         .await
     {
-        Ok(v) => v,
+        Ok(every) => every,
+        Err(r) => return r.into(),
+    };
+    let generation = match server.generation().await {
+        Ok(g) => g,
         Err(r) => return r,
     };
-    match server.full_queue().await {
-        Ok(all) => queue_answer(&all, visible.as_ref(), &q),
-        Err(r) => r,
-    }
+    let visible = if every {
+        None
+    } else {
+        // The namespaces with jobs not finished, as of the queue answered from.
+        let candidates = generation
+            .all
+            .counts
+            .iter()
+            .map(|c| c.namespace.clone())
+            .collect();
+        match server.visible_among(&caller, candidates).await {
+            Ok(v) => Some(v),
+            Err(r) => return r,
+        }
+    };
+    let slice = Slice {
+        visible,
+        queue: q.queue,
+        limit: q.limit,
+    };
+    queue_answer(&generation, slice).await
 }
 
 /// `?minutes=` and `?queue=` of the history paths.
@@ -842,11 +1068,8 @@ async fn job_detail(
         Err(r) => return r,
     };
     // Its place among its namespace's waiting jobs, as the queue path shows it.
-    let waiting = match server.full_queue().await {
-        Ok(all) => view::restrict(&all, Some(&[ns.clone()].into()), None, None)
-            .waiting
-            .into_iter()
-            .find(|j| j.job_id == row.id),
+    let waiting = match server.generation().await {
+        Ok(g) => view::waiting_in_namespace(&g.all, &ns, row.id),
         Err(_) => None,
     };
     let events = crate::events::events_for(&history, 0);
