@@ -141,6 +141,17 @@ struct Args {
     /// `visibility`: save a 1400x1000 screenshot of the dashboard here (a PNG).
     #[arg(long)]
     screenshot: Option<PathBuf>,
+    /// `visibility`: the clients of the loaded admission rounds run in this process at its
+    /// priority, rather than in a process of their own at the lowest priority (standing for
+    /// users on other machines).
+    #[arg(long)]
+    load_in_process: bool,
+    /// Internal (`--scenario load-client`): the visibility API's port.
+    #[arg(long, hide = true)]
+    load_port: Option<u16>,
+    /// Internal (`--scenario load-client`): the path the clients poll.
+    #[arg(long, hide = true)]
+    load_path: Option<String>,
 }
 
 /// Deletes the `k`-th node (by name order) and creates it again `outage` later, as a node that
@@ -547,6 +558,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "visibility" {
         return visibility::scenario(&args).await;
+    }
+    if args.scenario == "load-client" {
+        return visibility::load_client(&args).await;
     }
     if !["local", "pod", "priorities", "pipeline", "density"].contains(&args.scenario.as_str()) {
         bail!("unknown scenario {}", args.scenario);

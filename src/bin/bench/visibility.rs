@@ -24,7 +24,11 @@
 //!    (trickle: each slot freed to the next admission, the scheduler's reaction with a launch
 //!    slot free, and each admission to its job Alive). Rounds alternate without and with
 //!    `--clients` clients polling the namespace's queue back to back (`--rounds` each, after
-//!    one warm-up round); the cancelled jobs are replaced by new waiting ones between rounds,
+//!    one warm-up round). Those clients run in a process of their own, in a session of its own
+//!    at nice 19 (its scheduling group too): they stand for users on other machines, whose
+//!    decryption and reading of 5 MB answers would not share this machine's two cores (the
+//!    operator's side of each request stays on them at its own priority); with
+//!    `--load-in-process` they run in the benchmark's process at its priority instead; the cancelled jobs are replaced by new waiting ones between rounds,
 //!    so every round starts from 1,000 alive and 10,000 waiting. The spread between rounds of
 //!    one condition is the run-to-run noise the difference is compared with.
 //! 3. **The dashboard** in headless Chromium (`/usr/bin/chromium`, the tests' driver
@@ -467,40 +471,142 @@ async fn latency(
     }))
 }
 
-/// Clients polling `path` back to back until stopped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<f64>>>>,
+/// Where and how clients poll the API during the loaded admission rounds.
+struct LoadSpec<'a> {
+    /// In this process's runtime (with the benchmark's own priority): these clients.
+    clients: &'a [kube::Client],
+    /// The path they poll.
+    path: &'a str,
+    /// The API's port and the caller's token, for clients in a process of their own.
+    port: u16,
+    token: &'a str,
+    /// In a process of their own at the lowest priority ([`Load::start`]), or in this one.
+    remote: bool,
+}
+
+/// Clients polling a path back to back until stopped.
+enum Load {
+    /// Tasks of this process.
+    Here {
+        stop: Arc<AtomicBool>,
+        tasks: Vec<tokio::task::JoinHandle<anyhow::Result<Vec<f64>>>>,
+    },
+    /// `bench --scenario load-client` ([`load_client`]), stopped by closing its stdin.
+    Process(std::process::Child),
 }
 
 impl Load {
-    fn start(clients: &[kube::Client], path: &str) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tasks = clients
-            .iter()
-            .map(|c| {
-                let (c, stop, path) = (c.clone(), stop.clone(), path.to_string());
-                tokio::spawn(async move {
-                    let mut out = Vec::new();
-                    while !stop.load(Ordering::SeqCst) {
-                        out.push(timed_get(&c, &path).await?.0);
-                    }
-                    anyhow::Ok(out)
+    /// Starts `spec.clients.len()` clients. `spec.remote`: in a process of their own, in a
+    /// session of its own (its own scheduling autogroup on Linux) at nice 19, the group too:
+    /// they stand for users on other machines, whose decryption and reading of 5 MB answers
+    /// would not share this machine's two cores; the operator's side of every request (its
+    /// TLS encryption included) stays on them at its own priority.
+    fn start(spec: &LoadSpec<'_>) -> anyhow::Result<Load> {
+        if !spec.remote {
+            let stop = Arc::new(AtomicBool::new(false));
+            let tasks = spec
+                .clients
+                .iter()
+                .map(|c| {
+                    let (c, stop, path) = (c.clone(), stop.clone(), spec.path.to_string());
+                    tokio::spawn(async move {
+                        let mut out = Vec::new();
+                        while !stop.load(Ordering::SeqCst) {
+                            out.push(timed_get(&c, &path).await?.0);
+                        }
+                        anyhow::Ok(out)
+                    })
                 })
-            })
-            .collect();
-        Load { stop, tasks }
+                .collect();
+            return Ok(Load::Here { stop, tasks });
+        }
+        use std::os::unix::process::CommandExt as _;
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["--scenario", "load-client", "--load-path", spec.path])
+            .args(["--load-port", &spec.port.to_string()])
+            .args(["--clients", &spec.clients.len().to_string()])
+            .env(TOKEN_ENV, spec.token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: only async-signal-safe calls between fork and exec (setsid, setpriority,
+        // open, write, close), on a static path; their failures leave the priority as it was.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+                let fd = libc::open(c"/proc/self/autogroup".as_ptr(), libc::O_WRONLY);
+                if fd >= 0 {
+                    libc::write(fd, b"19".as_ptr().cast(), 2);
+                    libc::close(fd);
+                }
+                Ok(())
+            });
+        }
+        Ok(Load::Process(
+            cmd.spawn().context("starting the load clients")?,
+        ))
     }
 
     /// Stops the clients (each after its answer under way); their latencies, ms.
     async fn stop(self) -> anyhow::Result<Vec<f64>> {
-        self.stop.store(true, Ordering::SeqCst);
-        let mut all = Vec::new();
-        for t in self.tasks {
-            all.extend(t.await??);
+        match self {
+            Load::Here { stop, tasks } => {
+                stop.store(true, Ordering::SeqCst);
+                let mut all = Vec::new();
+                for t in tasks {
+                    all.extend(t.await??);
+                }
+                Ok(sorted(all))
+            }
+            Load::Process(mut child) => {
+                drop(child.stdin.take());
+                let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+                anyhow::ensure!(out.status.success(), "the load clients failed");
+                Ok(sorted(serde_json::from_slice(&out.stdout)?))
+            }
         }
-        Ok(sorted(all))
     }
+}
+
+/// The environment variable that hands the load clients their token (not on a command line).
+const TOKEN_ENV: &str = "MJ_BENCH_TOKEN";
+
+/// `bench --scenario load-client --load-port P --load-path PATH --clients K` (started by
+/// [`Load::start`]): K clients polling PATH back to back until its stdin ends, then their
+/// latencies (ms) on stdout as a JSON array.
+pub async fn load_client(args: &Args) -> anyhow::Result<()> {
+    let token = std::env::var(TOKEN_ENV).with_context(|| format!("{TOKEN_ENV} is not set"))?;
+    let port = args.load_port.context("--load-port")?;
+    let path = args.load_path.clone().context("--load-path")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            use std::io::Read as _;
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
+    let tasks: Vec<_> = (0..args.clients.max(1))
+        .map(|_| {
+            let client = api_client(port, &token)?;
+            let (stop, path) = (stop.clone(), path.clone());
+            Ok(tokio::spawn(async move {
+                let mut out = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    out.push(timed_get(&client, &path).await?.0);
+                }
+                anyhow::Ok(out)
+            }))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut all: Vec<f64> = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    println!("{}", serde_json::to_string(&all)?);
+    Ok(())
 }
 
 /// Jobs cancelled one at a time in the trickle part of an admission round.
@@ -622,9 +728,9 @@ async fn admission_round(
     api: &Api<ManagedJob>,
     ns: &str,
     release: usize,
-    load: Option<(&[kube::Client], &str)>,
+    load: Option<&LoadSpec<'_>>,
 ) -> anyhow::Result<Value> {
-    let load = load.map(|(clients, path)| Load::start(clients, path));
+    let load = load.map(Load::start).transpose()?;
     if load.is_some() {
         // The clients at their pace before the slots free.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -910,9 +1016,14 @@ async fn measure(
                 Some(true) => format!("{} API clients", clients.len()),
             }
         );
-        let with = load
-            .unwrap_or(false)
-            .then_some((clients.as_slice(), ns_queue.as_str()));
+        let spec = LoadSpec {
+            clients: &clients,
+            path: &ns_queue,
+            port: api_port,
+            token,
+            remote: !args.load_in_process,
+        };
+        let with = load.unwrap_or(false).then_some(&spec);
         let mut r = admission_round(&db, &api, ns, args.release, with).await?;
         println!("  {r}");
         // Replaced by as many new waiting jobs: every round starts alike.
@@ -1006,6 +1117,11 @@ async fn measure(
         "admissions": admissions,
         "release_per_round": args.release,
         "api_clients": clients.len(),
+        "load_clients": if args.load_in_process {
+            "in the benchmark's process, at its priority"
+        } else {
+            "a process of their own in a session of their own, nice 19 (standing for remote users)"
+        },
         "operator_cpu_seconds": cpu_seconds(op_pid).0,
         "control_plane_cpu_seconds": cp_cpu,
         "load_average_at_end": load_avg.trim(),
