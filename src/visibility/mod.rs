@@ -30,8 +30,9 @@
 //! [`QUEUE_TTL`] whoever asks (one computation at a time; concurrent askers share it; past the
 //! TTL the last one is still served, up to [`QUEUE_MAX_AGE`], while the next is computed in
 //! the background), then cut down to what each caller may see; each cut is serialized once
-//! and kept with the queue it was cut from, and cut again from the next one before it is
-//! served: a caller polling a queue of 10,000 jobs costs a copy of its bytes per request. A
+//! and kept with the queue it was cut from (compressed with gzip for a caller that accepts
+//! it), and cut again from the next one before it is served: a caller polling a queue of
+//! 10,000 jobs costs a copy of its bytes per request. A
 //! burst of requests costs the scheduler nothing and the API server one review per caller and
 //! namespace per [`auth::CACHE_TTL`].
 
@@ -322,28 +323,62 @@ struct Generation {
     answers: Mutex<Answers>,
 }
 
-/// The answers of a [`Generation`], by what they show: each one's bytes, and whether a caller
-/// asked for it (only those are cut again from the next generation).
+/// The answers of a [`Generation`], by what they show: each one, and whether a caller asked
+/// for it (only those are cut again from the next generation).
 #[derive(Default)]
 struct Answers {
-    by_slice: HashMap<Slice, (Bytes, bool)>,
+    by_slice: HashMap<Slice, (Answer, bool)>,
     /// Their bytes in all (at most [`ANSWER_BYTES_KEPT`]).
     bytes: usize,
 }
 
 /// What a `JobQueue` answer shows: the caller's namespaces (None: all), `?queue=`,
-/// `?limit=`.
+/// `?limit=`; and whether the caller accepts it compressed with gzip.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Slice {
     visible: Option<BTreeSet<String>>,
     queue: Option<String>,
     limit: Option<usize>,
+    gzip: bool,
+}
+
+/// An answer as sent: JSON, compressed with gzip or not.
+#[derive(Clone, Debug)]
+struct Answer {
+    body: Bytes,
+    gzip: bool,
+}
+
+/// Answers from this size on are compressed for a caller that accepts gzip (the API server's
+/// own threshold for its responses): a queue of 10,000 jobs is about 5 MB of JSON and 300 to
+/// 400 kB compressed, so each request costs an eighth of the TLS encryption and copying.
+const GZIP_FROM_BYTES: usize = 128 * 1024;
+
+/// The request accepts an answer compressed with gzip (`Accept-Encoding: gzip` or `*`, not
+/// with `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("");
+            (name.eq_ignore_ascii_case("gzip") || name == "*")
+                && !parts.any(|p| {
+                    p.strip_prefix("q=")
+                        .and_then(|q| q.trim().parse::<f32>().ok())
+                        .is_some_and(|q| q <= 0.0)
+                })
+        })
 }
 
 impl Slice {
-    /// `all` cut down to this slice ([`view::restrict`]), as JSON; the time each step took
-    /// is logged at debug level (target `managed_jobs::visibility`).
-    fn answer(&self, all: &view::JobQueue) -> serde_json::Result<Bytes> {
+    /// `all` cut down to this slice ([`view::restrict`]), as JSON, compressed when the caller
+    /// accepts it and it is large ([`GZIP_FROM_BYTES`]); the time each step took is logged at
+    /// debug level (target `managed_jobs::visibility`).
+    fn answer(&self, all: &view::JobQueue) -> std::io::Result<Answer> {
         let start = Instant::now();
         let shown = view::restrict(
             all,
@@ -353,36 +388,58 @@ impl Slice {
         );
         let restrict_ms = ms(start);
         let serialized = Instant::now();
-        let bytes = Bytes::from(serde_json::to_vec(&shown)?);
+        let json = serde_json::to_vec(&shown)?;
+        let serialize_ms = ms(serialized);
+        let compressed = Instant::now();
+        let bytes = json.len();
+        let answer = if self.gzip && json.len() >= GZIP_FROM_BYTES {
+            use std::io::Write as _;
+            // The fastest level: 5 MB of a queue's JSON in tens of ms, about 15 times smaller.
+            let mut gz = flate2::write::GzEncoder::new(
+                Vec::with_capacity(json.len() / 8),
+                flate2::Compression::fast(),
+            );
+            gz.write_all(&json)?;
+            Answer {
+                body: Bytes::from(gz.finish()?),
+                gzip: true,
+            }
+        } else {
+            Answer {
+                body: Bytes::from(json),
+                gzip: false,
+            }
+        };
         tracing::debug!(
             restrict_ms,
-            serialize_ms = ms(serialized),
+            serialize_ms,
+            gzip_ms = answer.gzip.then(|| ms(compressed)),
             waiting = shown.waiting.len(),
-            bytes = bytes.len(),
+            bytes,
+            sent_bytes = answer.body.len(),
             "visibility API: queue answer cut"
         );
-        Ok(bytes)
+        Ok(answer)
     }
 }
 
 impl Generation {
     /// The answer kept for `slice`, if any, for a caller.
-    fn kept(&self, slice: &Slice) -> Option<Bytes> {
+    fn kept(&self, slice: &Slice) -> Option<Answer> {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let (bytes, asked) = answers.by_slice.get_mut(slice)?;
+        let (answer, asked) = answers.by_slice.get_mut(slice)?;
         *asked = true;
-        Some(bytes.clone())
+        Some(answer.clone())
     }
 
-    /// Keeps `bytes` as `slice`'s answer (`asked`: by a caller; else cut ahead), unless that
-    /// would pass [`ANSWER_BYTES_KEPT`].
-    fn keep(&self, slice: Slice, bytes: &Bytes, asked: bool) {
+    /// Keeps `answer` as `slice`'s (`asked`: by a caller; else cut ahead), unless that would
+    /// pass [`ANSWER_BYTES_KEPT`].
+    fn keep(&self, slice: Slice, answer: &Answer, asked: bool) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        if answers.bytes + bytes.len() <= ANSWER_BYTES_KEPT
-            && !answers.by_slice.contains_key(&slice)
-        {
-            answers.bytes += bytes.len();
-            answers.by_slice.insert(slice, (bytes.clone(), asked));
+        let len = answer.body.len();
+        if answers.bytes + len <= ANSWER_BYTES_KEPT && !answers.by_slice.contains_key(&slice) {
+            answers.bytes += len;
+            answers.by_slice.insert(slice, (answer.clone(), asked));
         }
     }
 
@@ -563,18 +620,22 @@ fn answer<T: serde::Serialize>(value: &T) -> Response {
     r
 }
 
-/// An answer already serialized as JSON, as [`answer`] sends it.
-fn json_answer(body: Bytes) -> Response {
+/// An answer already serialized as JSON (compressed or not), as [`answer`] sends it.
+fn json_answer(answer: Answer) -> Response {
     let mut r = (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        body,
+        answer.body,
     )
         .into_response();
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    if answer.gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     r
 }
 
@@ -791,8 +852,8 @@ impl Server {
             let g = generation.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 for slice in slices {
-                    if let Ok(bytes) = slice.answer(&g.all) {
-                        g.keep(slice, &bytes, false);
+                    if let Ok(answer) = slice.answer(&g.all) {
+                        g.keep(slice, &answer, false);
                     }
                 }
             })
@@ -899,6 +960,7 @@ async fn namespace_queue(
         visible: Some([ns].into()),
         queue: q.queue,
         limit: q.limit,
+        gzip: accepts_gzip(&headers),
     };
     queue_answer(&generation, slice).await
 }
@@ -906,18 +968,18 @@ async fn namespace_queue(
 /// The `JobQueue` answer of `slice`: kept with `generation`, or cut from it now (off the
 /// server's thread) and kept.
 async fn queue_answer(generation: &Arc<Generation>, slice: Slice) -> Response {
-    if let Some(bytes) = generation.kept(&slice) {
-        return json_answer(bytes);
+    if let Some(answer) = generation.kept(&slice) {
+        return json_answer(answer);
     }
     let g = generation.clone();
     let cut = tokio::task::spawn_blocking(move || {
-        let bytes = slice.answer(&g.all)?;
-        g.keep(slice, &bytes, true);
-        serde_json::Result::Ok(bytes)
+        let answer = slice.answer(&g.all)?;
+        g.keep(slice, &answer, true);
+        std::io::Result::Ok(answer)
     })
     .await;
     match cut {
-        Ok(Ok(bytes)) => json_answer(bytes),
+        Ok(Ok(answer)) => json_answer(answer),
         Ok(Err(e)) => status(
             StatusCode::INTERNAL_SERVER_ERROR,
             "InternalError",
@@ -977,6 +1039,7 @@ async fn all_queues(
         visible,
         queue: q.queue,
         limit: q.limit,
+        gzip: accepts_gzip(&headers),
     };
     queue_answer(&generation, slice).await
 }
@@ -1306,4 +1369,30 @@ pub fn read_queue(engine: &Engine, store: &mut Store) -> anyhow::Result<view::Jo
         );
         Ok(q)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepting(values: &[&str]) -> bool {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(header::ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap());
+        }
+        accepts_gzip(&headers)
+    }
+
+    #[test]
+    fn gzip_only_for_a_caller_that_accepts_it() {
+        assert!(accepting(&["gzip"]));
+        assert!(accepting(&["gzip, deflate, br, zstd"]));
+        assert!(accepting(&["br;q=1.0, GZIP;q=0.5"]));
+        assert!(accepting(&["identity", "*"]));
+        assert!(!accepting(&[]));
+        assert!(!accepting(&["identity"]));
+        assert!(!accepting(&["gzip;q=0"]));
+        assert!(!accepting(&["deflate, gzip; q=0.000"]));
+        assert!(!accepting(&["x-gzip"]));
+    }
 }

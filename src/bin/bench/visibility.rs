@@ -11,8 +11,9 @@
 //!
 //! 1. **API latency**: `GET .../namespaces/NS/queue` (the whole answer: every waiting and
 //!    live job) with 1 client, then `--clients` (default 4) concurrent clients back to back,
-//!    `--requests` (default 200) requests in all; the every-namespace `/queue`; a waiting job's
-//!    detail; `?limit=100`. Each request is timed from its send to the last byte of the answer,
+//!    `--requests` (default 200) requests in all, then the same asking for gzip (as browsers
+//!    and kubectl do; the time includes decompressing); the every-namespace `/queue`; a
+//!    waiting job's detail; `?limit=100`. Each request is timed from its send to the last byte of the answer,
 //!    on keep-alive connections (a TLS handshake per client, not per request). p50, p99, max,
 //!    the answer's size, answers per second, the operator's CPU per answer; and the server's
 //!    own phases, from its debug log: store reads, `view::queue`, each caller's `restrict` and
@@ -24,7 +25,7 @@
 //!    (trickle: each slot freed to the next admission, the scheduler's reaction with a launch
 //!    slot free, and each admission to its job Alive). Rounds alternate without and with
 //!    `--clients` clients polling the namespace's queue back to back (`--rounds` each, after
-//!    one warm-up round). Those clients run in a process of their own, in a session of its own
+//!    one warm-up round). Those clients ask for gzip, and run in a process of their own, in a session of its own
 //!    at nice 19 (its scheduling group too): they stand for users on other machines, whose
 //!    decryption and reading of 5 MB answers would not share this machine's two cores (the
 //!    operator's side of each request stays on them at its own priority); with
@@ -411,13 +412,43 @@ fn api_client(port: u16, token: &str) -> anyhow::Result<kube::Client> {
 }
 
 /// One GET: (ms from the send to the whole answer, its bytes). Errors: a refusal.
-async fn timed_get(client: &kube::Client, path: &str) -> anyhow::Result<(f64, usize)> {
+/// One GET, asking for gzip with `gzip` (as browsers and kubectl do): ms from the send to the
+/// whole answer read (and decompressed), its bytes of JSON and its bytes as sent. Errors: a
+/// refusal.
+async fn timed_get(
+    client: &kube::Client,
+    path: &str,
+    gzip: bool,
+) -> anyhow::Result<(f64, usize, usize)> {
+    use std::io::Read as _;
     let start = Instant::now();
-    let text = client
-        .request_text(http::Request::get(path).body(Vec::new())?)
+    let mut request = http::Request::get(path);
+    if gzip {
+        request = request.header(http::header::ACCEPT_ENCODING, "gzip");
+    }
+    let answer = client
+        .send(request.body(Vec::new().into())?)
         .await
         .with_context(|| format!("GET {path}"))?;
-    Ok((start.elapsed().as_secs_f64() * 1000.0, text.len()))
+    let status = answer.status();
+    let compressed = answer
+        .headers()
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|v| v == "gzip");
+    let sent = answer.into_body().collect_bytes().await?;
+    anyhow::ensure!(
+        status.is_success(),
+        "GET {path}: {status}: {}",
+        String::from_utf8_lossy(&sent[..sent.len().min(300)])
+    );
+    let json = if compressed {
+        let mut out = Vec::with_capacity(sent.len() * 16);
+        flate2::read::GzDecoder::new(&sent[..]).read_to_end(&mut out)?;
+        out.len()
+    } else {
+        sent.len()
+    };
+    Ok((start.elapsed().as_secs_f64() * 1000.0, json, sent.len()))
 }
 
 /// `total` GETs of `path` by `clients` at once, each back to back: the latencies and the
@@ -425,6 +456,7 @@ async fn timed_get(client: &kube::Client, path: &str) -> anyhow::Result<(f64, us
 async fn latency(
     clients: &[kube::Client],
     path: &str,
+    gzip: bool,
     total: usize,
     op_pid: i32,
 ) -> anyhow::Result<Value> {
@@ -437,18 +469,18 @@ async fn latency(
             let (c, next, path) = (c.clone(), next.clone(), path.to_string());
             tokio::spawn(async move {
                 let mut out = Vec::new();
-                let mut bytes = 0;
+                let mut bytes = (0, 0);
                 while next.fetch_add(1, Ordering::SeqCst) < total {
-                    let (ms, b) = timed_get(&c, &path).await?;
+                    let (ms, json, sent) = timed_get(&c, &path, gzip).await?;
                     out.push(ms);
-                    bytes = b;
+                    bytes = (json, sent);
                 }
                 anyhow::Ok((out, bytes))
             })
         })
         .collect();
     let mut all = Vec::new();
-    let mut bytes = 0;
+    let mut bytes = (0, 0);
     for t in tasks {
         let (ms, b) = t.await??;
         all.extend(ms);
@@ -459,13 +491,15 @@ async fn latency(
     let all = sorted(all);
     Ok(json!({
         "path": path.strip_prefix(PREFIX).unwrap_or(path),
+        "gzip": gzip,
         "clients": clients.len(),
         "requests": all.len(),
         "p50_ms": percentile(&all, 0.5),
         "p99_ms": percentile(&all, 0.99),
         "max_ms": all.last().copied().unwrap_or(f64::NAN),
         "mean_ms": all.iter().sum::<f64>() / all.len().max(1) as f64,
-        "answer_bytes": bytes,
+        "answer_bytes": bytes.0,
+        "sent_bytes": bytes.1,
         "answers_per_second": all.len() as f64 / wall,
         "operator_cpu_ms_per_answer": cpu * 1000.0 / all.len().max(1) as f64,
     }))
@@ -512,7 +546,7 @@ impl Load {
                     tokio::spawn(async move {
                         let mut out = Vec::new();
                         while !stop.load(Ordering::SeqCst) {
-                            out.push(timed_get(&c, &path).await?.0);
+                            out.push(timed_get(&c, &path, true).await?.0);
                         }
                         anyhow::Ok(out)
                     })
@@ -595,7 +629,7 @@ pub async fn load_client(args: &Args) -> anyhow::Result<()> {
             Ok(tokio::spawn(async move {
                 let mut out = Vec::new();
                 while !stop.load(Ordering::SeqCst) {
-                    out.push(timed_get(&client, &path).await?.0);
+                    out.push(timed_get(&client, &path, true).await?.0);
                 }
                 anyhow::Ok(out)
             }))
@@ -966,14 +1000,16 @@ async fn measure(
         .to_string();
     drop(answer);
     for c in &clients {
-        timed_get(c, &ns_queue).await?;
+        timed_get(c, &ns_queue, false).await?;
     }
     let log = state.join("operator.log");
     let log_mark = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     let mut api_figures = Vec::new();
     println!("API latency: {ns_queue}");
-    api_figures.push(latency(&clients[..1], &ns_queue, 50, op_pid).await?);
-    api_figures.push(latency(&clients, &ns_queue, args.requests, op_pid).await?);
+    api_figures.push(latency(&clients[..1], &ns_queue, false, 50, op_pid).await?);
+    api_figures.push(latency(&clients, &ns_queue, false, args.requests, op_pid).await?);
+    // As browsers and kubectl ask: compressed.
+    api_figures.push(latency(&clients, &ns_queue, true, args.requests, op_pid).await?);
     // The server's phases for the namespace's answers so far.
     let phases = {
         let text = std::fs::read(&log).unwrap_or_default();
@@ -981,11 +1017,21 @@ async fn measure(
         std::fs::write(&tail, &text[log_mark as usize..])?;
         server_phases(&tail, args.waiting as u64)
     };
-    api_figures.push(latency(&clients, &format!("{PREFIX}/queue"), args.requests, op_pid).await?);
+    api_figures.push(
+        latency(
+            &clients,
+            &format!("{PREFIX}/queue"),
+            false,
+            args.requests,
+            op_pid,
+        )
+        .await?,
+    );
     api_figures.push(
         latency(
             &clients,
             &format!("{PREFIX}/namespaces/{ns}/managedjobs/{middle}"),
+            false,
             args.requests,
             op_pid,
         )
@@ -995,6 +1041,7 @@ async fn measure(
         latency(
             &clients,
             &format!("{ns_queue}?limit=100"),
+            false,
             args.requests,
             op_pid,
         )
@@ -1143,16 +1190,18 @@ fn print_report(r: &Value) {
     for a in r["api"].as_array().into_iter().flatten() {
         line(
             format!(
-                "GET {} ({} clients)",
+                "GET {} ({} clients{})",
                 a["path"].as_str().unwrap_or(""),
-                a["clients"]
+                a["clients"],
+                if a["gzip"] == true { ", gzip" } else { "" }
             ),
             format!(
-                "p50 {} ms, p99 {} ms, max {} ms; {} bytes; {} answers/s; operator CPU {} ms/answer",
+                "p50 {} ms, p99 {} ms, max {} ms; {} bytes ({} sent); {} answers/s; operator CPU {} ms/answer",
                 f(&a["p50_ms"]),
                 f(&a["p99_ms"]),
                 f(&a["max_ms"]),
                 a["answer_bytes"],
+                a["sent_bytes"],
                 f(&a["answers_per_second"]),
                 f(&a["operator_cpu_ms_per_answer"])
             ),
