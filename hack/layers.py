@@ -6,7 +6,8 @@ usage: hack/layers.py [--graph] [SRC_DIR]
 Reads every `.rs` file under `src/` (code only: comments and string literals are dropped, so
 intra-doc links and messages do not count; `#[cfg(test)]` modules do count) and collects each
 reference to another module of the crate: `use crate::x::...`, `crate::x::...` paths anywhere
-in the code, `crate::{x, y}` groups and `super::...` paths.
+in the code, `crate::{x, y}` groups and `super::...` paths. A binary's files (`src/bin/`) are
+the top layer and their `crate::`/`super::` paths name the binary's own items: skipped.
 
 Two graphs are checked:
 
@@ -184,6 +185,10 @@ def main() -> int:
         if not path:
             continue
         me = path[0]
+        if me == "bin":
+            # A binary's `crate::` and `super::` paths name its own items (its modules, such
+            # as src/bin/bench/*.rs); it reaches the library as `managed_jobs::`.
+            continue
         refs = references(texts[f], path)
         if f.name == "mod.rs" and len(path) == 1 and me in dirs:
             # Code of mod.rs itself: bare paths into its submodules (declarations and

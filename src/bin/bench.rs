@@ -17,7 +17,11 @@
 //! `pipeline` (3-task pipelines of `true`: status writes per task against the transitions a
 //! user can see), `density` (N jobs of `sleep --hold-seconds` alive at once: time to admit them
 //! all, operator memory and CPU, job controllers' USS and the PSS sum at the peak, the pass time
-//! with them alive), `schedpass` (only the scheduling-pass measurement).
+//! with them alive), `schedpass` (only the scheduling-pass measurement), `preemption` (a late
+//! team's time to its share, with and without preemption) and `visibility` (issue 33: the
+//! visibility API's latency for a namespace of 10,000 waiting jobs beside 1,000 alive, the
+//! dashboard's rendering in Chromium and admissions with and without API clients; its own
+//! module doc, `src/bin/bench/visibility.rs`, says how each is measured).
 //!
 //! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
 //! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
@@ -32,6 +36,12 @@
 
 // The report is one json! literal with many fields.
 #![recursion_limit = "256"]
+
+// The tests' Chromium driver (DevTools over a pipe), for the dashboard of `--scenario visibility`.
+#[path = "../../tests/support/browser.rs"]
+mod browser;
+#[path = "bench/visibility.rs"]
+mod visibility;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -53,7 +63,7 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities, pipeline, density, schedpass or preemption.
+    /// local, pod, priorities, pipeline, density, schedpass, preemption or visibility.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -86,9 +96,10 @@ struct Args {
     /// Creates per second (0: as fast as the API takes them, 32 in flight).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
-    /// How long each `density` job sleeps, seconds (long enough for all to be alive at once).
-    #[arg(long, default_value_t = 240)]
-    hold_seconds: u64,
+    /// How long each `density` job sleeps, seconds (long enough for all to be alive at once;
+    /// default 240); in `visibility`, each job (default 7200: none ends during the run).
+    #[arg(long)]
+    hold_seconds: Option<u64>,
     /// How long each `pod` scenario Pod runs, seconds (kwok completes it then). Pods longer than
     /// the pod GC's 40 s quarantine are lost when their node stays away longer than that.
     #[arg(long, default_value_t = 10)]
@@ -109,6 +120,38 @@ struct Args {
     /// time from each job's admission to all its members running, and API writes per member Pod.
     #[arg(long)]
     nodes: Option<i32>,
+    /// `visibility`: jobs waiting beside the `--run-cap` (default 1,000) alive ones.
+    #[arg(long, default_value_t = 10_000)]
+    waiting: usize,
+    /// `visibility`: concurrent API clients (each back to back).
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// `visibility`: requests per latency measurement.
+    #[arg(long, default_value_t = 200)]
+    requests: usize,
+    /// `visibility`: admission rounds with, and as many without, API clients.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// `visibility`: jobs released (cancelled) per admission round, as many admitted.
+    #[arg(long, default_value_t = 100)]
+    release: usize,
+    /// `visibility`: dashboard loads measured in Chromium.
+    #[arg(long, default_value_t = 5)]
+    page_loads: usize,
+    /// `visibility`: save a 1400x1000 screenshot of the dashboard here (a PNG).
+    #[arg(long)]
+    screenshot: Option<PathBuf>,
+    /// `visibility`: the clients of the loaded admission rounds run in this process at its
+    /// priority, rather than in a process of their own at the lowest priority (standing for
+    /// users on other machines).
+    #[arg(long)]
+    load_in_process: bool,
+    /// Internal (`--scenario load-client`): the visibility API's port.
+    #[arg(long, hide = true)]
+    load_port: Option<u16>,
+    /// Internal (`--scenario load-client`): the path the clients poll.
+    #[arg(long, hide = true)]
+    load_path: Option<String>,
 }
 
 /// Deletes the `k`-th node (by name order) and creates it again `outage` later, as a node that
@@ -453,6 +496,34 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
     Ok((percentile(&t, 0.5), percentile(&t, 0.99)))
 }
 
+/// Waits until the finalizer policy adds the finalizer to a new job of `ns` (a dry-run create).
+/// It takes effect a moment after it is installed: until it does, every job costs one more write
+/// (the operator adds the finalizer), which would skew the figures.
+async fn wait_for_finalizer_policy(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let probe: ManagedJob = serde_json::from_value(job_yaml("local", 99_999, 0))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let policy_wait = Instant::now();
+    loop {
+        let api: Api<ManagedJob> = Api::namespaced(client.clone(), ns);
+        let mutated = api.create(&dry_run, &probe).await.is_ok_and(|mj| {
+            mj.metadata
+                .finalizers
+                .is_some_and(|f| f.iter().any(|f| f == managed_jobs::api::FINALIZER))
+        });
+        if mutated {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            policy_wait.elapsed() < Duration::from_secs(60),
+            "the finalizer policy (crds/managedjobs.dev_finalizer-policy.yaml) never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[derive(Default)]
 struct Seen {
     submitted_at: Option<Instant>,
@@ -484,6 +555,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "preemption" {
         return preemption_scenario(&args).await;
+    }
+    if args.scenario == "visibility" {
+        return visibility::scenario(&args).await;
+    }
+    if args.scenario == "load-client" {
+        return visibility::load_client(&args).await;
     }
     if !["local", "pod", "priorities", "pipeline", "density"].contains(&args.scenario.as_str()) {
         bail!("unknown scenario {}", args.scenario);
@@ -517,30 +594,7 @@ async fn main() -> anyhow::Result<()> {
             api.create(&PostParams::default(), &q).await?;
         }
     }
-    // The finalizer policy takes effect a moment after it is installed: until it does, every
-    // job costs one more write (the operator adds the finalizer), which would skew the figures.
-    let probe: ManagedJob = serde_json::from_value(job_yaml("local", 99_999, 0))?;
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let policy_wait = Instant::now();
-    loop {
-        let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns);
-        let mutated = api.create(&dry_run, &probe).await.is_ok_and(|mj| {
-            mj.metadata
-                .finalizers
-                .is_some_and(|f| f.iter().any(|f| f == managed_jobs::api::FINALIZER))
-        });
-        if mutated {
-            break;
-        }
-        anyhow::ensure!(
-            policy_wait.elapsed() < Duration::from_secs(60),
-            "the finalizer policy (crds/managedjobs.dev_finalizer-policy.yaml) never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_for_finalizer_policy(&client, &ns).await?;
 
     let binary = std::env::current_exe()?.with_file_name("managed-jobs");
     anyhow::ensure!(
@@ -720,7 +774,7 @@ async fn main() -> anyhow::Result<()> {
     let hold = if args.scenario == "pod" {
         args.pod_seconds
     } else {
-        args.hold_seconds
+        args.hold_seconds.unwrap_or(240)
     };
     let rate = args.rate;
     // A steady rate: the i-th create starts at i / rate, whatever the earlier ones take.
@@ -1141,7 +1195,7 @@ async fn preemption_scenario(args: &Args) -> anyhow::Result<()> {
         binary.exists(),
         "build the operator first: cargo build --release"
     );
-    let hold = args.hold_seconds;
+    let hold = args.hold_seconds.unwrap_or(240);
     let mut report = Vec::new();
     for reclaim in [true, false] {
         let tag = format!(

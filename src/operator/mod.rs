@@ -136,15 +136,11 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             }
         });
     }
-    // The visibility API answers 503 until this operator leads and its engine runs.
+    // The visibility API answers 503 until this operator leads and its engine runs. It runs on
+    // a thread and runtime of its own, at a lower CPU priority than the operator's.
     if let Some(visibility) = options.visibility.clone() {
-        let (client, engine) = (client.clone(), started.clone());
-        tokio::spawn(async move {
-            let addr = visibility.addr;
-            if let Err(e) = crate::visibility::serve(visibility, client, engine).await {
-                tracing::error!(error = %format!("{e:#}"), %addr, "the visibility API could not serve on {addr}");
-            }
-        });
+        crate::visibility::spawn(visibility, client.clone(), started.clone())
+            .map_err(|e| anyhow::anyhow!("starting the visibility API's thread: {e}"))?;
     }
     if let Some(le) = &options.leader_election {
         lease::acquire_lease(client.clone(), le).await?;

@@ -601,3 +601,87 @@ pub fn restrict(
     }
     out
 }
+
+/// The waiting job `job_id` of `all` as [`restrict`] to its `namespace` shows it (its position
+/// among that namespace's waiting jobs), without cutting the whole answer: a job's detail.
+pub fn waiting_in_namespace(all: &JobQueue, namespace: &str, job_id: i64) -> Option<WaitingJob> {
+    all.waiting
+        .iter()
+        .filter(|j| j.namespace == namespace)
+        .enumerate()
+        .find(|(_, j)| j.job_id == job_id)
+        .map(|(i, j)| WaitingJob {
+            position: i + 1,
+            ..j.clone()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(namespace: &str, job_id: i64) -> WaitingJob {
+        WaitingJob {
+            namespace: namespace.into(),
+            name: format!("j{job_id}"),
+            job_id,
+            queue: "default".into(),
+            priority: 0,
+            position: 0,
+            reason: "RunCapReached".into(),
+            message: String::new(),
+            waiting_since: rfc3339(0),
+            estimated_start: Estimate {
+                in_seconds: None,
+                at: None,
+                basis: String::new(),
+            },
+        }
+    }
+
+    fn queue_of(mut jobs: Vec<WaitingJob>) -> JobQueue {
+        for (i, j) in jobs.iter_mut().enumerate() {
+            j.position = i + 1;
+        }
+        let mut q = JobQueue {
+            api_version: API_VERSION.into(),
+            kind: "JobQueue".into(),
+            generated_at: rfc3339(0),
+            namespaces: Vec::new(),
+            all_namespaces: true,
+            queue: None,
+            caps: CapsView {
+                launch: 1,
+                run: 1,
+                binding: None,
+            },
+            usage: None,
+            counts: Vec::new(),
+            waiting_total: jobs.len(),
+            waiting: jobs,
+            live: Vec::new(),
+            inactive: Vec::new(),
+        };
+        q.counts = count(&q, None);
+        q
+    }
+
+    #[test]
+    fn a_jobs_place_in_its_namespace_is_the_one_its_namespaces_answer_shows() {
+        let all = queue_of(
+            [("a", 1), ("b", 2), ("a", 3), ("b", 4), ("a", 5)]
+                .into_iter()
+                .map(|(ns, id)| waiting(ns, id))
+                .collect(),
+        );
+        for ns in ["a", "b"] {
+            let cut = restrict(&all, Some(&[ns.to_string()].into()), None, None);
+            assert!(!cut.waiting.is_empty());
+            for j in &cut.waiting {
+                assert_eq!(waiting_in_namespace(&all, ns, j.job_id).as_ref(), Some(j));
+            }
+        }
+        assert_eq!(waiting_in_namespace(&all, "a", 2), None);
+        assert_eq!(waiting_in_namespace(&all, "a", 99), None);
+    }
+}

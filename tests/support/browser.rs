@@ -64,6 +64,12 @@ impl Browser {
     /// background networking: the network is closed), at `width` x `height`. None when it is
     /// not installed.
     pub fn launch(width: u32, height: u32) -> Option<Browser> {
+        Browser::launch_with(width, height, &[])
+    }
+
+    /// [`Browser::launch`] with `extra` flags (e.g. `--ignore-certificate-errors` for a server
+    /// with a self-signed certificate, as the benchmark's).
+    pub fn launch_with(width: u32, height: u32, extra: &[&str]) -> Option<Browser> {
         let program = chromium()?;
         let profile = tempfile::tempdir().unwrap();
         // Our end writes to the browser's fd 3 and reads from its fd 4.
@@ -86,6 +92,7 @@ impl Browser {
             "--remote-debugging-pipe",
             &format!("--window-size={width},{height}"),
         ])
+        .args(extra)
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg("about:blank")
         .stdin(Stdio::null())
@@ -258,6 +265,15 @@ impl Page<'_> {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Sets the page's viewport to `width` x `height` CSS pixels at scale 1 (the window's size
+    /// less its frame otherwise): what a screenshot then shows.
+    pub fn set_viewport(&self, width: u32, height: u32) {
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": false}),
+        );
     }
 
     /// Saves a PNG of the page's viewport at `path` and returns its size in bytes.
