@@ -40,18 +40,20 @@
 // be): each handler returns it as it is, once per request.
 #![allow(clippy::result_large_err)]
 
+mod answers;
 pub mod auth;
 pub mod logs;
+pub mod tls;
 pub mod view;
 
-use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use answers::{Answer, Generation, Slice, accepts_gzip, ms};
+pub use tls::{Options, Peer, TlsListener, tls_config};
+
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -83,224 +85,6 @@ pub const QUEUE_MAX_AGE: Duration = Duration::from_secs(2);
 /// How often the counts plotted by the dashboard are sampled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Where and how the visibility API serves.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// The address to listen on (`--visibility-addr`).
-    pub addr: SocketAddr,
-    /// The server's certificate chain (PEM, `--visibility-tls-cert-file`); None with
-    /// `key_file` None: a self-signed certificate made at start.
-    pub cert_file: Option<PathBuf>,
-    /// Its private key (PEM, `--visibility-tls-key-file`).
-    pub key_file: Option<PathBuf>,
-}
-
-/// The connection a request came over: its peer, and whether that peer presented a client
-/// certificate of the cluster's front proxy (only then are `X-Remote-*` headers believed).
-#[derive(Clone, Debug)]
-pub struct Peer {
-    /// The remote address.
-    pub addr: SocketAddr,
-    /// The front proxy's certificate was verified on this connection.
-    pub front_proxy: bool,
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
-        stream.remote_addr().clone()
-    }
-}
-
-/// Accepts TCP connections and completes their TLS handshakes off the accept loop (a slow
-/// client delays only itself), handing each finished one to the server.
-pub struct TlsListener {
-    local: SocketAddr,
-    ready:
-        tokio::sync::mpsc::Receiver<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, Peer)>,
-}
-
-/// Handshakes under way at most; more wait in the kernel's backlog.
-const HANDSHAKES: usize = 64;
-
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl TlsListener {
-    /// Listens on `addr` with `config`; front-proxy certificates are those
-    /// [`FrontProxy::allows`].
-    pub async fn bind(
-        addr: SocketAddr,
-        config: Arc<rustls::ServerConfig>,
-        front_proxy: Option<FrontProxy>,
-    ) -> std::io::Result<TlsListener> {
-        let tcp = tokio::net::TcpListener::bind(addr).await?;
-        let local = tcp.local_addr()?;
-        let (tx, ready) = tokio::sync::mpsc::channel(HANDSHAKES);
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let limit = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
-        tokio::spawn(async move {
-            loop {
-                let (stream, remote) = match tcp.accept().await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "visibility API: accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = limit.clone().acquire_owned().await else {
-                    return;
-                };
-                let (acceptor, tx, front_proxy) =
-                    (acceptor.clone(), tx.clone(), front_proxy.clone());
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, %remote, "visibility API: TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                    let front = front_proxy.as_ref().is_some_and(|fp| {
-                        tls.get_ref()
-                            .1
-                            .peer_certificates()
-                            .and_then(|c| c.first())
-                            .and_then(|der| common_name(der.as_ref()))
-                            .is_some_and(|cn| fp.allows(&cn))
-                    });
-                    let _ = tx
-                        .send((
-                            tls,
-                            Peer {
-                                addr: remote,
-                                front_proxy: front,
-                            },
-                        ))
-                        .await;
-                });
-            }
-        });
-        Ok(TlsListener { local, ready })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept loop ended (it never does while the process runs): serve nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Peer> {
-        Ok(Peer {
-            addr: self.local,
-            front_proxy: false,
-        })
-    }
-}
-
-/// The subject common name of a DER certificate.
-fn common_name(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_string)
-}
-
-/// The server's certificate chain and key: from `options`' files, or (neither given) a
-/// self-signed certificate for `localhost`, `127.0.0.1` and this host's name, made now.
-///
-/// Errors: only one of the two files given, unreadable or invalid PEM.
-fn certificate(
-    options: &Options,
-) -> anyhow::Result<(
-    Vec<rustls_pki_types::CertificateDer<'static>>,
-    rustls_pki_types::PrivateKeyDer<'static>,
-)> {
-    use rustls_pki_types::pem::PemObject as _;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    match (&options.cert_file, &options.key_file) {
-        (Some(cert_file), Some(key_file)) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
-                .with_context(|| format!("--visibility-tls-cert-file {}", cert_file.display()))?
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("--visibility-tls-cert-file {}", cert_file.display()))?;
-            anyhow::ensure!(
-                !certs.is_empty(),
-                "--visibility-tls-cert-file {} holds no certificate",
-                cert_file.display()
-            );
-            let key = PrivateKeyDer::from_pem_file(key_file)
-                .with_context(|| format!("--visibility-tls-key-file {}", key_file.display()))?;
-            Ok((certs, key))
-        }
-        (None, None) => {
-            let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-            if let Ok(host) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
-                names.push(host.trim().to_string());
-            }
-            let made = rcgen::generate_simple_self_signed(names)
-                .context("making a self-signed certificate for the visibility API")?;
-            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
-                .map_err(|e| anyhow::anyhow!("the self-signed certificate's key: {e}"))?;
-            Ok((vec![made.cert.der().clone()], key))
-        }
-        _ => anyhow::bail!(
-            "--visibility-tls-cert-file and --visibility-tls-key-file go together: give both, or neither for a self-signed certificate"
-        ),
-    }
-}
-
-/// The TLS settings: the server's certificate ([`certificate`]), and, with `front_proxy`,
-/// client certificates of its CA accepted (not required: a bearer token needs none).
-///
-/// Errors: the certificate's, an invalid request-header CA, a key that does not match.
-pub fn tls_config(
-    options: &Options,
-    front_proxy: Option<&FrontProxy>,
-) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject as _;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let (certs, key) = certificate(options)?;
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?;
-    let builder = match front_proxy {
-        Some(fp) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for ca in CertificateDer::pem_slice_iter(fp.client_ca_pem.as_bytes()) {
-                roots
-                    .add(ca.context("the request-header CA of extension-apiserver-authentication")?)
-                    .context("the request-header CA of extension-apiserver-authentication")?;
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider,
-            )
-            .allow_unauthenticated()
-            .build()
-            .context("the front proxy's client certificate verifier")?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .context("the visibility API's certificate and key do not match")?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
-}
-
 /// The server's shared state.
 pub struct Server {
     reviewer: Reviewer,
@@ -312,154 +96,6 @@ pub struct Server {
     /// Held while the queue is computed: one computation at a time.
     computing: Arc<tokio::sync::Mutex<()>>,
 }
-
-/// One computation of the queue over every namespace, and the answers cut from it so far.
-struct Generation {
-    /// When its store reads began.
-    at: Instant,
-    /// The queue over every namespace.
-    all: Arc<view::JobQueue>,
-    /// The answers cut from it (a caller's view, serialized), so that a caller polling the
-    /// queue costs a copy of bytes, not a cut and a serialization of 10,000 jobs per request.
-    answers: Mutex<Answers>,
-}
-
-/// The answers of a [`Generation`], by what they show: each one, and whether a caller asked
-/// for it (only those are cut again from the next generation).
-#[derive(Default)]
-struct Answers {
-    by_slice: HashMap<Slice, (Answer, bool)>,
-    /// Their bytes in all (at most [`ANSWER_BYTES_KEPT`]).
-    bytes: usize,
-}
-
-/// What a `JobQueue` answer shows: the caller's namespaces (None: all), `?queue=`,
-/// `?limit=`; and whether the caller accepts it compressed with gzip.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct Slice {
-    visible: Option<BTreeSet<String>>,
-    queue: Option<String>,
-    limit: Option<usize>,
-    gzip: bool,
-}
-
-/// An answer as sent: JSON, compressed with gzip or not.
-#[derive(Clone, Debug)]
-struct Answer {
-    body: Bytes,
-    gzip: bool,
-}
-
-/// Answers from this size on are compressed for a caller that accepts gzip (the API server's
-/// own threshold for its responses): a queue of 10,000 jobs is about 5 MB of JSON and 300 to
-/// 400 kB compressed, so each request costs an eighth of the TLS encryption and copying.
-const GZIP_FROM_BYTES: usize = 128 * 1024;
-
-/// The request accepts an answer compressed with gzip (`Accept-Encoding: gzip` or `*`, not
-/// with `q=0`).
-fn accepts_gzip(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|item| {
-            let mut parts = item.split(';').map(str::trim);
-            let name = parts.next().unwrap_or("");
-            (name.eq_ignore_ascii_case("gzip") || name == "*")
-                && !parts.any(|p| {
-                    p.strip_prefix("q=")
-                        .and_then(|q| q.trim().parse::<f32>().ok())
-                        .is_some_and(|q| q <= 0.0)
-                })
-        })
-}
-
-impl Slice {
-    /// `all` cut down to this slice ([`view::restrict`]), as JSON, compressed when the caller
-    /// accepts it and it is large ([`GZIP_FROM_BYTES`]); the time each step took is logged at
-    /// debug level (target `managed_jobs::visibility`).
-    fn answer(&self, all: &view::JobQueue) -> std::io::Result<Answer> {
-        let start = Instant::now();
-        let shown = view::restrict(
-            all,
-            self.visible.as_ref(),
-            self.queue.as_deref(),
-            self.limit,
-        );
-        let restrict_ms = ms(start);
-        let serialized = Instant::now();
-        let json = serde_json::to_vec(&shown)?;
-        let serialize_ms = ms(serialized);
-        let compressed = Instant::now();
-        let bytes = json.len();
-        let answer = if self.gzip && json.len() >= GZIP_FROM_BYTES {
-            use std::io::Write as _;
-            // The fastest level: 5 MB of a queue's JSON in tens of ms, about 15 times smaller.
-            let mut gz = flate2::write::GzEncoder::new(
-                Vec::with_capacity(json.len() / 8),
-                flate2::Compression::fast(),
-            );
-            gz.write_all(&json)?;
-            Answer {
-                body: Bytes::from(gz.finish()?),
-                gzip: true,
-            }
-        } else {
-            Answer {
-                body: Bytes::from(json),
-                gzip: false,
-            }
-        };
-        tracing::debug!(
-            restrict_ms,
-            serialize_ms,
-            gzip_ms = answer.gzip.then(|| ms(compressed)),
-            waiting = shown.waiting.len(),
-            bytes,
-            sent_bytes = answer.body.len(),
-            "visibility API: queue answer cut"
-        );
-        Ok(answer)
-    }
-}
-
-impl Generation {
-    /// The answer kept for `slice`, if any, for a caller.
-    fn kept(&self, slice: &Slice) -> Option<Answer> {
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let (answer, asked) = answers.by_slice.get_mut(slice)?;
-        *asked = true;
-        Some(answer.clone())
-    }
-
-    /// Keeps `answer` as `slice`'s (`asked`: by a caller; else cut ahead), unless that would
-    /// pass [`ANSWER_BYTES_KEPT`].
-    fn keep(&self, slice: Slice, answer: &Answer, asked: bool) {
-        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        let len = answer.body.len();
-        if answers.bytes + len <= ANSWER_BYTES_KEPT && !answers.by_slice.contains_key(&slice) {
-            answers.bytes += len;
-            answers.by_slice.insert(slice, (answer.clone(), asked));
-        }
-    }
-
-    /// The slices callers asked for.
-    fn asked(&self) -> Vec<Slice> {
-        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
-        answers
-            .by_slice
-            .iter()
-            .filter(|(_, (_, asked))| *asked)
-            .map(|(slice, _)| slice.clone())
-            .collect()
-    }
-}
-
-/// Bytes of answers kept per [`Generation`] at most: a few callers' views of a queue of
-/// 10,000 jobs (about 5 MB each). A caller past it is answered all the same, at the cost of
-/// a cut and a serialization per request.
-const ANSWER_BYTES_KEPT: usize = 32 << 20;
 
 /// Serves the visibility API on `options.addr` until the process ends; `engine` is set once
 /// the operator leads (before: 503). Errors: the TLS files, the address taken.
@@ -994,11 +630,6 @@ async fn queue_answer(generation: &Arc<Generation>, slice: Slice) -> Response {
     }
 }
 
-/// Milliseconds since `t`.
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1000.0
-}
-
 async fn all_queues(
     State(server): State<Arc<Server>>,
     ConnectInfo(peer): ConnectInfo<Peer>,
@@ -1285,8 +916,7 @@ async fn job_log(
     }
 }
 
-async fn dashboard(headers: HeaderMap) -> Response {
-    let _ = headers;
+async fn dashboard() -> Response {
     let mut r = axum::response::Html(DASHBOARD).into_response();
     let h = r.headers_mut();
     // One self-contained page: its script and style inline, data from this origin only.
