@@ -363,7 +363,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     let stuck = pod_job("stuck", "60s", 3)
         .replace(
             "spec:\n  recovery:",
-            "spec:\n  launchTimeoutSeconds: 3\n  recovery:",
+            "spec:\n  launchTimeoutSeconds: 6\n  recovery:",
         )
         .replace(
             "      containers:",
@@ -400,7 +400,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     assert_eq!(s.failure_reason.as_deref(), Some("ImagePullBackOff"));
     let message = s.message.clone().unwrap_or_default();
     assert!(
-        message.contains("did not start within 3 s")
+        message.contains("did not start within 6 s")
             && message.contains("Back-off pulling image")
             && message.contains("2 launch timeouts in a row"),
         "{message}"
