@@ -11,12 +11,6 @@
 //! per job, holds one chunk of it at a time. The file is renamed into place once complete, so
 //! a reader sees the previous capture or this one, never half of one.
 //!
-//! A container that has ended may still have lines on their way to its log file (the runtime
-//! copies its output after the exit is reported; seen on a loaded node as a log cut mid-line):
-//! its log is read with timestamps (stripped before keeping, [`Unstamp`]) and, [`SETTLE`]
-//! later, its last line is asked for again; while that differs from the kept one the log is
-//! read again, [`MAX_CAPTURES`] times at most.
-//!
 //! Best effort: a Pod already gone is not kept, a failure or a timeout ([`CONTAINER_TIMEOUT`],
 //! [`KEEP_TIMEOUT`]) is logged and keeps nothing of that container; the job's lifecycle never
 //! waits longer than [`KEEP_TIMEOUT`] for it.
@@ -43,16 +37,6 @@ pub const CONTAINER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest time one keep of an attempt may take, all its Pods and containers: past it the
 /// rest is not kept and the job goes on.
 pub const KEEP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long after reading an ended container's log its last line is asked for again, to see
-/// whether more came (the runtime's copy of the output lags the exit by milliseconds, more on
-/// a loaded node).
-pub const SETTLE: Duration = Duration::from_millis(250);
-/// Most reads of an ended container's log while its end still moves ([`SETTLE`]); the last is
-/// kept as it is.
-pub const MAX_CAPTURES: u32 = 4;
-/// Longest timestamp a line of the log API may start with (RFC 3339 with nanoseconds and an
-/// offset takes 35 bytes); past it, the line is taken as having none and kept whole.
-const MAX_STAMP: usize = 64;
 /// Bytes a line is guessed to take before any was measured (a first ask of `bound / 128`).
 const GUESSED_LINE_BYTES: u64 = 128;
 /// Bounds of the first ask, lines.
@@ -194,119 +178,6 @@ impl TailFile {
     }
 }
 
-/// The last line of a log read with timestamps ([`Unstamp`]): its timestamp, a hash of its
-/// text, and whether it was complete (ended by its newline). Two reads of a log whose last
-/// lines are equal read the same end.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LastLine {
-    /// The timestamp the log API put before it (RFC 3339, as sent).
-    pub stamp: Vec<u8>,
-    /// A hash of its text without the newline.
-    pub hash: u64,
-    /// True when its newline came (the log API ends every whole line with one).
-    pub complete: bool,
-}
-
-/// Strips the timestamps the log API puts before each line (`timestamps=true`:
-/// `"<RFC 3339> <text>\n"`) from a stream read in chunks of any size, and remembers the last
-/// line ([`LastLine`]). A line whose first [`MAX_STAMP`] bytes hold no space is passed whole.
-#[derive(Default)]
-pub struct Unstamp {
-    /// Inside a line's text (its stamp was read).
-    in_text: bool,
-    /// The current line's stamp, or the bytes of it read so far.
-    stamp: Vec<u8>,
-    hasher: std::hash::DefaultHasher,
-    /// The last complete line.
-    last: Option<LastLine>,
-}
-
-impl Unstamp {
-    /// Strips the stamps of `data`, handing the text to `out` in pieces. Errors: `out`'s.
-    pub fn feed(
-        &mut self,
-        mut data: &[u8],
-        out: &mut impl FnMut(&[u8]) -> io::Result<()>,
-    ) -> io::Result<()> {
-        use std::hash::Hasher as _;
-        while !data.is_empty() {
-            if !self.in_text {
-                let want = MAX_STAMP + 1 - self.stamp.len();
-                let end = data
-                    .iter()
-                    .take(want)
-                    .position(|&b| b == b' ' || b == b'\n');
-                match end {
-                    Some(i) if data[i] == b' ' => {
-                        self.stamp.extend_from_slice(&data[..i]);
-                        data = &data[i + 1..];
-                    }
-                    None if data.len() < want => {
-                        self.stamp.extend_from_slice(data);
-                        return Ok(());
-                    }
-                    _ => {
-                        // No stamp (a newline, or none in reach): the bytes read as one are
-                        // the line's text.
-                        let text = std::mem::take(&mut self.stamp);
-                        out(&text)?;
-                        self.hasher.write(&text);
-                    }
-                }
-                self.in_text = true;
-                continue;
-            }
-            match data.iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    out(&data[..=i])?;
-                    self.hasher.write(&data[..i]);
-                    self.last = Some(LastLine {
-                        stamp: std::mem::take(&mut self.stamp),
-                        hash: std::mem::take(&mut self.hasher).finish(),
-                        complete: true,
-                    });
-                    self.in_text = false;
-                    data = &data[i + 1..];
-                }
-                None => {
-                    out(data)?;
-                    self.hasher.write(data);
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The last line fed, complete or not; None when nothing was.
-    pub fn last_line(&self) -> Option<LastLine> {
-        use std::hash::Hasher as _;
-        if self.in_text || !self.stamp.is_empty() {
-            return Some(LastLine {
-                stamp: self.stamp.clone(),
-                hash: self.hasher.finish(),
-                complete: false,
-            });
-        }
-        self.last.clone()
-    }
-}
-
-/// True when `container` of `pod` has ended (terminated now): its log may still be arriving.
-fn has_ended(pod: &Pod, container: &str) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten())
-        .find(|c| c.name == container)
-        .and_then(|c| c.state.as_ref())
-        .is_some_and(|s| s.terminated.is_some())
-}
-
 /// The containers of `pod` that ran (running now, or terminated now or before), init
 /// containers first, each list in the Pod's order: those that have a log. A name that is no
 /// DNS label (never, from an API server) is left out: it names a file.
@@ -386,8 +257,7 @@ pub async fn keep(
                 container,
             };
             let temp = dir.kept_log_temp(job.id, &key);
-            let ended = has_ended(&pod, &key.container);
-            let one = keep_container(&api, &member.pod_name, dir, job.id, &key, bound, ended);
+            let one = keep_container(&api, &member.pod_name, dir, job.id, &key, bound);
             match tokio::time::timeout(left.min(CONTAINER_TIMEOUT), one).await {
                 Ok(Ok((kept, cut))) => {
                     containers += 1;
@@ -423,11 +293,9 @@ pub async fn keep(
     );
 }
 
-/// Keeps the end of one container's log ([`keep`]): reads it ([`capture`]); when the
-/// container has `ended`, reads its last line again [`SETTLE`] later and, while that differs,
-/// the whole again ([`MAX_CAPTURES`] reads at most); renames the capture into place and removes
-/// the other form (whole or cut) of an earlier one. Returns the bytes kept and whether only the
-/// end was.
+/// Keeps the end of one container's log ([`keep`]): asks, streams into the temporary file,
+/// asks again with more lines while worth it, renames into place and removes the other form
+/// (whole or cut) of an earlier capture. Returns the bytes kept and whether only the end was.
 async fn keep_container(
     api: &Api<Pod>,
     pod: &str,
@@ -435,48 +303,36 @@ async fn keep_container(
     job_id: i64,
     key: &KeptLogKey,
     bound: u64,
-    ended: bool,
 ) -> Result<(u64, bool), String> {
     let temp = dir.kept_log_temp(job_id, key);
-    let mut captures = 0;
-    let (got, cut) = loop {
-        captures += 1;
-        let (got, cut, last) = capture(api, pod, &key.container, &temp, bound).await?;
-        if !ended || captures >= MAX_CAPTURES {
-            break (got, cut);
-        }
-        tokio::time::sleep(SETTLE).await;
-        let now = last_line(api, pod, &key.container).await?;
-        if now == last {
-            break (got, cut);
-        }
-        tracing::debug!(pod, container = %key.container, captures, "the log of an ended container grew after it was read; reading it again");
-    };
-    let path = dir.kept_log(job_id, key, cut);
-    std::fs::rename(&temp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let _ = std::fs::remove_file(dir.kept_log(job_id, key, !cut));
-    Ok((got.bytes.min(bound), cut))
-}
-
-/// Reads the end (at most `bound` bytes) of `container`'s log of `pod` into the file `temp`:
-/// asks with timestamps (stripped, [`Unstamp`]), again with more lines while worth it
-/// ([`next_tail_lines`]). Returns what the kept answer held, whether it is only the log's end,
-/// and its last line.
-async fn capture(
-    api: &Api<Pod>,
-    pod: &str,
-    container: &str,
-    temp: &Path,
-    bound: u64,
-) -> Result<(Answer, bool, Option<LastLine>), String> {
     let mut asked = first_tail_lines(bound);
     let mut asks = 1;
     loop {
-        let mut tail =
-            TailFile::create(temp, bound).map_err(|e| format!("{}: {e}", temp.display()))?;
-        let last = read_log(api, pod, container, asked, &mut |chunk| tail.write(chunk))
+        let params = LogParams {
+            container: Some(key.container.clone()),
+            tail_lines: Some(asked),
+            ..LogParams::default()
+        };
+        let stream = api
+            .log_stream(pod, &params)
             .await
-            .map_err(|e| e.to(temp))?;
+            .map_err(|e| format!("asking for its log: {}", api_error(&e)))?;
+        let mut stream = std::pin::pin!(stream);
+        let mut tail =
+            TailFile::create(&temp, bound).map_err(|e| format!("{}: {e}", temp.display()))?;
+        loop {
+            let chunk = stream
+                .fill_buf()
+                .await
+                .map_err(|e| format!("reading its log: {e}"))?;
+            if chunk.is_empty() {
+                break;
+            }
+            let n = chunk.len();
+            tail.write(chunk)
+                .map_err(|e| format!("{}: {e}", temp.display()))?;
+            stream.consume_unpin(n);
+        }
         let got = tail
             .finish()
             .map_err(|e| format!("{}: {e}", temp.display()))?;
@@ -485,67 +341,15 @@ async fn capture(
                 asked = more;
                 asks += 1;
             }
-            _ => return Ok((got, truncated(asked, got, bound), last)),
+            _ => {
+                let cut = truncated(asked, got, bound);
+                let path = dir.kept_log(job_id, key, cut);
+                std::fs::rename(&temp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let _ = std::fs::remove_file(dir.kept_log(job_id, key, !cut));
+                return Ok((got.bytes.min(bound), cut));
+            }
         }
     }
-}
-
-/// The last line of `container`'s log of `pod` now (with its timestamp).
-async fn last_line(api: &Api<Pod>, pod: &str, container: &str) -> Result<Option<LastLine>, String> {
-    read_log(api, pod, container, 1, &mut |_| Ok(()))
-        .await
-        .map_err(|e| e.to(Path::new("")))
-}
-
-/// A failure of [`read_log`]: of the API, or of the sink (the file written).
-enum ReadError {
-    Api(String),
-    Sink(io::Error),
-}
-
-impl ReadError {
-    fn to(self, file: &Path) -> String {
-        match self {
-            ReadError::Api(e) => e,
-            ReadError::Sink(e) => format!("{}: {e}", file.display()),
-        }
-    }
-}
-
-/// Streams the last `lines` lines of `container`'s log of `pod`, timestamps stripped, into
-/// `sink`; returns the last line read.
-async fn read_log(
-    api: &Api<Pod>,
-    pod: &str,
-    container: &str,
-    lines: i64,
-    sink: &mut impl FnMut(&[u8]) -> io::Result<()>,
-) -> Result<Option<LastLine>, ReadError> {
-    let params = LogParams {
-        container: Some(container.to_string()),
-        tail_lines: Some(lines),
-        timestamps: true,
-        ..LogParams::default()
-    };
-    let stream = api
-        .log_stream(pod, &params)
-        .await
-        .map_err(|e| ReadError::Api(format!("asking for its log: {}", api_error(&e))))?;
-    let mut stream = std::pin::pin!(stream);
-    let mut unstamp = Unstamp::default();
-    loop {
-        let chunk = stream
-            .fill_buf()
-            .await
-            .map_err(|e| ReadError::Api(format!("reading its log: {e}")))?;
-        if chunk.is_empty() {
-            break;
-        }
-        let n = chunk.len();
-        unstamp.feed(chunk, sink).map_err(ReadError::Sink)?;
-        stream.consume_unpin(n);
-    }
-    Ok(unstamp.last_line())
 }
 
 /// What the API said, in one line: its code and message (kube's own display of a Status is
@@ -702,37 +506,6 @@ mod tests {
             prop_assert_eq!(&kept[..], &text[text.len().saturating_sub(bound as usize)..]);
         }
 
-        /// Any lines, stamped and fed in any chunks, come out as they were, and the last line
-        /// is the last one's stamp and text.
-        #[test]
-        fn unstamped_text_is_the_lines(
-            lines in prop::collection::vec("[a-z Z:.0-9]{0,80}", 0..50),
-            chunks in prop::collection::vec(1usize..200, 1..10),
-        ) {
-            let stamped: Vec<u8> = lines.iter().enumerate()
-                .flat_map(|(i, l)| format!("2026-12-03T16:58:{:02}.{i:09}Z {l}\n", i % 60).into_bytes())
-                .collect();
-            let mut u = Unstamp::default();
-            let mut out = Vec::new();
-            let mut at = 0;
-            let mut sizes = chunks.iter().cycle();
-            while at < stamped.len() {
-                let n = (*sizes.next().unwrap()).min(stamped.len() - at);
-                u.feed(&stamped[at..at + n], &mut |d| { out.extend_from_slice(d); Ok(()) }).unwrap();
-                at += n;
-            }
-            let want: String = lines.iter().map(|l| format!("{l}\n")).collect();
-            prop_assert_eq!(String::from_utf8(out).unwrap(), want);
-            let last = u.last_line();
-            prop_assert_eq!(last.is_some(), !lines.is_empty());
-            if let Some(last) = last {
-                let i = lines.len() - 1;
-                let stamp = format!("2026-12-03T16:58:{:02}.{i:09}Z", i % 60);
-                prop_assert_eq!(last.stamp, stamp.into_bytes());
-                prop_assert!(last.complete);
-            }
-        }
-
         /// Asks only grow, stay within the lines worth asking, and end: an answer that reached
         /// the bound or came whole is the last.
         #[test]
@@ -746,60 +519,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Stamped text fed in chunks of any size comes out without its stamps, and its last line
-    /// is the last one fed, incomplete until its newline came.
-    #[test]
-    fn stamps_are_stripped_whatever_the_chunks() {
-        let stamped = b"2026-12-03T16:58:47.397039123Z line 1\n2026-12-03T16:58:47.5Z \n2026-12-03T16:58:48Z the end\n";
-        for chunk in [1, 2, 7, 40, 1000] {
-            let mut u = Unstamp::default();
-            let mut out = Vec::new();
-            for c in stamped.chunks(chunk) {
-                u.feed(c, &mut |d| {
-                    out.extend_from_slice(d);
-                    Ok(())
-                })
-                .unwrap();
-            }
-            assert_eq!(out, b"line 1\n\nthe end\n", "chunks of {chunk}");
-            let last = u.last_line().unwrap();
-            assert_eq!(
-                (last.stamp.as_slice(), last.complete),
-                (&b"2026-12-03T16:58:48Z"[..], true)
-            );
-        }
-        // The same last line read again (a probe of one line) is equal; a longer one is not.
-        let probe = |text: &[u8]| {
-            let mut u = Unstamp::default();
-            u.feed(text, &mut |_| Ok(())).unwrap();
-            u.last_line()
-        };
-        let whole = probe(b"2026-12-03T16:58:48Z the end\n");
-        assert_eq!(probe(stamped), whole);
-        assert_ne!(probe(b"2026-12-03T16:58:48Z the e"), whole, "cut mid-line");
-        assert_eq!(
-            probe(b"2026-12-03T16:58:48Z the e").map(|l| l.complete),
-            Some(false)
-        );
-        assert_ne!(probe(b"2026-12-03T16:58:48Z the end, at last\n"), whole);
-        assert_ne!(
-            probe(b"2026-12-03T16:58:49Z the end\n"),
-            whole,
-            "a later line"
-        );
-        assert_eq!(probe(b""), None);
-        // Lines with no stamp pass whole.
-        let mut u = Unstamp::default();
-        let mut out = Vec::new();
-        let plain = format!("ab\n{}\n", "x".repeat(100));
-        u.feed(plain.as_bytes(), &mut |d| {
-            out.extend_from_slice(d);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(out, plain.as_bytes());
     }
 
     #[test]
