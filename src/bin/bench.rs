@@ -21,7 +21,11 @@
 //! team's time to its share, with and without preemption) and `visibility` (issue 33: the
 //! visibility API's latency for a namespace of 10,000 waiting jobs beside 1,000 alive, the
 //! dashboard's rendering in Chromium and admissions with and without API clients; its own
-//! module doc, `src/bin/bench/visibility.rs`, says how each is measured).
+//! module doc, `src/bin/bench/visibility.rs`, says how each is measured) and `versus` (issue 34:
+//! `--jobs` pod jobs of `--pod-seconds` as batch/v1 Jobs, as ManagedJobs no operator watches and
+//! as ManagedJobs with the operator at its defaults, each applied with `kubectl apply`: apply
+//! time, time to all done, CPU per job of every process, API requests per job;
+//! `src/bin/bench/versus.rs`).
 //!
 //! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
 //! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
@@ -40,6 +44,8 @@
 // The tests' Chromium driver (DevTools over a pipe), for the dashboard of `--scenario visibility`.
 #[path = "../../tests/support/browser.rs"]
 mod browser;
+#[path = "bench/versus.rs"]
+mod versus;
 #[path = "bench/visibility.rs"]
 mod visibility;
 
@@ -63,7 +69,7 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities, pipeline, density, schedpass, preemption or visibility.
+    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility or versus.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -558,6 +564,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "visibility" {
         return visibility::scenario(&args).await;
+    }
+    if args.scenario == "versus" {
+        return versus::scenario(&args).await;
     }
     if args.scenario == "load-client" {
         return visibility::load_client(&args).await;
