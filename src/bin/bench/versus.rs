@@ -282,9 +282,10 @@ fn create_namespace(cp: &DevControlPlane, ns: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes `ns` without waiting (its Pods go with it).
+/// Deletes `ns` and waits until it is gone (at most 10 minutes), so that the next run's
+/// figures do not carry its deletion (the namespace controller deleting its Pods and objects).
 fn delete_namespace(cp: &DevControlPlane, ns: &str) {
-    let _ = cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    let _ = cp.kubectl(&["delete", "namespace", ns, "--timeout=600s"]);
 }
 
 /// Removes the finalizer of every ManagedJob in `ns` (no operator will), 32 at a time.
