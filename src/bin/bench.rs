@@ -333,6 +333,23 @@ fn histogram_quantiles(port: u16, metric: &str) -> Option<(f64, f64)> {
 async fn apiserver_requests(
     client: &kube::Client,
 ) -> anyhow::Result<HashMap<(String, String), f64>> {
+    const OURS: [&str; 6] = [
+        "managedjobs",
+        "managedjobqueues",
+        "pods",
+        "events",
+        "podgroups",
+        "services",
+    ];
+    apiserver_requests_of(client, |resource| OURS.contains(&resource)).await
+}
+
+/// `apiserver_request_total` summed by (verb, resource[/subresource]) for every resource
+/// `keep` accepts (given the resource without its subresource).
+async fn apiserver_requests_of(
+    client: &kube::Client,
+    keep: impl Fn(&str) -> bool,
+) -> anyhow::Result<HashMap<(String, String), f64>> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
     let mut out = HashMap::new();
@@ -351,16 +368,7 @@ async fn apiserver_requests(
         };
         let resource = get("resource");
         let sub = get("subresource");
-        if ![
-            "managedjobs",
-            "managedjobqueues",
-            "pods",
-            "events",
-            "podgroups",
-            "services",
-        ]
-        .contains(&resource.as_str())
-        {
+        if resource.is_empty() || !keep(&resource) {
             continue;
         }
         let resource = if sub.is_empty() {

@@ -206,35 +206,11 @@ fn cpu_groups(own: Option<i32>) -> BTreeMap<&'static str, f64> {
 
 /// `apiserver_request_total` summed by "VERB resource[/subresource]", every resource.
 async fn all_requests(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut out = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let (labels, value) = line.rsplit_once(' ').unwrap_or((line, "0"));
-        let get = |k: &str| {
-            labels
-                .split(&format!(",{k}=\""))
-                .nth(1)
-                .or_else(|| labels.split(&format!("{{{k}=\"")).nth(1))
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-                .to_string()
-        };
-        let (resource, sub) = (get("resource"), get("subresource"));
-        if resource.is_empty() {
-            continue;
-        }
-        let key = if sub.is_empty() {
-            format!("{} {resource}", get("verb"))
-        } else {
-            format!("{} {resource}/{sub}", get("verb"))
-        };
-        *out.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-    }
-    Ok(out)
+    Ok(super::apiserver_requests_of(client, |_| true)
+        .await?
+        .into_iter()
+        .map(|((verb, resource), n)| (format!("{verb} {resource}"), n))
+        .collect())
 }
 
 /// The `i`-th batch/v1 Job: one Pod of `hold` seconds (kwok completes it, `hack/stages`), the

@@ -1017,36 +1017,14 @@ async fn measure(
         std::fs::write(&tail, &text[log_mark as usize..])?;
         server_phases(&tail, args.waiting as u64)
     };
-    api_figures.push(
-        latency(
-            &clients,
-            &format!("{PREFIX}/queue"),
-            false,
-            args.requests,
-            op_pid,
-        )
-        .await?,
-    );
-    api_figures.push(
-        latency(
-            &clients,
-            &format!("{PREFIX}/namespaces/{ns}/managedjobs/{middle}"),
-            false,
-            args.requests,
-            op_pid,
-        )
-        .await?,
-    );
-    api_figures.push(
-        latency(
-            &clients,
-            &format!("{ns_queue}?limit=100"),
-            false,
-            args.requests,
-            op_pid,
-        )
-        .await?,
-    );
+    // Every namespace's queue, a job's detail, the namespace's first 100.
+    for path in [
+        format!("{PREFIX}/queue"),
+        format!("{PREFIX}/namespaces/{ns}/managedjobs/{middle}"),
+        format!("{ns_queue}?limit=100"),
+    ] {
+        api_figures.push(latency(&clients, &path, false, args.requests, op_pid).await?);
+    }
 
     // 2. Admissions without and with API load.
     let mut rounds = Vec::new();
