@@ -93,6 +93,17 @@ struct Args {
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// `versus`: which rows to run, of `jobs`, `unwatched` and `managed` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "jobs,unwatched,managed")]
+    versus_systems: Vec<String>,
+    /// `versus`: one more ManagedJob row, `NAME=ARGS` (ARGS: operator flags separated by spaces,
+    /// added to `--operator-arg`), run after the `managed` row in the same run (repeatable): a
+    /// change measured before and after on one machine in one run.
+    #[arg(long)]
+    variant: Vec<String>,
+    /// `versus`: measure the ManagedJob rows over the apply only (not waiting for the jobs).
+    #[arg(long)]
+    apply_only: bool,
     /// ManagedJobQueues to spread the jobs over (0: none, one pool as before queues existed).
     #[arg(long, default_value_t = 0)]
     queues: usize,

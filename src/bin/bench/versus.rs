@@ -11,12 +11,15 @@
 //!    deleted (not measured).
 //! 3. **ManagedJob**: the release operator (`target/release/managed-jobs run`, its default API
 //!    budget and caps) on a fresh namespace, the ManagedJobs applied while it works on them,
-//!    watched until every one is terminal.
+//!    watched until every one is terminal; then one such row per `--variant NAME=ARGS` (the
+//!    operator with more flags), so that a change is measured before and after in one run.
+//!
+//! `--versus-systems` picks the rows (`jobs,unwatched,managed` by default).
 //!
 //! For each: the apply's wall time; all done at (from the apply's start to the last completion
 //! a watch saw); CPU milliseconds per job of every process involved, from `/proc` (`utime +
 //! stime`) before and after: kube-apiserver, etcd, kube-controller-manager + kube-scheduler +
-//! kwok, and our own (the operator with every job controller it reaped: `cutime + cstime`); and
+//! kwok, and our own: the operator, and every job controller it reaped (`cutime + cstime`); and
 //! API requests per job, from the API server's `apiserver_request_total` (every resource, the
 //! watch's and the bench's own requests included: a few per run).
 
@@ -41,7 +44,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(1800);
 /// What one system's run measured.
 #[derive(Debug, Default)]
 struct Run {
-    system: &'static str,
+    system: String,
     /// Wall time of `kubectl apply -f` of all the objects.
     applied_in: Duration,
     /// From the apply's start to the last completion seen (None: not waited for).
@@ -71,75 +74,103 @@ pub async fn scenario(args: &Args) -> anyhow::Result<()> {
     );
     let n = args.jobs;
     let hold = args.pod_seconds;
+    let apply_only = args.apply_only;
     let dir = tempfile::tempdir()?;
     let tag = std::process::id();
     let mut runs = Vec::new();
 
-    // 1. batch/v1 Jobs.
-    let ns = format!("versus-jobs-{tag}");
-    create_namespace(&cp, &ns)?;
-    let file = dir.path().join("jobs.yaml");
-    write_list(&file, (0..n).map(|i| batch_job(i, hold)))?;
-    let watch = tokio::spawn(wait_jobs_done(client.clone(), ns.clone(), n));
-    let run = measure(&client, "batch/v1 Job", None, async {
-        let start = Instant::now();
-        apply(&cp, &ns, &file)?;
-        let applied_in = start.elapsed();
-        let done = watch.await??;
-        Ok((applied_in, Some(done.duration_since(start))))
-    })
-    .await?;
-    runs.push(run);
-    delete_namespace(&cp, &ns);
-
-    // 2. ManagedJobs into a namespace no operator watches.
-    let ns = format!("versus-unwatched-{tag}");
-    create_namespace(&cp, &ns)?;
-    super::wait_for_finalizer_policy(&client, &ns).await?;
+    let wants = |row: &str| args.versus_systems.iter().any(|s| s == row);
     let file = dir.path().join("managedjobs.yaml");
     write_list(&file, (0..n).map(|i| managed_job(i, hold)))?;
-    let run = measure(&client, "ManagedJob, no operator", None, async {
-        let start = Instant::now();
-        apply(&cp, &ns, &file)?;
-        Ok((start.elapsed(), None))
-    })
-    .await?;
-    runs.push(run);
-    remove_finalizers(&client, &ns).await?;
-    delete_namespace(&cp, &ns);
 
-    // 3. ManagedJobs with the operator working on them as they arrive.
-    let ns = format!("versus-managed-{tag}");
-    create_namespace(&cp, &ns)?;
-    super::wait_for_finalizer_policy(&client, &ns).await?;
-    let state = tempfile::tempdir()?;
-    let mut operator = Command::new(&binary)
-        .arg("run")
-        .arg("--state-dir")
-        .arg(state.path())
-        .args(["--namespace", &ns, "--executors", "local,pod"])
-        .args(&args.operator_arg)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(state.path().join("operator.log"))?)
-        .spawn()
-        .context("starting the operator")?;
-    let op_pid = operator.id() as i32;
-    // Let it start and claim its namespace before the clock starts.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let watch = tokio::spawn(wait_managed_jobs_done(client.clone(), ns.clone(), n));
-    let run = measure(&client, "ManagedJob", Some(op_pid), async {
-        let start = Instant::now();
-        apply(&cp, &ns, &file)?;
-        let applied_in = start.elapsed();
-        let done = watch.await??;
-        Ok((applied_in, Some(done.duration_since(start))))
-    })
-    .await;
-    let _ = operator.kill();
-    let _ = operator.wait();
-    runs.push(run?);
-    delete_namespace(&cp, &ns);
+    // 1. batch/v1 Jobs.
+    if wants("jobs") {
+        let ns = format!("versus-jobs-{tag}");
+        create_namespace(&cp, &ns)?;
+        let file = dir.path().join("jobs.yaml");
+        write_list(&file, (0..n).map(|i| batch_job(i, hold)))?;
+        let watch = tokio::spawn(wait_jobs_done(client.clone(), ns.clone(), n));
+        let run = measure(&client, "batch/v1 Job".into(), None, async {
+            let start = Instant::now();
+            apply(&cp, &ns, &file)?;
+            let applied_in = start.elapsed();
+            let done = watch.await??;
+            Ok((applied_in, Some(done.duration_since(start))))
+        })
+        .await?;
+        runs.push(run);
+        delete_namespace(&cp, &ns);
+    }
+
+    // 2. ManagedJobs into a namespace no operator watches.
+    if wants("unwatched") {
+        let ns = format!("versus-unwatched-{tag}");
+        create_namespace(&cp, &ns)?;
+        super::wait_for_finalizer_policy(&client, &ns).await?;
+        let run = measure(&client, "ManagedJob, no operator".into(), None, async {
+            let start = Instant::now();
+            apply(&cp, &ns, &file)?;
+            Ok((start.elapsed(), None))
+        })
+        .await?;
+        runs.push(run);
+        remove_finalizers(&client, &ns).await?;
+        delete_namespace(&cp, &ns);
+    }
+
+    // 3. ManagedJobs with the operator working on them as they arrive; then each variant.
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    if wants("managed") {
+        rows.push(("ManagedJob".into(), args.operator_arg.clone()));
+    }
+    for v in &args.variant {
+        let (name, extra) = v
+            .split_once('=')
+            .with_context(|| format!("--variant {v:?}: expected NAME=ARGS"))?;
+        let mut op_args = args.operator_arg.clone();
+        op_args.extend(extra.split_whitespace().map(String::from));
+        rows.push((format!("ManagedJob, {name}"), op_args));
+    }
+    for (i, (system, op_args)) in rows.into_iter().enumerate() {
+        let ns = format!("versus-managed-{tag}-{i}");
+        create_namespace(&cp, &ns)?;
+        super::wait_for_finalizer_policy(&client, &ns).await?;
+        let state = tempfile::tempdir()?;
+        let mut operator = Command::new(&binary)
+            .arg("run")
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--namespace", &ns, "--executors", "local,pod"])
+            .args(&op_args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(state.path().join("operator.log"))?)
+            .spawn()
+            .context("starting the operator")?;
+        let op_pid = operator.id() as i32;
+        // Let it start and claim its namespace before the clock starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let watch = tokio::spawn(wait_managed_jobs_done(client.clone(), ns.clone(), n));
+        let label = system.clone();
+        let run = measure(&client, system, Some(op_pid), async {
+            let start = Instant::now();
+            apply(&cp, &ns, &file)?;
+            let applied_in = start.elapsed();
+            eprintln!("{label}: applied in {:.1} s", applied_in.as_secs_f64());
+            if apply_only {
+                watch.abort();
+                return Ok((applied_in, None));
+            }
+            let done = watch.await??;
+            Ok((applied_in, Some(done.duration_since(start))))
+        })
+        .await;
+        // Deleted while its operator runs: it removes the jobs' finalizers.
+        delete_namespace(&cp, &ns);
+        let _ = operator.kill();
+        let _ = operator.wait();
+        runs.push(run?);
+    }
 
     print_table(&runs, n);
     if let Some(path) = &args.json {
@@ -152,7 +183,7 @@ pub async fn scenario(args: &Args) -> anyhow::Result<()> {
 /// control plane's processes and of `own` (with its reaped children), and API requests.
 async fn measure(
     client: &kube::Client,
-    system: &'static str,
+    system: String,
     own: Option<i32>,
     body: impl Future<Output = anyhow::Result<(Duration, Option<Duration>)>>,
 ) -> anyhow::Result<Run> {
@@ -199,7 +230,8 @@ fn cpu_groups(own: Option<i32>) -> BTreeMap<&'static str, f64> {
     ]);
     if let Some(pid) = own {
         let (own, children) = cpu_seconds(pid);
-        out.insert("own controller", own + children);
+        out.insert("operator", own);
+        out.insert("job controllers", children);
     }
     out
 }
@@ -358,8 +390,8 @@ fn ms_per_job(seconds: f64, n: usize) -> f64 {
 fn print_table(runs: &[Run], n: usize) {
     println!(
         "\n{n} pod jobs side by side (CPU ms per job; requests per job)\n\n\
-         | | applied in | all done at | API server | etcd | kcm+scheduler+kwok | own controller | CPU total | API requests |\n\
-         |---|---|---|---|---|---|---|---|---|"
+         | | applied in | all done at | API server | etcd | kcm+scheduler+kwok | operator | job controllers | CPU total | API requests |\n\
+         |---|---|---|---|---|---|---|---|---|---|"
     );
     for r in runs {
         let cpu = |k: &str| ms_per_job(r.cpu.get(k).copied().unwrap_or(0.0), n);
@@ -369,10 +401,10 @@ fn print_table(runs: &[Run], n: usize) {
             .done_at
             .map(|d| format!("{:.0} s", d.as_secs_f64()))
             .unwrap_or_else(|| "-".into());
-        let own = if r.cpu.contains_key("own controller") {
-            format!("{:.1}", cpu("own controller"))
+        let own = if r.cpu.contains_key("operator") {
+            format!("{:.1} | {:.1}", cpu("operator"), cpu("job controllers"))
         } else {
-            "(in kcm)".into()
+            "(in kcm) | -".into()
         };
         println!(
             "| {} | {:.1} s | {done} | {:.1} | {:.1} | {:.1} | {own} | {total:.1} | {requests:.1} |",
