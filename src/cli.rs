@@ -124,6 +124,20 @@ pub struct RunArgs {
     /// Burst of Kubernetes API requests above the QPS.
     #[arg(long, env = "MJ_API_BURST", default_value_t = defaults::API_BURST)]
     pub api_burst: u32,
+    /// ManagedJobs created per second (averaged over 2 s) at which a burst is arriving: new
+    /// launches, status writes and Events are then paced (docs/design.md#pacing-under-a-burst);
+    /// 0 never paces.
+    #[arg(long, env = "MJ_BURST_THRESHOLD", default_value_t = defaults::BURST_THRESHOLD)]
+    pub burst_threshold: u32,
+    /// New jobs launched per second while a burst arrives (at least 1).
+    #[arg(long, env = "MJ_BURST_LAUNCH_RATE", default_value_t = defaults::BURST_LAUNCH_RATE)]
+    pub burst_launch_rate: u32,
+    /// Status writes and Events per second while a burst arrives (at least 1).
+    #[arg(long, env = "MJ_BURST_API_QPS", default_value_t = defaults::BURST_API_QPS)]
+    pub burst_api_qps: u32,
+    /// Longest one burst is paced, seconds (0 never paces).
+    #[arg(long, env = "MJ_BURST_HOLD_SECONDS", default_value_t = defaults::BURST_HOLD_SECONDS)]
+    pub burst_hold_seconds: u64,
     /// Seconds between SIGTERM and SIGKILL when stopping a workload.
     #[arg(long, env = "MJ_CANCEL_GRACE_SECONDS", default_value_t = defaults::CANCEL_GRACE_SECONDS)]
     pub cancel_grace_seconds: f64,

@@ -58,6 +58,23 @@ pub const API_QPS: u32 = 50;
 /// them).
 pub const API_BURST: u32 = 100;
 
+/// `--burst-threshold`: ManagedJobs created per second (over the last 2 s) at which the operator
+/// sees a burst arriving and paces itself ([`crate::pacing`]). A `kubectl apply` of many jobs
+/// sends 50-80 per second on the dev control plane; a script creating one job after another
+/// far fewer than 20.
+pub const BURST_THRESHOLD: u32 = 20;
+
+/// `--burst-launch-rate`: new jobs launched per second while a burst arrives.
+pub const BURST_LAUNCH_RATE: u32 = 2;
+
+/// `--burst-api-qps`: the operator's status writes and Events per second while a burst arrives
+/// (client-go's default QPS).
+pub const BURST_API_QPS: u32 = 5;
+
+/// `--burst-hold-seconds`: longest one burst is paced; a steady stream above the threshold is
+/// served at full speed after that.
+pub const BURST_HOLD_SECONDS: u64 = 30;
+
 /// `--metrics-addr`: where `/metrics`, `/healthz` and `/readyz` are served.
 pub const METRICS_ADDR: &str = "0.0.0.0:8080";
 

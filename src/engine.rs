@@ -80,6 +80,9 @@ pub struct Config {
     /// Bytes of the end of each container's log a pod job's controller keeps per attempt
     /// (`--kept-log-bytes`; 0: none).
     pub kept_log_bytes: u64,
+    /// How new launches, status writes and Events are paced while a burst of jobs arrives
+    /// ([`crate::pacing`]; `--burst-*`).
+    pub burst: crate::pacing::BurstPolicy,
 }
 
 /// Shared state of the engine's tasks.
@@ -110,6 +113,8 @@ pub struct Engine {
     queues: Mutex<Option<Arc<Queues>>>,
     /// What the scheduling passes remember between them.
     pass_memory: Mutex<scheduler::PassMemory>,
+    /// Pacing while a burst of jobs arrives.
+    pub pacer: Arc<crate::pacing::Pacer>,
     _lock: Flock<std::fs::File>,
 }
 
@@ -413,8 +418,10 @@ impl Engine {
         let socket = bind_socket(&dir)?;
         let caps_gauge = (caps.launch as i64, caps.run as i64);
         let metrics = Metrics::for_shard(cfg.shard.as_deref());
+        let pacer = Arc::new(crate::pacing::Pacer::new(cfg.burst));
         let engine = Arc::new(Engine {
             cfg,
+            pacer,
             dir,
             store: Mutex::new(store),
             schedule: Notify::new(),
@@ -1122,18 +1129,33 @@ async fn probe_loop(op: Arc<Engine>) {
 
 async fn scheduler_loop(op: Arc<Engine>) {
     loop {
+        // While a burst is paced: again when the next launch is allowed or the burst may be over.
+        let wait = op.pacer.next_look().unwrap_or(BACKSTOP).min(BACKSTOP);
         tokio::select! {
             _ = op.schedule.notified() => {}
-            _ = tokio::time::sleep(BACKSTOP) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         // Nothing is admitted before the queues are known.
         let Some(queues) = op.queues() else { continue };
         let started = std::time::Instant::now();
+        let max_new = op.pacer.launch_allowance();
+        op.metrics.burst_paced.set(i64::from(max_new != usize::MAX));
         let result = {
             let mut memory = op.pass_memory.lock().unwrap_or_else(|e| e.into_inner());
             let mut store = op.store();
-            scheduler::pass_queues(&mut store, op.cfg.capacity.caps, &queues, &mut memory)
+            scheduler::pass_queues_paced(
+                &mut store,
+                op.cfg.capacity.caps,
+                &queues,
+                &mut memory,
+                max_new,
+            )
         };
+        if let Ok(r) = &result
+            && max_new != usize::MAX
+        {
+            op.pacer.launched(r.started.len());
+        }
         op.metrics
             .scheduling_pass_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -18,6 +18,7 @@ pub mod job_controller;
 pub mod lifecycle;
 pub mod metrics;
 pub mod operator;
+pub mod pacing;
 pub mod preemption;
 pub mod process;
 pub mod queues;

@@ -59,6 +59,12 @@ fn main() -> anyhow::Result<()> {
                 queues_from_api: true,
                 claims: true,
                 kept_log_bytes: args.kept_log_bytes,
+                burst: managed_jobs::pacing::BurstPolicy {
+                    threshold_per_s: args.burst_threshold,
+                    launch_rate: args.burst_launch_rate.max(1),
+                    api_qps: args.burst_api_qps.max(1),
+                    hold: std::time::Duration::from_secs(args.burst_hold_seconds),
+                },
             };
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

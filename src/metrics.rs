@@ -86,6 +86,8 @@ pub struct Metrics {
     pub launch_cap: Gauge,
     /// The run cap in force.
     pub run_cap: Gauge,
+    /// 1 while a burst of arriving jobs is paced ([`crate::pacing`]), else 0.
+    pub burst_paced: Gauge,
     /// Duration of one scheduling pass, seconds.
     pub scheduling_pass_seconds: Histogram,
     /// From submission to the start of the job controller process, seconds.
@@ -158,6 +160,7 @@ impl Metrics {
             run_slots_in_use: Gauge::default(),
             launch_cap: Gauge::default(),
             run_cap: Gauge::default(),
+            burst_paced: Gauge::default(),
             scheduling_pass_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             submit_to_launch_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             reconcile_errors_total: Counter::default(),
@@ -198,6 +201,11 @@ impl Metrics {
         );
         registry.register("launch_cap", "Launch cap in force", m.launch_cap.clone());
         registry.register("run_cap", "Run cap in force", m.run_cap.clone());
+        registry.register(
+            "burst_paced",
+            "1 while a burst of arriving jobs is paced (new launches, status writes and Events held back)",
+            m.burst_paced.clone(),
+        );
         registry.register(
             "scheduling_pass_seconds",
             "Duration of one scheduling pass",

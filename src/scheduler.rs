@@ -302,6 +302,19 @@ pub fn pass_queues(
     queues: &Queues,
     memory: &mut PassMemory,
 ) -> Result<PassResult, StoreError> {
+    pass_queues_paced(store, caps, queues, memory, usize::MAX)
+}
+
+/// [`pass_queues`] admitting at most `max_new` new jobs ([`crate::pacing`]: while a burst of
+/// jobs arrives); relaunches are never held back. Jobs the limit holds keep waiting with the
+/// message a pass gives them (the pacing lasts seconds).
+pub fn pass_queues_paced(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    memory: &mut PassMemory,
+    max_new: usize,
+) -> Result<PassResult, StoreError> {
     let now = lifecycle::now_ms();
     if memory.queues.as_ref() != Some(queues) {
         *memory = PassMemory {
@@ -316,8 +329,21 @@ pub fn pass_queues(
     } else {
         Vec::new()
     };
-    let (mut result, touched) =
-        admit(store, caps, queues, usage, &mut loads, &waiting_queues, now)?;
+    // New jobs take a run slot each and relaunches none: a run cap of `max_new` more than the
+    // slots held admits at most `max_new` new jobs and every relaunch the launch cap allows.
+    let admit_caps = Caps {
+        run: caps.run.min(usage.alive.saturating_add(max_new)),
+        ..caps
+    };
+    let (mut result, touched) = admit(
+        store,
+        admit_caps,
+        queues,
+        usage,
+        &mut loads,
+        &waiting_queues,
+        now,
+    )?;
     if result.usage.waiting > 0 && result.usage.alive >= caps.run {
         result.preempted = preempt(store, caps, queues, &waiting_queues, now)?;
     }

@@ -30,6 +30,7 @@ fn config(dir: &Path, caps: Caps) -> Config {
         queues_from_api: false,
         claims: false,
         kept_log_bytes: managed_jobs::defaults::KEPT_LOG_BYTES,
+        burst: managed_jobs::pacing::BurstPolicy::OFF,
     }
 }
 
@@ -225,6 +226,63 @@ async fn caps_are_never_exceeded_and_every_job_succeeds() {
     for id in ids {
         assert_eq!(engine.store().get(id).unwrap().phase, JobPhase::Succeeded);
     }
+}
+
+/// While a burst of jobs arrives (issue 34: 250 arrivals a second, as the operator's watch
+/// reports them), new jobs launch at the burst launch rate, not as fast as the caps allow; once
+/// the arrivals stop, the rest launch at full speed and every job runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_paces_new_launches_then_every_job_runs_once() {
+    use managed_jobs::pacing::{BurstPolicy, Pace};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), Caps { launch: 8, run: 64 });
+    cfg.burst = BurstPolicy {
+        threshold_per_s: 20,
+        launch_rate: 2,
+        api_qps: 5,
+        hold: Duration::from_secs(30),
+    };
+    let engine = Engine::start(cfg).expect("engine starts");
+    let arrive = |n: usize| {
+        for _ in 0..n {
+            engine.pacer.arrive(managed_jobs::lifecycle::now_ms());
+        }
+    };
+    arrive(50);
+    assert_eq!(engine.pacer.pace(), Pace::Paced);
+    let ids: Vec<i64> = (0..30)
+        .map(|i| submit(&engine, &format!("burst-{i}"), &spec("true")))
+        .collect();
+    let burst = Instant::now();
+    let mut free_at = Vec::new();
+    while burst.elapsed() < Duration::from_secs(3) {
+        arrive(5);
+        if engine.pacer.pace() == Pace::Free {
+            free_at.push(burst.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = burst.elapsed().as_secs_f64();
+    assert!(
+        free_at.is_empty(),
+        "the pacing ended during the burst at {free_at:?}"
+    );
+    let launched = ids
+        .iter()
+        .filter(|id| engine.store().get(**id).unwrap().schedule_state != ScheduleState::Waiting)
+        .count();
+    // One at once, then one every 500 ms.
+    let most = 1 + (seconds * 2.0).ceil() as usize;
+    assert!(
+        (1..=most).contains(&launched),
+        "{launched} of 30 jobs launched during a {seconds:.1} s burst paced at 2/s (at most {most})"
+    );
+    for id in ids {
+        let row = wait_done(&engine, id).await;
+        assert_eq!(row.phase, JobPhase::Succeeded, "{}", row.message);
+        assert_eq!((row.attempt, row.controller_starts), (1, 1));
+    }
+    assert_eq!(engine.pacer.pace(), Pace::Free);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,15 @@
 //! The operator's API budget (`--api-qps`, `--api-burst`): one token bucket shared by status
-//! writes and Events, in which a status write always goes first.
+//! writes and Events, in which a status write always goes first; while a burst of jobs arrives,
+//! both are paced further ([`crate::pacing`]).
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+use crate::pacing::{BurstPolicy, Pacer};
 
 /// How often an Event waiting behind status writes looks again for a spare token.
 pub const EVENT_RETRY: Duration = Duration::from_millis(50);
@@ -20,16 +24,24 @@ pub const EVENT_RETRY: Duration = Duration::from_millis(50);
 pub struct RequestBudget {
     limiter: DefaultDirectRateLimiter,
     status_waiting: AtomicUsize,
+    pacer: Arc<Pacer>,
 }
 
 impl RequestBudget {
-    /// A budget of `qps` requests per second, bursts of `burst` (each at least 1).
+    /// A budget of `qps` requests per second, bursts of `burst` (each at least 1), never paced.
     pub fn new(qps: u32, burst: u32) -> RequestBudget {
+        RequestBudget::paced(qps, burst, Arc::new(Pacer::new(BurstPolicy::OFF)))
+    }
+
+    /// A budget of `qps` requests per second, bursts of `burst` (each at least 1), paced
+    /// further by `pacer` while it paces.
+    pub fn paced(qps: u32, burst: u32, pacer: Arc<Pacer>) -> RequestBudget {
         let quota = Quota::per_second(NonZeroU32::new(qps.max(1)).expect("max(1) > 0"))
             .allow_burst(NonZeroU32::new(burst.max(1)).expect("max(1) > 0"));
         RequestBudget {
             limiter: RateLimiter::direct(quota),
             status_waiting: AtomicUsize::new(0),
+            pacer,
         }
     }
 
@@ -44,13 +56,17 @@ impl RequestBudget {
             }
         }
         let _waiting = Waiting(&self.status_waiting);
+        self.pacer.for_request().await;
         self.limiter.until_ready().await;
     }
 
     /// Waits for a token for an Event: one no status write is waiting for.
     pub async fn for_event(&self) {
         loop {
-            if self.status_waiting.load(Ordering::SeqCst) == 0 && self.limiter.check().is_ok() {
+            if self.status_waiting.load(Ordering::SeqCst) == 0
+                && self.pacer.try_request()
+                && self.limiter.check().is_ok()
+            {
                 return;
             }
             tokio::time::sleep(EVENT_RETRY).await;

@@ -211,10 +211,11 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let (events_tx, events_rx): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
         .map(|_| tokio::sync::mpsc::channel::<EventWork>(EVENT_QUEUE))
         .unzip();
+    let pacer = engine.pacer.clone();
     let op = Arc::new(Operator {
         client: client.clone(),
         engine,
-        budget: RequestBudget::new(budget.qps, budget.burst),
+        budget: RequestBudget::paced(budget.qps, budget.burst, pacer),
         events,
         events_tx,
         failures: Default::default(),
@@ -554,6 +555,7 @@ impl Operator {
         let up = self.engine.store().submit(&object, mj.status.as_ref())?;
         let mut row = up.row;
         if up.inserted {
+            self.engine.pacer.arrive(created_at_ms);
             tracing::info!(job_id = row.id, job = %row.key(), executor = %row.executor, phase = %row.phase, "job submitted");
         }
         if mj.spec.cancel && (up.inserted || !row.cancel_requested) {

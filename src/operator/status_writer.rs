@@ -28,6 +28,10 @@ pub const TRIMMED_BYTES: &str = "managedjobs.dev/trimmed-bytes";
 /// still bounds the rate).
 pub const STATUS_WRITERS: usize = 64;
 
+/// Status writes in flight while a burst is paced ([`crate::pacing`]): enough to keep the paced
+/// budget (a few writes a second) busy.
+pub const PACED_STATUS_WRITERS: usize = 4;
+
 /// How long a new job waits for its first status write (Pending, with its queue position): one
 /// that is admitted and finishes sooner gets a single write, its final status.
 pub const FIRST_STATUS_DELAY: Duration = Duration::from_millis(500);
@@ -132,11 +136,17 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
         let now = Instant::now();
         if refill_at.is_some_and(|t| t <= now) && paused_until <= now {
             refill_at = None;
-            if flying.len() < STATUS_WRITERS {
-                match op.engine.store().unsynced(STATUS_WRITERS + flying.len()) {
+            // While a burst is paced, writes go a few a second: more in flight would only be
+            // read again and again from the store (a burst's every arrival wakes this loop).
+            let writers = match op.engine.pacer.pace() {
+                crate::pacing::Pace::Paced => PACED_STATUS_WRITERS,
+                crate::pacing::Pace::Free => STATUS_WRITERS,
+            };
+            if flying.len() < writers {
+                match op.engine.store().unsynced(writers + flying.len()) {
                     Ok(rows) => {
                         let now_ms = now_ms();
-                        let room = STATUS_WRITERS - flying.len();
+                        let room = writers - flying.len();
                         // A job whose write keeps failing waits out its own back-off, and does
                         // not hold back anyone else's status meanwhile (its stale one may then
                         // show it holding a slot it gave back: the Warning Event says why).
