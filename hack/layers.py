@@ -37,8 +37,9 @@ LAYERS = [
     # Pure rules (the job record and every decision over it; the caps' formula) and the state
     # dir's paths.
     ["lifecycle", "capacity", "queues", "state_dir"],
-    # Who a scheduling pass preempts, over the queues' policies (pure).
-    ["preemption"],
+    # Who a scheduling pass preempts, over the queues' policies, and how a burst of arriving
+    # jobs is paced (pure decisions; the pacer's lock and token bucket beside them).
+    ["preemption", "pacing"],
     # Persistence only (SQL); wake-ups between processes.
     ["store", "wake"],
     # What runs workloads; what is derived from the store for the outside world.
