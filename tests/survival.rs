@@ -346,6 +346,22 @@ fn chart_command(values: &[&str]) -> Option<Command> {
     None
 }
 
+/// Prints the operator's log when the test fails (a wait that gives up says what the API
+/// showed, not why the operator did not act).
+struct DumpOnPanic(std::path::PathBuf);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- the operator's log ({}):\n{}",
+                self.0.display(),
+                std::fs::read_to_string(&self.0).unwrap_or_default()
+            );
+        }
+    }
+}
+
 /// The chart as a user installs it with `persistence.enabled=false` (an emptyDir: each restart
 /// of the operator's pod starts on an empty state dir), run as the container would run it: the
 /// binary with exactly the rendered flags and environment, the pod's downward-API values, and a
@@ -400,20 +416,38 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
     };
     let root = tempfile::tempdir().unwrap();
     let log = root.path().join("operator.log");
+    let _dump = DumpOnPanic(log.clone());
     let state = root.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let mut op = start(&state, &log);
+    // The kubelet restarts a container whose process exits (restartPolicy Always; the emptyDir
+    // stays): so does this test, or an operator that exits at start on an API error the loaded
+    // machine caused would leave the job unseen.
+    let wait = async |op: &mut std::process::Child,
+                      what: &str,
+                      done: &dyn Fn(&ManagedJobStatus) -> bool| {
+        let api = Api::<ManagedJob>::namespaced(client.clone(), &ns.name);
+        let begun = std::time::Instant::now();
+        loop {
+            if let Ok(mj) = api.get("sturdy").await
+                && mj.status.as_ref().is_some_and(done)
+            {
+                return mj;
+            }
+            if let Ok(Some(exit)) = op.try_wait() {
+                eprintln!("the operator exited ({exit}); restarted as the kubelet would");
+                *op = start(&state, &log);
+            }
+            assert!(
+                begun.elapsed() < T,
+                "sturdy never reached {what} within {T:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
     support::create_yaml(&client, &ns.name, &pod_job("sturdy", "30s")).await;
-    let running = support::wait_status(
-        &client,
-        &ns.name,
-        "sturdy",
-        T,
-        "Running",
-        support::phase_is(JobPhase::Running),
-    )
-    .await;
+    let running = wait(&mut op, "Running", &support::phase_is(JobPhase::Running)).await;
     let id = running.status.unwrap().job_id.unwrap();
     let kill_all = |op: &mut std::process::Child| {
         let _ = op.kill();
@@ -434,7 +468,7 @@ async fn a_chart_installed_operator_on_an_empty_dir_survives_three_pod_deletions
         op = start(&state, &log);
         tokio::time::sleep(Duration::from_secs(4)).await;
     }
-    let done = support::wait_status(&client, &ns.name, "sturdy", T, "Succeeded", |s| {
+    let done = wait(&mut op, "a terminal phase", &|s: &ManagedJobStatus| {
         s.phase.is_some_and(|p| p.is_terminal())
     })
     .await;
