@@ -183,11 +183,6 @@ impl Pacer {
         }
     }
 
-    /// Its policy.
-    pub fn policy(&self) -> &BurstPolicy {
-        &self.policy
-    }
-
     /// The state, brought up to now: says when a burst begins or ends, and lets the requests
     /// held back go when it ends.
     fn state(&self, now_ms: i64) -> std::sync::MutexGuard<'_, (BurstState, Pace)> {
