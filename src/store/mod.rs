@@ -33,7 +33,7 @@ pub mod settings;
 pub mod visibility;
 
 pub use claims::ClaimRow;
-pub use jobs::{Cas, Upserted};
+pub use jobs::{Cas, UnsyncedBrief, Upserted};
 pub use queues::{QueueCounts, Queued};
 pub use settings::Settings;
 
