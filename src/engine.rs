@@ -7,7 +7,6 @@
 //! the Kubernetes side (watch, finalizer, status writes); tests drive the engine directly.
 
 use std::fs::OpenOptions;
-use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -138,9 +137,6 @@ pub enum SpawnError {
     /// It started, but could not be recorded (it was killed: unrecorded, it must not run).
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The spawned process reported no pid.
-    #[error("the job controller process has no pid")]
-    NoPid,
 }
 
 impl SpawnError {
@@ -164,7 +160,6 @@ impl SpawnError {
                 )
             ),
             SpawnError::Store(e) => e.is_storage_failure(),
-            SpawnError::NoPid => false,
         };
         if not_the_jobs {
             SpawnFailure::NotTheJobs
@@ -627,8 +622,7 @@ impl Engine {
                 let op = self.clone();
                 let id = row.id;
                 tokio::spawn(async move {
-                    let mut child = child;
-                    let _ = child.wait().await;
+                    child.wait().await;
                     op.on_controller_exit(id, pid, start, ExitSeen::WhileOperatorRan);
                 });
             }
@@ -689,38 +683,31 @@ impl Engine {
         }
     }
 
-    fn try_spawn(&self, row: &JobRow) -> Result<(i32, u64, tokio::process::Child), SpawnError> {
+    fn try_spawn(&self, row: &JobRow) -> Result<(i32, u64, process::Spawned), SpawnError> {
         let log_path = self.dir.controller_log(row.id);
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)?;
-        let mut cmd = std::process::Command::new(&self.cfg.self_exe);
         // `ps` shows the binary's path rather than /proc/self/exe.
+        let mut shown: std::ffi::OsString = self.cfg.self_exe.clone().into();
         if self.cfg.self_exe == std::path::Path::new(OWN_EXECUTABLE)
             && let Ok(path) = std::fs::read_link(OWN_EXECUTABLE)
         {
-            let shown = path.to_string_lossy();
-            cmd.arg0(shown.strip_suffix(" (deleted)").unwrap_or(&shown));
+            let path = path.to_string_lossy();
+            shown = path.strip_suffix(" (deleted)").unwrap_or(&path).into();
         }
-        cmd.arg("job-controller")
-            .arg("--state-dir")
-            .arg(&self.cfg.state_dir)
-            .arg("--job-id")
-            .arg(row.id.to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // SAFETY: setsid and sigprocmask are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                process::set_sigusr1_blocked(true);
-                Ok(())
-            });
-        }
-        let child = tokio::process::Command::from(cmd).spawn()?;
-        let pid = child.id().ok_or(SpawnError::NoPid)? as i32;
+        let argv: Vec<std::ffi::OsString> = vec![
+            shown,
+            "job-controller".into(),
+            "--state-dir".into(),
+            self.cfg.state_dir.clone().into(),
+            "--job-id".into(),
+            row.id.to_string().into(),
+        ];
+        // In a session of its own, SIGUSR1 blocked until it sets its handler.
+        let child = process::spawn_in_session(&self.cfg.self_exe, &argv, &log)?;
+        let pid = child.pid;
         let start = process::start_time(pid).unwrap_or(0);
         // The new process may already have moved the job on (Starting, Running): decided on
         // the row as it is when written, in one transaction.
@@ -729,8 +716,8 @@ impl Engine {
         });
         if let Err(e) = recorded {
             // Unrecorded, it must not run (it would drive the job beside the next one).
-            let mut child = child;
-            let _ = child.start_kill();
+            child.kill();
+            tokio::spawn(child.wait());
             return Err(SpawnError::Store(e));
         }
         tracing::info!(job_id = row.id, pid, "job controller process started");
