@@ -737,9 +737,12 @@ impl Model {
 
     /// `status_loop`'s refill: the writes [`operator::writable`] allows start.
     fn status_write(&mut self, room: usize) -> TestResult {
-        let rows = self.store.unsynced(64).expect("unsynced");
+        let rows = self.store.unsynced_brief(64).expect("unsynced");
         let (rows, _) = operator::writable(rows, &self.flying, room, i64::MAX);
         prop_assert!(rows.len() <= room);
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let rows = self.store.find_many(&ids).expect("find_many");
+        prop_assert_eq!(rows.len(), ids.len());
         for row in rows {
             prop_assert!(!self.flying.contains_key(&row.id), "two writes of one job");
             self.flying
@@ -2174,13 +2177,13 @@ fn a_new_jobs_first_status_waits_for_the_first_status_delay() {
     let flying = HashMap::new();
 
     let soon = queued.submitted_at_ms + delay / 5;
-    let (rows, later) = operator::writable(store.unsynced(64).unwrap(), &flying, 64, soon);
+    let (rows, later) = operator::writable(store.unsynced_brief(64).unwrap(), &flying, 64, soon);
     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
     assert_eq!(ids, [admitted.id], "only the admitted job goes now");
     assert_eq!(later, Some(queued.submitted_at_ms + delay));
 
     let after = queued.submitted_at_ms + delay;
-    let (rows, later) = operator::writable(store.unsynced(64).unwrap(), &flying, 64, after);
+    let (rows, later) = operator::writable(store.unsynced_brief(64).unwrap(), &flying, 64, after);
     assert_eq!(rows.len(), 2);
     assert_eq!(later, None);
 }

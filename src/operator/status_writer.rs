@@ -115,52 +115,8 @@ fn state_rank(state: ScheduleState) -> usize {
     }
 }
 
-/// What [`writable`] orders an unwritten status by: a whole row ([`JobRow`]) or the few columns
-/// the status writer reads of the backlog ([`UnsyncedBrief`]).
-pub trait Unwritten {
-    /// The job's id.
-    fn id(&self) -> i64;
-    /// Its schedule state now.
-    fn schedule_state(&self) -> ScheduleState;
-    /// The status version the API has seen (0: none yet).
-    fn synced_version(&self) -> i64;
-    /// The change sequence number of its oldest unwritten change.
-    fn unsynced_since_seq(&self) -> i64;
-    /// The change sequence number of its latest change.
-    fn changed_seq(&self) -> i64;
-    /// When it was submitted, ms since the epoch.
-    fn submitted_at_ms(&self) -> i64;
-}
-
-macro_rules! unwritten {
-    ($t:ty) => {
-        impl Unwritten for $t {
-            fn id(&self) -> i64 {
-                self.id
-            }
-            fn schedule_state(&self) -> ScheduleState {
-                self.schedule_state
-            }
-            fn synced_version(&self) -> i64 {
-                self.synced_version
-            }
-            fn unsynced_since_seq(&self) -> i64 {
-                self.unsynced_since_seq
-            }
-            fn changed_seq(&self) -> i64 {
-                self.changed_seq
-            }
-            fn submitted_at_ms(&self) -> i64 {
-                self.submitted_at_ms
-            }
-        }
-    };
-}
-unwritten!(JobRow);
-unwritten!(UnsyncedBrief);
-
 /// Writes changed statuses to the API, continuously, with up to [`STATUS_WRITERS`] writes in
-/// flight and never two for one job at once, finished jobs first ([`Store::unsynced`]'s
+/// flight and never two for one job at once, finished jobs first ([`Store::unsynced_brief`]'s
 /// order).
 ///
 /// A reader of the API must never see more jobs holding slots than the caps allow, so a status
@@ -175,7 +131,6 @@ unwritten!(UnsyncedBrief);
 /// starts many writes (a refill after every completion, each reading up to 128 whole rows of
 /// a burst's backlog, was a seventh of the operator's CPU).
 ///
-/// [`Store::unsynced`]: crate::store::Store::unsynced
 /// [`Store::unsynced_brief`]: crate::store::Store::unsynced_brief
 pub(super) async fn status_loop(op: Arc<Operator>) {
     use futures::stream::FuturesUnordered;
@@ -315,7 +270,7 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
     }
 }
 
-/// Of `rows` (unsynced, in [`crate::store::Store::unsynced`]'s order), at most `room` that
+/// Of `rows` (unsynced, in [`crate::store::Store::unsynced_brief`]'s order), at most `room` that
 /// may be written now (`now_ms`), given the writes in `flying` (job id -> [`slot_rank`] and
 /// `unsynced_since_seq` of the row being written), and the time (ms since the epoch) to look
 /// again for those held back by time:
@@ -325,12 +280,12 @@ pub(super) async fn status_loop(op: Arc<Operator>) {
 ///   for it);
 /// - a new job's first status (Pending, its queue position) only after [`FIRST_STATUS_DELAY`]:
 ///   a job admitted and finished by then gets one write, not two.
-pub fn writable<R: Unwritten>(
-    rows: Vec<R>,
+pub fn writable(
+    rows: Vec<UnsyncedBrief>,
     flying: &std::collections::HashMap<i64, (usize, i64)>,
     room: usize,
     now_ms: i64,
-) -> (Vec<R>, Option<i64>) {
+) -> (Vec<UnsyncedBrief>, Option<i64>) {
     // The oldest unwritten change per rank, in flight or pending (a job in flight that changed
     // again counts under both ranks: the API has seen neither yet). A job never written, and
     // with no write in flight, shows no slot in the API, so writing it releases none.
@@ -340,27 +295,27 @@ pub fn writable<R: Unwritten>(
     }
     for row in rows
         .iter()
-        .filter(|r| r.synced_version() > 0 || flying.contains_key(&r.id()))
+        .filter(|r| r.synced_version > 0 || flying.contains_key(&r.id))
     {
-        let rank = state_rank(row.schedule_state());
-        oldest[rank] = oldest[rank].min(row.unsynced_since_seq());
+        let rank = state_rank(row.schedule_state);
+        oldest[rank] = oldest[rank].min(row.unsynced_since_seq);
     }
     let first_delay = FIRST_STATUS_DELAY.as_millis() as i64;
     let mut later: Option<i64> = None;
     let rows = rows
         .into_iter()
         .filter(|row| {
-            if row.synced_version() == 0 && row.schedule_state() == ScheduleState::Waiting {
-                let at = row.submitted_at_ms() + first_delay;
+            if row.synced_version == 0 && row.schedule_state == ScheduleState::Waiting {
+                let at = row.submitted_at_ms + first_delay;
                 if at > now_ms {
                     later = Some(later.map_or(at, |l| l.min(at)));
                     return false;
                 }
             }
-            !flying.contains_key(&row.id())
-                && !oldest[..state_rank(row.schedule_state())]
+            !flying.contains_key(&row.id)
+                && !oldest[..state_rank(row.schedule_state)]
                     .iter()
-                    .any(|&o| o < row.changed_seq())
+                    .any(|&o| o < row.changed_seq)
         })
         .take(room)
         .collect();

@@ -253,7 +253,8 @@ const STEPS: &[M<'static>] = &[
         CREATE INDEX jobs_inactive ON jobs (id) WHERE schedule_state = 'Inactive';
         "#,
     ),
-    // Step 13: the status writer's order over the unwritten statuses only (`Store::unsynced`),
+    // Step 13: the status writer's order over the unwritten statuses only
+    // (`Store::unsynced_brief`),
     // so its next writes cost O(writes) however large the backlog a burst leaves.
     M::up(
         r#"
