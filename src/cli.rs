@@ -285,6 +285,10 @@ pub struct JobControllerArgs {
     /// State dir of the operator.
     #[arg(long)]
     pub state_dir: PathBuf,
+    /// A file descriptor to read until end of file before acting on the job: the operator
+    /// opens this start gate once it has recorded the process's start (or it died).
+    #[arg(long)]
+    pub start_gate_fd: Option<i32>,
     /// The job to drive.
     #[arg(long)]
     pub job_id: i64,

@@ -33,6 +33,11 @@ use crate::store::{Cas, Settings, Store, StoreError};
 /// they run its very build even after the binary's file was replaced (`docs/upgrades.md`).
 pub const OWN_EXECUTABLE: &str = "/proc/self/exe";
 
+/// The file descriptor at which a job controller finds its start gate
+/// ([`process::spawn_in_session`]): it acts on its job only after the operator recorded its
+/// start (or died), so every start is counted and `Submitted` always comes first.
+pub const START_GATE_FD: std::os::fd::RawFd = 3;
+
 /// Period of the backstop scheduling pass and status sweep.
 pub const BACKSTOP: Duration = Duration::from_secs(5);
 /// SQLite page cache of the engine's connection, KiB.
@@ -702,15 +707,20 @@ impl Engine {
             "job-controller".into(),
             "--state-dir".into(),
             self.cfg.state_dir.clone().into(),
+            "--start-gate-fd".into(),
+            START_GATE_FD.to_string().into(),
             "--job-id".into(),
             row.id.to_string().into(),
         ];
-        // In a session of its own, SIGUSR1 blocked until it sets its handler.
-        let child = process::spawn_in_session(&self.cfg.self_exe, &argv, &log)?;
+        // In a session of its own, SIGUSR1 blocked until it sets its handler, and acting on
+        // the job only once its start is recorded (the gate opens below, or when this process
+        // dies): one that ended the job first would leave its start uncounted.
+        let mut child =
+            process::spawn_in_session(&self.cfg.self_exe, &argv, &log, Some(START_GATE_FD))?;
         let pid = child.pid;
         let start = process::start_time(pid).unwrap_or(0);
-        // The new process may already have moved the job on (Starting, Running): decided on
-        // the row as it is when written, in one transaction.
+        // Decided on the row as it is when written, in one transaction (a controller whose
+        // start an operator that died before recording it never opened may be driving it).
         let recorded = self.store().apply(row.id, |now| {
             Some(lifecycle::controller_started(now, pid, start))
         });
@@ -720,6 +730,7 @@ impl Engine {
             tokio::spawn(child.wait());
             return Err(SpawnError::Store(e));
         }
+        child.open_gate();
         tracing::info!(job_id = row.id, pid, "job controller process started");
         if row.phase == JobPhase::Pending {
             let waited = (crate::lifecycle::now_ms() - row.submitted_at_ms).max(0) as f64 / 1000.0;

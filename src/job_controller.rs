@@ -92,8 +92,14 @@ struct JobController {
     kept: Option<lifecycle::KeepLogs>,
 }
 
-/// Entry point of `managed-jobs job-controller`. Returns when the job is Done.
-pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
+/// Entry point of `managed-jobs job-controller`. Returns when the job is Done. With
+/// `start_gate_fd`, it acts on the job only once that start gate opens
+/// ([`crate::process::wait_for_gate`]): the operator has recorded its start.
+pub async fn run(
+    state_dir: PathBuf,
+    job_id: i64,
+    start_gate_fd: Option<i32>,
+) -> anyhow::Result<()> {
     let dir = StateDir::new(state_dir);
     // One driver per job: a process started while an older one still runs (e.g. after an
     // operator crash between start and record) waits here and takes over when that one ends.
@@ -132,6 +138,12 @@ pub async fn run(state_dir: PathBuf, job_id: i64) -> anyhow::Result<()> {
     let kind = store.get(job_id)?.executor;
     let mut executor = crate::executor::for_job(kind, &dir, &settings);
     executor.prepare();
+    if let Some(fd) = start_gate_fd
+        && let Err(e) = crate::process::wait_for_gate(fd)
+    {
+        // Started by hand, or by a parent that passed no gate: nothing to wait for.
+        tracing::warn!(job_id, fd, error = %e, "no start gate to wait for");
+    }
     tracing::info!(job_id, pid = std::process::id(), executor = %kind, "job controller started");
     let waker = OperatorWaker::new(&dir);
     JobController {

@@ -27,7 +27,11 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
-                .block_on(job_controller::run(args.state_dir, args.job_id))
+                .block_on(job_controller::run(
+                    args.state_dir,
+                    args.job_id,
+                    args.start_gate_fd,
+                ))
         }
         Command::Run(args) => {
             telemetry::init(cli.log_format);

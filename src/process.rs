@@ -162,9 +162,17 @@ pub async fn wait_gone(pid: i32, started: u64) {
 pub struct Spawned {
     /// Its pid.
     pub pid: i32,
+    /// The write end of its start gate, while the gate is shut.
+    gate: Option<OwnedFd>,
 }
 
 impl Spawned {
+    /// Opens the child's start gate (closes the write end of the pipe it waits on, see
+    /// [`spawn_in_session`]); dropping the `Spawned`, or the end of this process, opens it too.
+    pub fn open_gate(&mut self) {
+        self.gate = None;
+    }
+
     /// Waits until the child exits (its pidfd; a blocking `waitpid` on a thread where pidfds
     /// are unavailable), then reaps it. Returns its wait status, if it could be read.
     pub async fn wait(self) -> Option<nix::sys::wait::WaitStatus> {
@@ -189,7 +197,10 @@ impl Spawned {
 /// Starts `program` with `argv` (its first element is the name `ps` shows) and this process's
 /// environment, in a session of its own, with SIGUSR1 blocked (its wake-up signal, whose
 /// default action would end it before it sets its handler), SIGPIPE at its default, stdin
-/// from /dev/null and stdout and stderr to `log`.
+/// from /dev/null and stdout and stderr to `log`. With `gate_fd` (say 3), the child's file
+/// descriptor `gate_fd` is the read end of a pipe whose write end only the returned [`Spawned`]
+/// holds: the child can wait for its end of file ([`wait_for_gate`]) until the parent has done
+/// what must come first ([`Spawned::open_gate`]), or has died.
 ///
 /// Uses `posix_spawn`, which glibc carries out with `clone(CLONE_VM | CLONE_VFORK)`: the
 /// parent's page tables are not copied. A fork (what `std::process::Command` does as soon as it
@@ -199,6 +210,7 @@ pub fn spawn_in_session(
     program: &std::path::Path,
     argv: &[std::ffi::OsString],
     log: &std::fs::File,
+    gate_fd: Option<RawFd>,
 ) -> io::Result<Spawned> {
     use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
     use std::ffi::CString;
@@ -220,6 +232,17 @@ pub fn spawn_in_session(
     actions.add_dup2(null.as_raw_fd(), 0)?;
     actions.add_dup2(log.as_raw_fd(), 1)?;
     actions.add_dup2(log.as_raw_fd(), 2)?;
+    // Both ends close on exec (no other child started meanwhile inherits them); the dup2 gives
+    // the child a copy of the read end without that flag (glibc clears it when the fds are
+    // equal, as POSIX 2017 asks).
+    let gate = match gate_fd {
+        Some(fd) => {
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+            actions.add_dup2(read.as_raw_fd(), fd)?;
+            Some((read, write))
+        }
+        None => None,
+    };
     let mut attr = PosixSpawnAttr::init()?;
     let mut mask = nix::sys::signal::SigSet::empty();
     mask.add(Signal::SIGUSR1);
@@ -233,7 +256,35 @@ pub fn spawn_in_session(
             | PosixSpawnFlags::from_bits_retain(libc::c_int::from(libc::POSIX_SPAWN_SETSID)),
     )?;
     let pid = nix::spawn::posix_spawn(program, &actions, &attr, &args, &env)?;
-    Ok(Spawned { pid: pid.as_raw() })
+    Ok(Spawned {
+        pid: pid.as_raw(),
+        gate: gate.map(|(_read, write)| write),
+    })
+}
+
+/// Waits until the start gate at file descriptor `fd` (see [`spawn_in_session`]) opens: end of
+/// file on it, once the parent opened the gate or died. Blocks the calling thread; closes `fd`.
+///
+/// Errors: `fd` is not open (`EBADF`) or cannot be read.
+pub fn wait_for_gate(fd: RawFd) -> io::Result<()> {
+    use std::io::Read as _;
+    // Refuse an fd that is not open before taking ownership of it.
+    nix::fcntl::fcntl(
+        // SAFETY: only used for this one F_GETFD call, while `fd` is not closed by anyone.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )?;
+    // SAFETY: `fd` is open and this process owns it from here (nothing else uses it).
+    let mut gate = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut buf = [0u8; 64];
+    loop {
+        match gate.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Blocks or unblocks SIGUSR1 for the calling thread (inherited by children across exec).
@@ -266,7 +317,7 @@ mod tests {
             "-".into(),
             "/nonexistent".into(),
         ];
-        let child = spawn_in_session(std::path::Path::new("/bin/cat"), &argv, &log).unwrap();
+        let child = spawn_in_session(std::path::Path::new("/bin/cat"), &argv, &log, None).unwrap();
         let pid = Pid::from_raw(child.pid);
         assert_eq!(nix::unistd::getsid(Some(pid)).unwrap(), pid);
         assert_eq!(
@@ -283,6 +334,45 @@ mod tests {
         assert!(out.contains("shown-name: /nonexistent"), "{out:?}");
         // Reaped: no zombie left.
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    /// A child waits at its start gate until the parent opens it; a second child started
+    /// meanwhile holds no copy of the first one's write end (the first still sees end of file).
+    #[tokio::test]
+    async fn a_child_waits_at_its_gate_until_the_parent_opens_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |name: &str| {
+            let log_path = dir.path().join(name);
+            let log = std::fs::File::create(&log_path).unwrap();
+            let argv: Vec<std::ffi::OsString> = vec![
+                "sh".into(),
+                "-c".into(),
+                "echo waiting; cat <&3; echo opened".into(),
+            ];
+            let child =
+                spawn_in_session(std::path::Path::new("/bin/sh"), &argv, &log, Some(3)).unwrap();
+            (child, log_path)
+        };
+        let (mut first, first_log) = start("first");
+        let (mut second, second_log) = start("second");
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while read(&first_log) != "waiting\n" || read(&second_log) != "waiting\n" {
+            assert!(std::time::Instant::now() < deadline, "never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(read(&first_log), "waiting\n", "went past a shut gate");
+        first.open_gate();
+        assert!(matches!(
+            first.wait().await,
+            Some(nix::sys::wait::WaitStatus::Exited(_, 0))
+        ));
+        assert_eq!(read(&first_log), "waiting\nopened\n");
+        assert_eq!(read(&second_log), "waiting\n", "the second gate is its own");
+        second.open_gate();
+        second.wait().await;
+        assert_eq!(read(&second_log), "waiting\nopened\n");
     }
 
     #[test]
