@@ -1,5 +1,6 @@
 //! The job controller process: one per admitted job (`managed-jobs job-controller --state-dir DIR
-//! --job-id N`), started by the operator in a session of its own. It drives its job through
+//! --start-gate-fd 3 --job-id N`), started by the operator in a session of its own. Once its
+//! start is recorded (its start gate opens) it drives its job through
 //! Submitted -> Starting -> Running -> a terminal phase, restarts it after errors (with a stored
 //! back-off), relaunches it after the workload was lost, and cancels it on request.
 //!

@@ -163,7 +163,7 @@ pub struct ProcessSeen {
 }
 
 /// A job controller process of this state dir (`managed-jobs job-controller --state-dir DIR
-/// --job-id N`).
+/// [--start-gate-fd 3] --job-id N`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ControllerSeen {
     /// Pid.
