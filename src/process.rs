@@ -267,7 +267,6 @@ pub fn spawn_in_session(
 ///
 /// Errors: `fd` is not open (`EBADF`) or cannot be read.
 pub fn wait_for_gate(fd: RawFd) -> io::Result<()> {
-    use std::io::Read as _;
     // Refuse an fd that is not open before taking ownership of it.
     nix::fcntl::fcntl(
         // SAFETY: only used for this one F_GETFD call, while `fd` is not closed by anyone.
@@ -276,15 +275,8 @@ pub fn wait_for_gate(fd: RawFd) -> io::Result<()> {
     )?;
     // SAFETY: `fd` is open and this process owns it from here (nothing else uses it).
     let mut gate = unsafe { std::fs::File::from_raw_fd(fd) };
-    let mut buf = [0u8; 64];
-    loop {
-        match gate.read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    // Reads to end of file, retrying an interrupted read.
+    io::copy(&mut gate, &mut io::sink()).map(drop)
 }
 
 /// Blocks or unblocks SIGUSR1 for the calling thread (inherited by children across exec).
