@@ -52,6 +52,11 @@ pub struct JobEvent {
     pub note: String,
     /// When the transition happened (ms since the epoch): the Event's `eventTime`.
     pub at_ms: i64,
+    /// The history entry this Event tells of (its id in the store), or None for an Event about
+    /// the present (e.g. `StatusWriteFailed`). An Event of a transition has a name derived from
+    /// it ([`transition_event_name`]), so publishing it again (after a restart between the
+    /// create and its record) is refused as `AlreadyExists` instead of shown twice.
+    pub transition: Option<i64>,
 }
 
 /// The Events for the transitions of `history` (one job's, ordered by id) whose id is above
@@ -85,6 +90,7 @@ pub fn events_for(history: &[HistoryEntry], after: i64) -> Vec<JobEvent> {
             reason,
             note: truncate(&note, MAX_NOTE_BYTES),
             at_ms: t.at_ms,
+            transition: Some(t.id),
         };
         match (t.reason, phase) {
             (Reason::Restarting, _) => events.push(event(
@@ -198,6 +204,35 @@ pub fn event_name(name: &str, nanos: i128) -> String {
     format!("{base}{suffix}")
 }
 
+/// The name of the Event that tells object `name` of one transition: [`event_name`] with a
+/// time made of the transition's time `at_ms` (ms since the epoch) in the upper digits and, in
+/// the last six decimal digits (the nanoseconds within that millisecond), a 64-bit FNV-1a hash
+/// of the job's uid `job_uid`, the history entry's id `transition` and the Event's `reason`, so
+/// that the same Event always gets the same name (an Event about another object, such as a
+/// Kustomization, differs from the job's own by its `name` and `reason`), and two transitions
+/// within one millisecond, or two jobs' failures told to one Kustomization, differ.
+pub fn transition_event_name(
+    name: &str,
+    at_ms: i64,
+    job_uid: &str,
+    transition: i64,
+    reason: &str,
+) -> String {
+    // FNV-1a, 64 bits (offset basis and prime from the FNV specification, draft-eastlake-fnv).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = job_uid
+        .bytes()
+        .chain([0])
+        .chain(transition.to_le_bytes())
+        .chain(reason.bytes());
+    for b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let nanos = i128::from(at_ms.max(0)) * 1_000_000 + i128::from(hash % 1_000_000);
+    event_name(name, nanos)
+}
+
 /// At most `max` bytes of `s`, cut at a character boundary.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -208,6 +243,19 @@ pub fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_string()
+}
+
+/// A reference to the ManagedJob of store row `row` (kind, API version, namespace, name, uid):
+/// what an Event about the job is `regarding`.
+pub fn job_reference(row: &crate::lifecycle::JobRow) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("managedjobs.dev/v1alpha1".into()),
+        kind: Some("ManagedJob".into()),
+        name: Some(row.name.clone()),
+        namespace: Some(row.namespace.clone()),
+        uid: Some(row.uid.clone()),
+        ..Default::default()
+    }
 }
 
 /// Label kustomize-controller puts on every object it applies: its Kustomization's name.
@@ -243,6 +291,7 @@ pub fn for_kustomization(namespace: &str, name: &str, event: &JobEvent) -> Optio
             MAX_NOTE_BYTES,
         ),
         at_ms: event.at_ms,
+        transition: event.transition,
     })
 }
 
@@ -277,8 +326,10 @@ impl EventPublisher {
     }
 
     /// Creates one Event regarding `regarding`, in its namespace, named
-    /// `<name>.<nanoseconds since the epoch, hex>` as client-go's recorder names them, with the
-    /// transition's time as `eventTime`.
+    /// `<name>.<nanoseconds since the epoch, hex>` as client-go's recorder names them (for an
+    /// Event of a transition, the name [`transition_event_name`] gives), with the transition's
+    /// time as `eventTime`. An Event of a transition that exists already (published before a
+    /// restart) is not created again: `Ok(Published::Existed)`.
     ///
     /// # Errors
     /// The API server's refusal (e.g. 403 without `create` on `events.k8s.io` events).
@@ -286,7 +337,7 @@ impl EventPublisher {
         &self,
         regarding: &ObjectReference,
         event: &JobEvent,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Published, kube::Error> {
         self.publish_related(regarding, None, event).await
     }
 
@@ -301,13 +352,22 @@ impl EventPublisher {
         regarding: &ObjectReference,
         related: Option<&ObjectReference>,
         event: &JobEvent,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Published, kube::Error> {
         let now = jiff::Timestamp::now();
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let name = regarding.name.as_deref().unwrap_or(&self.controller);
+        // The job is the related object of an Event about its Kustomization.
+        let job_uid = related
+            .and_then(|r| r.uid.as_deref())
+            .or(regarding.uid.as_deref())
+            .unwrap_or_default();
+        let event_name = match event.transition {
+            Some(id) => transition_event_name(name, event.at_ms, job_uid, id, event.reason),
+            None => event_name(name, now.as_nanosecond()),
+        };
         let k8s_event = Event {
             metadata: ObjectMeta {
-                name: Some(event_name(name, now.as_nanosecond())),
+                name: Some(event_name),
                 namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
@@ -324,11 +384,26 @@ impl EventPublisher {
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
-        Api::<Event>::namespaced(self.client.clone(), namespace)
+        match Api::<Event>::namespaced(self.client.clone(), namespace)
             .create(&PostParams::default(), &k8s_event)
             .await
-            .map(|_| ())
+        {
+            Ok(_) => Ok(Published::Created),
+            Err(kube::Error::Api(e)) if e.code == 409 && event.transition.is_some() => {
+                Ok(Published::Existed)
+            }
+            Err(e) => Err(e),
+        }
     }
+}
+
+/// What [`EventPublisher::publish`] did with an Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// Created now.
+    Created,
+    /// An Event of the same transition existed already (published before a restart).
+    Existed,
 }
 
 #[cfg(test)]
@@ -355,6 +430,7 @@ mod tests {
             reason: "Failed",
             note: "attempt 1 run exited with code 3 (ExitCode)".into(),
             at_ms: 7,
+            transition: Some(12),
         };
         let told = for_kustomization("ml", "train", &failed).unwrap();
         assert_eq!(
@@ -377,6 +453,32 @@ mod tests {
                 ..failed.clone()
             };
             assert_eq!(for_kustomization("ml", "train", &other), None, "{reason}");
+        }
+    }
+
+    #[test]
+    fn an_event_of_a_transition_is_named_by_it_alone() {
+        let at = 1_764_000_000_123;
+        let name = |obj, at, uid, id, reason| transition_event_name(obj, at, uid, id, reason);
+        let launched = name("train", at, "uid-1", 41, "Launched");
+        assert_eq!(
+            launched,
+            name("train", at, "uid-1", 41, "Launched"),
+            "again"
+        );
+        assert!(launched.starts_with("train."), "{launched}");
+        // Within the millisecond of the transition, as client-go's names are of their time.
+        let nanos = i128::from_str_radix(launched.rsplit('.').next().unwrap(), 16).unwrap();
+        assert_eq!(nanos / 1_000_000, i128::from(at));
+        let others = [
+            name("train", at, "uid-1", 42, "Launched"),
+            name("train", at, "uid-2", 41, "Launched"),
+            name("train", at + 1, "uid-1", 41, "Launched"),
+            name("other", at, "uid-1", 41, "Launched"),
+            name("train", at, "uid-1", 41, "Succeeded"),
+        ];
+        for other in others {
+            assert_ne!(launched, other);
         }
     }
 

@@ -232,6 +232,15 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         });
     }
     tokio::spawn(status_writer::status_loop(op.clone()));
+    // Once the cache holds every object (a failure's Event to its Flux Kustomization reads the
+    // job's labels there), the Events a stopped operator left unpublished.
+    let pending = op.clone();
+    let listed = reader.clone();
+    tokio::spawn(async move {
+        if listed.wait_until_ready().await.is_ok() {
+            pending.publish_pending_events().await;
+        }
+    });
     // The queues in force: the engine admits nothing until they were listed.
     let queue_watch = queues::start(op.clone(), namespace.clone());
     tokio::spawn(queues::status_loop(op.clone(), queue_watch));

@@ -349,6 +349,7 @@ impl Operator {
                 crate::events::MAX_NOTE_BYTES,
             ),
             at_ms: crate::lifecycle::now_ms(),
+            transition: None,
         };
         self.budget.for_event().await;
         self.engine.metrics.api_request("create_event");

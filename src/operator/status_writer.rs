@@ -324,7 +324,10 @@ pub fn writable(
 
 impl Operator {
     /// Publishes the Events (see [`crate::events`]) for the job's transitions since the last
-    /// publish; `done` forgets the job afterwards.
+    /// publish, then records them published. A restart between the two publishes them again
+    /// under the same names: the API refuses each as existing, so none is shown twice and none
+    /// is lost ([`Operator::publish_pending_events`] finds them after a restart). `done` is
+    /// unused (kept for the callers' shape).
     pub(super) async fn publish_events(
         &self,
         job_id: i64,
@@ -343,23 +346,27 @@ impl Operator {
         let Some(last) = history.last().map(|t| t.id) else {
             return;
         };
-        // Recorded before publishing (one worker per job, so never twice at once), in the store,
-        // so an operator restart never publishes an Event twice.
-        let after = {
-            let mut store = self.engine.store();
-            let after = store.events_published(job_id).unwrap_or(0);
-            if let Err(e) = store.set_events_published(job_id, last) {
-                tracing::warn!(job_id, error = %e, "recording published Events failed");
-            }
-            after
-        };
+        let after = self.engine.store().events_published(job_id).unwrap_or(0);
+        if after >= last {
+            return;
+        }
         let _ = done;
         for event in crate::events::events_for(&history, after) {
             self.budget.for_event().await;
             self.engine.metrics.api_request("create_event");
-            if let Err(e) = publisher.publish(reference, &event).await {
-                self.engine.metrics.events_refused_total.inc();
-                tracing::warn!(job_id, reason = event.reason, error = %e, "the API refused an Event");
+            match publisher.publish(reference, &event).await {
+                Ok(crate::events::Published::Created) => {}
+                Ok(crate::events::Published::Existed) => {
+                    tracing::debug!(
+                        job_id,
+                        reason = event.reason,
+                        "the Event was published before a restart"
+                    );
+                }
+                Err(e) => {
+                    self.engine.metrics.events_refused_total.inc();
+                    tracing::warn!(job_id, reason = event.reason, error = %e, "the API refused an Event");
+                }
             }
             // A failure is told to the Flux Kustomization that applied the job too: Flux's
             // health check names the job but never its message.
@@ -387,6 +394,46 @@ impl Operator {
                 tracing::warn!(job_id, reason = told.reason, error = %e, "the API refused an Event about the job's Kustomization");
             }
         }
+        // A refused Event is not tried again (the refusal says why in the log and metrics).
+        if let Err(e) = self.engine.store().set_events_published(job_id, last) {
+            tracing::warn!(job_id, error = %e, "recording published Events failed");
+        }
+    }
+
+    /// Publishes the Events an operator stopped before publishing (between a job's status write
+    /// and its Events: a rollout, a crash), for every job whose status is written but whose
+    /// history has unpublished entries; run once at start, on the Event workers' queues.
+    pub(super) async fn publish_pending_events(&self) {
+        if self.events.is_none() {
+            return;
+        }
+        let pending = {
+            let store = self.engine.store();
+            store
+                .jobs_with_unpublished_events()
+                .and_then(|ids| store.find_many(&ids))
+        };
+        let rows = match pending {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the jobs with unpublished Events failed");
+                return;
+            }
+        };
+        if !rows.is_empty() {
+            tracing::info!(
+                jobs = rows.len(),
+                "publishing the Events a stopped operator left"
+            );
+        }
+        for row in rows {
+            let worker = row.id.rem_euclid(EVENT_WORKERS as i64) as usize;
+            let done = row.schedule_state == ScheduleState::Done;
+            let work = (row.id, done, crate::events::job_reference(&row));
+            if self.events_tx[worker].send(work).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Publishes a Warning Event `StatusWriteFailed` on job `job_id`'s object: its status cannot
@@ -398,14 +445,7 @@ impl Operator {
         let Ok(Some(row)) = self.engine.store().find(job_id) else {
             return;
         };
-        let reference = ObjectReference {
-            api_version: Some("managedjobs.dev/v1alpha1".into()),
-            kind: Some("ManagedJob".into()),
-            name: Some(row.name.clone()),
-            namespace: Some(row.namespace.clone()),
-            uid: Some(row.uid.clone()),
-            ..Default::default()
-        };
+        let reference = crate::events::job_reference(&row);
         let event = crate::events::JobEvent {
             type_: crate::events::EventType::Warning,
             reason: "StatusWriteFailed",
@@ -419,6 +459,7 @@ impl Operator {
                 crate::events::MAX_NOTE_BYTES,
             ),
             at_ms: now_ms(),
+            transition: None,
         };
         self.budget.for_event().await;
         self.engine.metrics.api_request("create_event");
@@ -438,14 +479,7 @@ impl Operator {
         };
         let live = self.engine.store().live_jobs().unwrap_or_default();
         for row in live {
-            let reference = ObjectReference {
-                api_version: Some("managedjobs.dev/v1alpha1".into()),
-                kind: Some("ManagedJob".into()),
-                name: Some(row.name.clone()),
-                namespace: Some(row.namespace.clone()),
-                uid: Some(row.uid.clone()),
-                ..Default::default()
-            };
+            let reference = crate::events::job_reference(&row);
             let event = crate::events::JobEvent {
                 type_: crate::events::EventType::Warning,
                 reason: "StateDirFailing",
@@ -456,6 +490,7 @@ impl Operator {
                     crate::events::MAX_NOTE_BYTES,
                 ),
                 at_ms: now_ms(),
+                transition: None,
             };
             self.budget.for_event().await;
             self.engine.metrics.api_request("create_event");
@@ -560,14 +595,7 @@ impl Operator {
         let Some(publisher) = &self.events else {
             return;
         };
-        let reference = ObjectReference {
-            api_version: Some("managedjobs.dev/v1alpha1".into()),
-            kind: Some("ManagedJob".into()),
-            name: Some(row.name.clone()),
-            namespace: Some(row.namespace.clone()),
-            uid: Some(row.uid.clone()),
-            ..Default::default()
-        };
+        let reference = crate::events::job_reference(row);
         let event = crate::events::JobEvent {
             type_: crate::events::EventType::Warning,
             reason: "StatusTooLarge",
@@ -578,6 +606,7 @@ impl Operator {
                 crate::events::MAX_NOTE_BYTES,
             ),
             at_ms: now_ms(),
+            transition: None,
         };
         self.budget.for_event().await;
         self.engine.metrics.api_request("create_event");

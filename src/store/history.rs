@@ -72,6 +72,20 @@ impl Store {
         Ok(())
     }
 
+    /// The jobs whose status is written but whose history has entries after the last one whose
+    /// Events were recorded published (an operator stopped between the two), by id.
+    pub fn jobs_with_unpublished_events(&self) -> Result<Vec<i64>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT j.id FROM jobs j
+             WHERE j.synced_version >= j.status_version
+               AND (SELECT max(t.id) FROM transitions t WHERE t.job_id = j.id)
+                   > coalesce((SELECT e.seq FROM events_published e WHERE e.job_id = j.id), 0)
+             ORDER BY j.id",
+        )?;
+        let ids = stmt.query_map([], |r| r.get(0))?;
+        Ok(ids.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// A job's history, oldest first.
     pub fn history(&self, id: i64) -> Result<Vec<HistoryEntry>> {
         self.history_after(id, 0)

@@ -99,7 +99,8 @@ const STEPS: &[M<'static>] = &[
         "#,
     ),
     // The last history entry whose Events were published, per job: kept across operator
-    // restarts, so a restart never publishes an Event twice.
+    // restarts, so a restart publishes only what is left (events::transition_event_name makes
+    // a second create of one Event fail).
     M::up(
         r#"
         CREATE TABLE events_published (

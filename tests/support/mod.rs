@@ -624,6 +624,12 @@ impl OperatorProcess {
         self.spawn();
     }
 
+    /// Starts it again (it must be stopped) with `extra` flags instead of those it had.
+    pub fn start_again_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.spawn();
+    }
+
     /// Starts it again on the same state dir.
     pub fn restart(&mut self) {
         self.kill();
