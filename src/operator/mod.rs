@@ -232,15 +232,6 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         });
     }
     tokio::spawn(status_writer::status_loop(op.clone()));
-    // Once the cache holds every object (a failure's Event to its Flux Kustomization reads the
-    // job's labels there), the Events a stopped operator left unpublished.
-    let pending = op.clone();
-    let listed = reader.clone();
-    tokio::spawn(async move {
-        if listed.wait_until_ready().await.is_ok() {
-            pending.publish_pending_events().await;
-        }
-    });
     // The queues in force: the engine admits nothing until they were listed.
     let queue_watch = queues::start(op.clone(), namespace.clone());
     tokio::spawn(queues::status_loop(op.clone(), queue_watch));
@@ -279,6 +270,18 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     let objects_deleted = Arc::new(tokio::sync::Notify::new());
     // Set once the watch listed every object (the reader holds them all from then on).
     let objects_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Once the cache holds every object (a failure's Event to its Flux Kustomization reads the
+    // job's labels there), the Events a stopped operator left unpublished. Told by the watch
+    // itself, not `Store::wait_until_ready`: kube's ready signal is a oneshot that wakes only
+    // the last of concurrent waiters, and the controller waits on it too (this sweep was seen
+    // never to run).
+    let first_listed = Arc::new(tokio::sync::Notify::new());
+    let pending = op.clone();
+    let listed = first_listed.clone();
+    tokio::spawn(async move {
+        listed.notified().await;
+        pending.publish_pending_events().await;
+    });
     tokio::spawn(world::world_loop(
         op.clone(),
         reader.clone(),
@@ -330,6 +333,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             Ok(watcher::Event::Delete(_)) => objects_deleted.notify_one(),
             Ok(watcher::Event::InitDone) => {
                 objects_listed.store(true, std::sync::atomic::Ordering::SeqCst);
+                first_listed.notify_one();
                 // Back after a failure (an API outage): objects deleted meanwhile are found
                 // by the world check at once.
                 if health.listed(Some(&watched.engine.metrics)).is_some() {
