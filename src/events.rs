@@ -197,20 +197,26 @@ pub const MAX_NAME: usize = 253;
 /// in [`MAX_NAME`] (a ManagedJob's name can itself have 253 characters). The time suffix keeps
 /// names unique; a cut name stays a valid subdomain (no trailing `.` or `-`).
 pub fn event_name(name: &str, nanos: i128) -> String {
-    let suffix = format!(".{nanos:x}");
+    with_suffix(name, &format!(".{nanos:x}"))
+}
+
+/// `name` cut so that `name` + `suffix` fits in [`MAX_NAME`], a valid subdomain.
+fn with_suffix(name: &str, suffix: &str) -> String {
     let keep = MAX_NAME - suffix.len();
     let base = truncate(name, keep);
     let base = base.trim_end_matches(['.', '-']);
     format!("{base}{suffix}")
 }
 
-/// The name of the Event that tells object `name` of one transition: [`event_name`] with a
-/// time made of the transition's time `at_ms` (ms since the epoch) in the upper digits and, in
-/// the last six decimal digits (the nanoseconds within that millisecond), a 64-bit FNV-1a hash
-/// of the job's uid `job_uid`, the history entry's id `transition` and the Event's `reason`, so
-/// that the same Event always gets the same name (an Event about another object, such as a
-/// Kustomization, differs from the job's own by its `name` and `reason`), and two transitions
-/// within one millisecond, or two jobs' failures told to one Kustomization, differ.
+/// The name of the Event that tells object `name` of one transition:
+/// `<name>.<ns, hex>.<hash, 16 hex>`, where `ns` is the transition's time `at_ms` (ms since the
+/// epoch) in nanoseconds, as client-go's recorder names Events by their time, and `hash` the
+/// 64-bit FNV-1a hash of the job's uid `job_uid`, the history entry's id `transition` and the
+/// Event's `reason`. The same Event always gets the same name; an Event about another object
+/// (a Kustomization told of the job's failure) differs by `name` and `reason`; two transitions
+/// within one millisecond, or many jobs' failures told to one Kustomization in one millisecond,
+/// differ by the hash (a collision needs two equal 64-bit hashes). `name` is cut as in
+/// [`event_name`].
 pub fn transition_event_name(
     name: &str,
     at_ms: i64,
@@ -229,8 +235,8 @@ pub fn transition_event_name(
         hash ^= u64::from(b);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
-    let nanos = i128::from(at_ms.max(0)) * 1_000_000 + i128::from(hash % 1_000_000);
-    event_name(name, nanos)
+    let nanos = i128::from(at_ms.max(0)) * 1_000_000;
+    with_suffix(name, &format!(".{nanos:x}.{hash:016x}"))
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -389,7 +395,9 @@ impl EventPublisher {
             .await
         {
             Ok(_) => Ok(Published::Created),
-            Err(kube::Error::Api(e)) if e.code == 409 && event.transition.is_some() => {
+            Err(kube::Error::Api(e))
+                if e.code == 409 && e.reason == "AlreadyExists" && event.transition.is_some() =>
+            {
                 Ok(Published::Existed)
             }
             Err(e) => Err(e),
@@ -467,9 +475,14 @@ mod tests {
             "again"
         );
         assert!(launched.starts_with("train."), "{launched}");
-        // Within the millisecond of the transition, as client-go's names are of their time.
-        let nanos = i128::from_str_radix(launched.rsplit('.').next().unwrap(), 16).unwrap();
-        assert_eq!(nanos / 1_000_000, i128::from(at));
+        // Named by the transition's time, as client-go's names are by theirs.
+        let mut parts = launched.rsplit('.');
+        let hash = parts.next().unwrap();
+        let nanos = i128::from_str_radix(parts.next().unwrap(), 16).unwrap();
+        assert_eq!((nanos, hash.len()), (i128::from(at) * 1_000_000, 16));
+        let long = "x".repeat(MAX_NAME);
+        let cut = name(&long, at, "uid-1", 41, "Launched");
+        assert!(cut.len() <= MAX_NAME && cut.ends_with(hash), "{cut}");
         let others = [
             name("train", at, "uid-1", 42, "Launched"),
             name("train", at, "uid-2", 41, "Launched"),

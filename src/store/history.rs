@@ -61,11 +61,13 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// Records that the job's Events up to history entry `seq` were published.
+    /// Records that the job's Events up to history entry `seq` were published (nothing for a job
+    /// already forgotten).
     pub fn set_events_published(&mut self, job_id: i64, seq: i64) -> Result<()> {
         self.conn
             .prepare_cached(
-                "INSERT INTO events_published (job_id, seq) VALUES (?1, ?2)
+                "INSERT INTO events_published (job_id, seq)
+             SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)
              ON CONFLICT (job_id) DO UPDATE SET seq = max(seq, excluded.seq)",
             )?
             .execute(params![job_id, seq])?;

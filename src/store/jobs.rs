@@ -818,6 +818,50 @@ mod tests {
         }
     }
 
+    /// The start-up sweep finds exactly the jobs whose status is written and whose history has
+    /// entries after the last one recorded published; a forgotten job gets no record.
+    #[test]
+    fn unpublished_events_are_those_after_the_record_of_written_statuses() {
+        let mut store = Store::in_memory().unwrap();
+        let mut rows = Vec::new();
+        for i in 0..4 {
+            let row = store
+                .upsert(&format!("u{i}"), "ns", &format!("j{i}"), 1, &spec())
+                .unwrap()
+                .row;
+            rows.push(row);
+        }
+        // j0: never written; j1: written, nothing recorded; j2: written and recorded; j3:
+        // written, recorded, then changed again and written.
+        for row in &rows[1..] {
+            store.mark_synced(row.id, row.status_version).unwrap();
+        }
+        let last = |store: &Store, id| store.history(id).unwrap().last().unwrap().id;
+        for row in &rows[2..] {
+            store
+                .set_events_published(row.id, last(&store, row.id))
+                .unwrap();
+        }
+        store.transition(rows[3].id, &lc::admit(&rows[3])).unwrap();
+        let j3 = store.get(rows[3].id).unwrap();
+        store.mark_synced(j3.id, j3.status_version).unwrap();
+        assert_eq!(
+            store.jobs_with_unpublished_events().unwrap(),
+            [rows[1].id, rows[3].id]
+        );
+        // Recorded, it is no longer found; a record never goes backwards.
+        store
+            .set_events_published(j3.id, last(&store, j3.id))
+            .unwrap();
+        store.set_events_published(j3.id, 1).unwrap();
+        assert_eq!(store.events_published(j3.id).unwrap(), last(&store, j3.id));
+        assert_eq!(store.jobs_with_unpublished_events().unwrap(), [rows[1].id]);
+        // A job forgotten meanwhile (its deletion raced its Events) leaves no record behind.
+        store.delete(rows[1].id).unwrap();
+        store.set_events_published(rows[1].id, 99).unwrap();
+        assert_eq!(store.events_published(rows[1].id).unwrap(), 0);
+    }
+
     #[test]
     fn upsert_assigns_ids_and_queues() {
         let mut store = Store::in_memory().unwrap();
