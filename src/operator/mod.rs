@@ -226,8 +226,8 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
     for mut rx in events_rx {
         let op = op.clone();
         tokio::spawn(async move {
-            while let Some((job_id, done, reference)) = rx.recv().await {
-                op.publish_events(job_id, done, &reference).await;
+            while let Some((job_id, reference)) = rx.recv().await {
+                op.publish_events(job_id, &reference).await;
             }
         });
     }
@@ -640,7 +640,7 @@ impl Operator {
                 return Err(Error::CleanupPending(row.id));
             }
             if self.events.is_some() {
-                self.publish_events(row.id, true, &mj.object_ref(&())).await;
+                self.publish_events(row.id, &mj.object_ref(&())).await;
             }
             tracing::info!(job_id = row.id, job = %row.key(), "deleted; forgetting the job");
             self.engine.store().delete(row.id)?;

@@ -20,9 +20,8 @@ pub const EVENT_WORKERS: usize = 8;
 /// best effort; the status and the store's history keep every transition.
 pub const EVENT_QUEUE: usize = 1024;
 
-/// One job whose new history may need Events: its id, whether it is Done (its bookkeeping can
-/// go), and a reference to the object.
-pub(super) type EventWork = (i64, bool, ObjectReference);
+/// One job whose new history may need Events: its id and a reference to the object.
+pub(super) type EventWork = (i64, ObjectReference);
 
 /// Shared state of the reconcile loop, the status writer, the Event workers and the world check.
 pub struct Operator {
@@ -46,4 +45,12 @@ pub struct Operator {
     /// Jobs whose object has no room for their full status, already told
     /// (`StatusTooLarge`).
     pub(super) too_large: Mutex<std::collections::HashSet<i64>>,
+}
+
+impl Operator {
+    /// The queue of the Event worker that publishes job `job_id`'s Events (always the same one,
+    /// so one job's Events stay in order).
+    pub(super) fn event_queue(&self, job_id: i64) -> &tokio::sync::mpsc::Sender<EventWork> {
+        &self.events_tx[job_id.rem_euclid(EVENT_WORKERS as i64) as usize]
+    }
 }

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
-use super::shared::{EVENT_WORKERS, Operator};
+use super::shared::Operator;
 use crate::api::{ManagedJob, ScheduleState};
 use crate::engine::BACKSTOP;
 use crate::lifecycle::JobRow;
@@ -326,14 +326,8 @@ impl Operator {
     /// Publishes the Events (see [`crate::events`]) for the job's transitions since the last
     /// publish, then records them published. A restart between the two publishes them again
     /// under the same names: the API refuses each as existing, so none is shown twice and none
-    /// is lost ([`Operator::publish_pending_events`] finds them after a restart). `done` is
-    /// unused (kept for the callers' shape).
-    pub(super) async fn publish_events(
-        &self,
-        job_id: i64,
-        done: bool,
-        reference: &ObjectReference,
-    ) {
+    /// is lost ([`Operator::publish_pending_events`] finds them after a restart).
+    pub(super) async fn publish_events(&self, job_id: i64, reference: &ObjectReference) {
         let Some(publisher) = &self.events else {
             return;
         };
@@ -350,7 +344,6 @@ impl Operator {
         if after >= last {
             return;
         }
-        let _ = done;
         for event in crate::events::events_for(&history, after) {
             self.budget.for_event().await;
             self.engine.metrics.api_request("create_event");
@@ -427,10 +420,8 @@ impl Operator {
             );
         }
         for row in rows {
-            let worker = row.id.rem_euclid(EVENT_WORKERS as i64) as usize;
-            let done = row.schedule_state == ScheduleState::Done;
-            let work = (row.id, done, crate::events::job_reference(&row));
-            if self.events_tx[worker].send(work).await.is_err() {
+            let work = (row.id, crate::events::job_reference(&row));
+            if self.event_queue(row.id).send(work).await.is_err() {
                 return;
             }
         }
@@ -633,11 +624,11 @@ impl Operator {
                     self.engine.metrics.terminal_status_lag_seconds.observe(lag);
                 }
                 if self.events.is_some() {
-                    let worker = row.id.rem_euclid(EVENT_WORKERS as i64) as usize;
-                    let work = (row.id, done, mj.object_ref(&()));
+                    let work = (row.id, mj.object_ref(&()));
                     // A full queue defers a live job's Events to its next status write (they
-                    // come from the history); only a finished job's are lost.
-                    if self.events_tx[worker].try_send(work).is_err() && done {
+                    // come from the history); a finished job's wait for its deletion or the
+                    // next start (publish_pending_events).
+                    if self.event_queue(row.id).try_send(work).is_err() && done {
                         self.engine.metrics.events_dropped_total.inc();
                     }
                 }
