@@ -396,6 +396,57 @@ async fn killed_job_controller_is_resumed_and_the_job_runs_once() {
     assert_eq!(runs, "started\n");
 }
 
+/// A job controller that recorded an attempt's launch and stopped before it started the process
+/// (a kill between the two) leaves an attempt that never ran: the next controller starts that
+/// same attempt, it does not count it as lost and run a second one. The window is made by
+/// stopping the controller (SIGSTOP), killing its attempt's processes and removing the exit file
+/// the wrapper writes first: the state dir then holds what such a kill leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same_attempt() {
+    use nix::sys::signal::{Signal, kill, killpg};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start(dir.path(), CAPS);
+    let id = submit(
+        &engine,
+        "never-started",
+        &spec("sleep 1 && echo \"run $MANAGEDJOB_ATTEMPT\" >> runs.txt"),
+    );
+    let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
+        r.phase == JobPhase::Running
+    })
+    .await;
+    let exit_file = managed_jobs::state_dir::StateDir::new(dir.path()).exit_file(id, 1);
+    assert_eq!(
+        std::fs::read_to_string(&exit_file).unwrap(),
+        "started\n",
+        "the wrapper marks its start"
+    );
+    let controller = Pid::from_raw(row.controller_pid.unwrap());
+    kill(controller, Signal::SIGSTOP).unwrap();
+    killpg(Pid::from_raw(wrapper_pid(&row)), Signal::SIGKILL).unwrap();
+    std::fs::remove_file(&exit_file).unwrap();
+    kill(controller, Signal::SIGKILL).unwrap();
+    let row = wait_done(&engine, id).await;
+    let history = engine.store().history(id).unwrap();
+    assert_eq!(
+        row.phase,
+        JobPhase::Succeeded,
+        "{}: {history:#?}",
+        row.message
+    );
+    assert_eq!(row.attempt, 1, "started again as attempt 1: {history:#?}");
+    assert_eq!(row.recovery_count, 0, "{history:#?}");
+    assert_eq!(row.restart_count, 0, "{history:#?}");
+    assert_eq!(
+        (row.controller_starts, row.controller_crashes),
+        (2, 1),
+        "{history:#?}"
+    );
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run 1\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_workload_is_recovered_within_max_recoveries() {
     let dir = tempfile::tempdir().unwrap();

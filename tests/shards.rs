@@ -259,7 +259,11 @@ async fn three_instances_share_a_namespace_and_nothing_else() {
                 "{name}: {:?}",
                 st.message
             );
-            assert_eq!(st.attempt, 1, "{name} ran once");
+            assert_eq!(
+                st.attempt, 1,
+                "{name} ran once: {:?}; attempts {:?}",
+                st.message, st.attempts
+            );
         }
         for (shard, (launching, live)) in &s.peak {
             assert!(

@@ -3,8 +3,9 @@
 //!
 //! Each attempt runs a fixed wrapper script (`sh -c WRAPPER MARKER SETUP RUN EXIT_FILE`): the
 //! user's scripts are passed as arguments, never spliced into a command line. The wrapper writes
-//! `<stage> <code>` to the attempt's exit file, so a job controller that was restarted (not the
-//! wrapper's parent) still learns how the attempt ended. `MARKER` (`managedjob-<id>-<attempt>`)
+//! `started` to the attempt's exit file first thing, and `<stage> <code>` over it at the end, so
+//! a job controller that was restarted (not the wrapper's parent) still learns how the attempt
+//! ended, and whether it ever began. `MARKER` (`managedjob-<id>-<attempt>`)
 //! is the wrapper's `$0`: the deterministic key that lets a resumed controller find the attempt's
 //! process instead of launching it twice.
 
@@ -30,8 +31,11 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// The wrapper every local attempt runs (`sh -c WRAPPER MARKER SETUP RUN EXIT_FILE`). It
 /// holds the attempt's outcome until it is recorded: a write of the exit file that fails (a
 /// full disk, an I/O error) is tried again after 1 s, doubling up to 8 s, for as long as it
-/// takes, so a finished attempt is never taken for a lost one (and run again).
+/// takes, so a finished attempt is never taken for a lost one (and run again). Its first act
+/// writes `started` there (one write, no exec; a failure is ignored): an exit file that is
+/// missing altogether tells a resumed controller the wrapper never ran ([`Found::NeverStarted`]).
 const WRAPPER: &str = r#"exit_file=$3
+{ printf 'started\n' > "$exit_file"; } 2>/dev/null
 record() {
   delay=1
   until printf '%s %s\n' "$1" "$2" > "$exit_file"; do
@@ -52,6 +56,11 @@ code=$?
 record run "$code"
 exit "$code"
 "#;
+
+/// Why an attempt whose launch was recorded is started again under the same number
+/// ([`Found::NeverStarted`]); it follows "creating the workload failed, trying again: ".
+const NEVER_STARTED: &str =
+    "the job controller that recorded its launch stopped before it started the process";
 
 /// The local executor, rooted at the operator's state dir. Holds the attempt it started (or
 /// adopted) so that it learns of its end at once.
@@ -78,8 +87,13 @@ pub enum Found {
     Running(LocalWorkload),
     /// The attempt ended; here is how.
     Exited(Outcome),
-    /// No trace of the attempt (never started, or killed before it could record its end).
+    /// The attempt began (its exit file says `started`) and vanished without recording its
+    /// end: killed, with its process group, before it could.
     Missing,
+    /// No trace at all, not even the exit file its wrapper writes first: the wrapper never ran
+    /// (the controller that recorded the launch stopped before it started the process). The
+    /// attempt did not run, so it is started again, not counted as lost.
+    NeverStarted,
 }
 
 impl LocalExecutor {
@@ -148,6 +162,11 @@ impl LocalExecutor {
         // vanish. Taken for lost, it was run again.
         match read_exit_file(&exit_file) {
             Some(outcome) => Found::Exited(outcome),
+            None if std::fs::symlink_metadata(&exit_file)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) =>
+            {
+                Found::NeverStarted
+            }
             None => Found::Missing,
         }
     }
@@ -351,6 +370,14 @@ impl Executor for LocalExecutor {
                 Observed::one(Some(workload), MemberState::Running)
             }
             Found::Missing => Observed::not_found(),
+            // Launched again under the same attempt, against the launch deadline.
+            Found::NeverStarted => Observed::one(
+                None,
+                MemberState::CreateFailed {
+                    message: NEVER_STARTED.into(),
+                    retry_at_ms: 0,
+                },
+            ),
         })
     }
 

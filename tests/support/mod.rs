@@ -600,14 +600,24 @@ impl OperatorProcess {
     /// restart does (workloads in their own process groups stay).
     pub fn kill_with_job_controllers(&mut self) {
         self.kill();
-        for (_, pid) in self.job_controllers() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        // Listed again until none is left: one the operator was spawning as it died shows up
+        // only after the first listing.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !self.job_controllers().is_empty() && std::time::Instant::now() < deadline {
+        loop {
+            let left = self.job_controllers();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "job controllers outlived SIGKILL: {left:?}"
+            );
+            for (_, pid) in left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
