@@ -397,20 +397,83 @@ async fn killed_job_controller_is_resumed_and_the_job_runs_once() {
 }
 
 /// A job controller that recorded an attempt's launch and stopped before it started the process
-/// (a kill between the two) leaves an attempt that never ran: the next controller starts that
-/// same attempt, it does not count it as lost and run a second one. The window is made by
-/// stopping the controller (SIGSTOP), killing its attempt's processes and removing the exit file
-/// the wrapper writes first: the state dir then holds what such a kill leaves.
+/// (killed between the two, with its operator) leaves an attempt that never ran: the next
+/// operator's controller starts that same attempt; it does not count it lost and run a second.
+/// The store is left as that kill leaves it (admitted, a controller recorded and gone, attempt
+/// 1's launch recorded) by the transitions the engine and the controller write, with no
+/// process and no exit file; then an engine starts on it.
+#[test]
+fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same_attempt() {
+    use managed_jobs::lifecycle::{admit, controller_started, starting};
+    use managed_jobs::store::{Cas, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let state = managed_jobs::state_dir::StateDir::new(dir.path());
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let id = {
+        let mut store = Store::open(&state.store(), 1024).unwrap();
+        let spec = spec("echo \"run $MANAGEDJOB_ATTEMPT\" >> runs.txt");
+        let mut row = store
+            .upsert("uid-never-started", "test", "never-started", 1, &spec)
+            .unwrap()
+            .row;
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let (pid, start_time) = (gone.id() as i32, process::start_time(gone.id() as i32));
+        gone.wait().unwrap();
+        for t in [
+            admit(&row),
+            controller_started(&row, pid, start_time.unwrap_or(1)),
+        ] {
+            row = match store.transition(row.id, &t).unwrap() {
+                Cas::Applied(r) => *r,
+                Cas::Conflict(r) => panic!("{t:?} refused on {r:?}"),
+            };
+        }
+        let t = starting(&row, 1);
+        row = match store.transition(row.id, &t).unwrap() {
+            Cas::Applied(r) => *r,
+            Cas::Conflict(r) => panic!("{t:?} refused on {r:?}"),
+        };
+        assert_eq!(
+            (row.schedule_state, row.launched_attempt),
+            (ScheduleState::Launching, 1)
+        );
+        row.id
+    };
+    assert!(!state.exit_file(id, 1).exists());
+
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let engine = start(dir.path(), CAPS);
+        let row = wait_done(&engine, id).await;
+        let history = engine.store().history(id).unwrap();
+        assert_eq!(
+            row.phase,
+            JobPhase::Succeeded,
+            "{}: {history:#?}",
+            row.message
+        );
+        assert_eq!(row.attempt, 1, "started again as attempt 1: {history:#?}");
+        assert_eq!(row.recovery_count, 0, "{history:#?}");
+        assert_eq!(row.restart_count, 0, "{history:#?}");
+        assert_eq!(row.controller_crashes, 0, "a hand-over: {history:#?}");
+    });
+    let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
+    assert_eq!(runs, "run 1\n");
+}
+
+/// An attempt seen running that leaves no trace at all (no process, no exit file: a wrapper of
+/// an earlier release, or one whose first write failed, killed with its group) did run: it is
+/// lost and recovered as attempt 2, never started again as attempt 1. The controller is
+/// stopped (SIGSTOP) while its attempt is killed and the exit file removed, then killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same_attempt() {
+async fn an_attempt_seen_running_that_left_no_trace_is_lost_not_started_again() {
     use nix::sys::signal::{Signal, kill, killpg};
     use nix::unistd::Pid;
     let dir = tempfile::tempdir().unwrap();
     let engine = start(dir.path(), CAPS);
     let id = submit(
         &engine,
-        "never-started",
-        &spec("sleep 1 && echo \"run $MANAGEDJOB_ATTEMPT\" >> runs.txt"),
+        "no-trace",
+        &spec("echo \"began $MANAGEDJOB_ATTEMPT\" >> runs.txt; sleep 1"),
     );
     let row = wait_for(&engine, id, "Running", Duration::from_secs(30), |r| {
         r.phase == JobPhase::Running
@@ -427,6 +490,7 @@ async fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same
     killpg(Pid::from_raw(wrapper_pid(&row)), Signal::SIGKILL).unwrap();
     std::fs::remove_file(&exit_file).unwrap();
     kill(controller, Signal::SIGKILL).unwrap();
+
     let row = wait_done(&engine, id).await;
     let history = engine.store().history(id).unwrap();
     assert_eq!(
@@ -435,16 +499,9 @@ async fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same
         "{}: {history:#?}",
         row.message
     );
-    assert_eq!(row.attempt, 1, "started again as attempt 1: {history:#?}");
-    assert_eq!(row.recovery_count, 0, "{history:#?}");
-    assert_eq!(row.restart_count, 0, "{history:#?}");
-    assert_eq!(
-        (row.controller_starts, row.controller_crashes),
-        (2, 1),
-        "{history:#?}"
-    );
+    assert_eq!((row.attempt, row.recovery_count), (2, 1), "{history:#?}");
     let runs = std::fs::read_to_string(dir.path().join(format!("work/{id}/runs.txt"))).unwrap();
-    assert_eq!(runs, "run 1\n");
+    assert_eq!(runs, "began 1\nbegan 2\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,6 +62,10 @@ exit "$code"
 const NEVER_STARTED: &str =
     "the job controller that recorded its launch stopped before it started the process";
 
+/// How long what is found carrying the mark of an attempt about to be started again under the
+/// same number has to exit after SIGTERM ([`Executor::launch`]): nothing should be there.
+const RELAUNCH_SWEEP_GRACE: Duration = Duration::from_secs(2);
+
 /// The local executor, rooted at the operator's state dir. Holds the attempt it started (or
 /// adopted) so that it learns of its end at once.
 pub struct LocalExecutor {
@@ -369,19 +373,29 @@ impl Executor for LocalExecutor {
                 self.current = Some((attempt, w));
                 Observed::one(Some(workload), MemberState::Running)
             }
-            Found::Missing => Observed::not_found(),
-            // Launched again under the same attempt, against the launch deadline.
-            Found::NeverStarted => Observed::one(
+            // Launched again under the same attempt, against the launch deadline; it is swept
+            // first ([`Executor::launch`]).
+            Found::NeverStarted if crate::lifecycle::launch_unobserved(job) => Observed::one(
                 None,
                 MemberState::CreateFailed {
                     message: NEVER_STARTED.into(),
                     retry_at_ms: 0,
                 },
             ),
+            // Seen before and now without a trace (a wrapper of an earlier release, or one whose
+            // first write failed, killed with its group): lost.
+            Found::Missing | Found::NeverStarted => Observed::not_found(),
         })
     }
 
+    /// Starts the attempt. One launched before (its launch recorded, no trace of it found:
+    /// [`Found::NeverStarted`]) is swept first: anything carrying its mark is stopped, so a
+    /// wrapper its former controller was starting as it died never runs beside this one.
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
+        if job.launched_attempt >= attempt {
+            self.stop_attempt(job.id, attempt, RELAUNCH_SWEEP_GRACE)
+                .await;
+        }
         match self.spawn(job, attempt) {
             Ok(w) => {
                 self.current = Some((attempt, w));

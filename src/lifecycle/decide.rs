@@ -108,6 +108,17 @@ pub fn stop_requested(row: &JobRow) -> bool {
     row.schedule_state != ScheduleState::Done && (row.spec.suspend || row.preempt_requested)
 }
 
+/// True while `row`'s current attempt may never have begun: its launch is recorded (a launch is
+/// only issued from Launching, its intent written first) and the job is still Launching, as it
+/// stays until the attempt's workload is first reported (a local attempt is reported running at
+/// its first observation, even one that already ended). A local attempt that left no trace at
+/// all, not even the `started` its wrapper writes first, is then taken as never started: the
+/// controller that recorded the launch stopped before it started the process, and the same
+/// attempt is started again. Once the job moved on, no trace means the attempt vanished (lost).
+pub fn launch_unobserved(row: &JobRow) -> bool {
+    row.schedule_state == ScheduleState::Launching && row.launched_attempt >= row.current_attempt()
+}
+
 /// True while `row` waits out a back-off between attempts: Recovering + Alive with its next
 /// attempt not launched yet. (A relaunched attempt whose Pod waits for a node is Recovering +
 /// Alive too, but launched: it is observed, not relaunched.)

@@ -67,7 +67,7 @@ pub use clock::{MAX_BACKOFF, backoff, earliest, now_ms};
 pub use deadlines::stop_grace;
 pub use decide::{
     Action, AfterRefusal, Context, KeepLogs, KeepMoment, action_grace, after_refusal, in_backoff,
-    keep_logs, next_action, observes, stop_requested,
+    keep_logs, launch_unobserved, next_action, observes, stop_requested,
 };
 pub use edges::{
     Expect, IllegalTransition, PHASE_EDGES, SCHEDULE_EDGES, legal_phase_edge, legal_schedule_edge,

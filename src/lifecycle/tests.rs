@@ -1277,3 +1277,32 @@ fn a_preempted_job_waits_again_first_in_its_queue_with_its_budgets() {
             .matches(&relaunching)
     );
 }
+
+/// Only a launch whose workload was never reported may have left no trace: the job is still
+/// Launching with the attempt's launch recorded (the first one, or a relaunch); not before the
+/// record, and not once it was seen running.
+#[test]
+fn only_a_launch_never_reported_may_have_left_no_trace() {
+    use super::decide::launch_unobserved;
+    let mut row = pipeline_row();
+    assert!(!launch_unobserved(&row), "seen running (Alive)");
+    row.phase = JobPhase::Starting;
+    row.schedule_state = ScheduleState::Launching;
+    assert!(launch_unobserved(&row), "launch recorded, nothing reported");
+    row.launched_attempt = 0;
+    assert!(
+        !launch_unobserved(&row),
+        "launch not recorded: nothing was started"
+    );
+    row.phase = JobPhase::Recovering;
+    row.attempt = 2;
+    row.launched_attempt = 1;
+    assert!(!launch_unobserved(&row), "the relaunch not recorded yet");
+    row.launched_attempt = 2;
+    assert!(
+        launch_unobserved(&row),
+        "the relaunch recorded, nothing reported"
+    );
+    row.schedule_state = ScheduleState::Alive;
+    assert!(!launch_unobserved(&row), "the relaunch seen");
+}
