@@ -404,8 +404,8 @@ async fn killed_job_controller_is_resumed_and_the_job_runs_once() {
 /// process and no exit file; then an engine starts on it.
 #[test]
 fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same_attempt() {
-    use managed_jobs::lifecycle::{admit, controller_started, starting};
-    use managed_jobs::store::{Cas, Store};
+    use managed_jobs::lifecycle::{Transition, admit, controller_started, starting};
+    use managed_jobs::store::Store;
     let dir = tempfile::tempdir().unwrap();
     let state = managed_jobs::state_dir::StateDir::new(dir.path());
     std::fs::create_dir_all(dir.path()).unwrap();
@@ -419,20 +419,19 @@ fn an_attempt_whose_launch_was_recorded_but_never_started_runs_as_the_same_attem
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let (pid, start_time) = (gone.id() as i32, process::start_time(gone.id() as i32));
         gone.wait().unwrap();
-        for t in [
-            admit(&row),
-            controller_started(&row, pid, start_time.unwrap_or(1)),
-        ] {
-            row = match store.transition(row.id, &t).unwrap() {
-                Cas::Applied(r) => *r,
-                Cas::Conflict(r) => panic!("{t:?} refused on {r:?}"),
-            };
+        let steps: [&dyn Fn(&JobRow) -> Transition; 3] = [
+            &admit,
+            &|r| controller_started(r, pid, start_time.unwrap_or(1)),
+            &|r| starting(r, 1),
+        ];
+        for step in steps {
+            let t = step(&row);
+            row = store
+                .transition(row.id, &t)
+                .unwrap()
+                .applied()
+                .unwrap_or_else(|| panic!("{t:?} refused"));
         }
-        let t = starting(&row, 1);
-        row = match store.transition(row.id, &t).unwrap() {
-            Cas::Applied(r) => *r,
-            Cas::Conflict(r) => panic!("{t:?} refused on {r:?}"),
-        };
         assert_eq!(
             (row.schedule_state, row.launched_attempt),
             (ScheduleState::Launching, 1)
