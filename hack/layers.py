@@ -34,12 +34,14 @@ LAYERS = [
     ["api", "process", "telemetry"],
     # Every default.
     ["defaults"],
+    # What a job needs, where it may run, what a queue may use (pure, over the API's types).
+    ["resources"],
     # Pure rules (the job record and every decision over it; the caps' formula) and the state
     # dir's paths.
     ["lifecycle", "capacity", "queues", "state_dir"],
     # Who a scheduling pass preempts, over the queues' policies, and how a burst of arriving
     # jobs is paced (pure decisions; the pacer's lock and token bucket beside them).
-    ["preemption", "pacing"],
+    ["preemption", "pacing", "admission"],
     # Persistence only (SQL); wake-ups between processes.
     ["store", "wake"],
     # What runs workloads; what is derived from the store for the outside world.

@@ -29,6 +29,16 @@ pub const LAUNCH_TIMEOUT_SECONDS: f64 = 600.0;
 /// [`LAUNCH_TIMEOUT_SECONDS`] as a duration (a job's `spec.launchTimeoutSeconds` overrides it).
 pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(LAUNCH_TIMEOUT_SECONDS as u64);
 
+/// `--node-lost-grace-seconds`, in seconds: how long the node of a live attempt's member may
+/// stay not Ready (its `Ready` condition `False` or `Unknown`) before the member is lost and
+/// its attempt recovered (a deleted node loses it at once). The condition turns `Unknown` only
+/// after kube-controller-manager's node-monitor-grace-period without a heartbeat (40 s; 50 s
+/// since Kubernetes 1.32), so a node that died is given up 90-110 s after its last heartbeat,
+/// a third of what Kubernetes takes to evict its Pods (taint-based eviction's default
+/// toleration, 300 s, on top); a kubelet restart or a short network partition (tens of
+/// seconds) costs no recovery, which for a gang is a relaunch of every member.
+pub const NODE_LOST_GRACE_SECONDS: f64 = 60.0;
+
 /// `--max-launch-timeouts`: launch timeouts in a row that end a job FailedNoResource.
 pub const MAX_LAUNCH_TIMEOUTS: i32 = 3;
 

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use crate::api::{ExecutorKind, JobPhase};
 use crate::capacity::Capacity;
 use crate::executor::local::LocalExecutor;
+use crate::lifecycle::nodes::NodeLoss;
 use crate::lifecycle::world::{self, ControllerSeen, Fix, ProcessSeen};
 use crate::lifecycle::{
     self, AfterSpawnFailure, AtStart, CancelRoute, ControllerExit, ExitSeen, JobRow, Liveness,
@@ -116,7 +117,6 @@ pub struct Engine {
     /// a queue's limits and namespaces hold from the first pass).
     queues: Mutex<Option<Arc<Queues>>>,
     /// What the scheduling passes remember between them.
-    pass_memory: Mutex<scheduler::PassMemory>,
     /// Pacing while a burst of jobs arrives.
     pub pacer: Arc<crate::pacing::Pacer>,
     _lock: Flock<std::fs::File>,
@@ -433,7 +433,6 @@ impl Engine {
             metrics: Arc::new(metrics),
             spawn_retries: Mutex::new(Default::default()),
             queues: Mutex::new(None),
-            pass_memory: Mutex::new(Default::default()),
             _lock: lock,
         });
         if !engine.cfg.queues_from_api {
@@ -939,6 +938,13 @@ impl Engine {
                         );
                     }
                 }
+                Fix::MemberLost {
+                    job_id,
+                    attempt,
+                    pod,
+                    node,
+                    loss,
+                } => self.lose_member(job_id, attempt, &pod, &node, &loss),
                 other => rest.push(other),
             }
         }
@@ -952,6 +958,48 @@ impl Engine {
             self.wake_all();
         }
         rest
+    }
+
+    /// Records `pod`, a member of `job_id`'s current `attempt`, lost to its node (`loss`), unless
+    /// the Pod watch saw it end already, and wakes the job's controller, which ends the attempt
+    /// as lost (`docs/design.md#failures`).
+    fn lose_member(&self, job_id: i64, attempt: i32, pod: &str, node: &str, loss: &NodeLoss) {
+        let lost = (|| -> Result<Option<JobRow>, StoreError> {
+            let mut store = self.store();
+            let Some(row) = store.find(job_id)? else {
+                return Ok(None);
+            };
+            if row.current_attempt() != attempt {
+                return Ok(None);
+            }
+            let seen = store.pod_members(job_id, attempt)?;
+            let Some(lost) = seen
+                .iter()
+                .find(|o| o.pod_name == pod)
+                .and_then(|o| crate::executor::pod::state::lost_to_node(o, loss))
+            else {
+                return Ok(None);
+            };
+            Ok(store.record_pod(&lost)?.then_some(row))
+        })();
+        match lost {
+            Ok(Some(row)) => {
+                tracing::warn!(
+                    job_id,
+                    attempt,
+                    pod,
+                    node,
+                    reason = loss.reason,
+                    "the attempt's Pod {pod} is lost: {}",
+                    loss.message
+                );
+                self.wake_controller(&row);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(job_id, pod, error = %e, "recording a Pod lost with its node failed")
+            }
+        }
     }
 
     /// Leaves every job of `namespace` to the operator that now owns them
@@ -1139,15 +1187,8 @@ async fn scheduler_loop(op: Arc<Engine>) {
         let max_new = op.pacer.launch_allowance();
         op.metrics.burst_paced.set(i64::from(max_new != usize::MAX));
         let result = {
-            let mut memory = op.pass_memory.lock().unwrap_or_else(|e| e.into_inner());
             let mut store = op.store();
-            scheduler::pass_queues_paced(
-                &mut store,
-                op.cfg.capacity.caps,
-                &queues,
-                &mut memory,
-                max_new,
-            )
+            scheduler::pass_queues_paced(&mut store, op.cfg.capacity.caps, &queues, max_new)
         };
         if let Ok(r) = &result
             && max_new != usize::MAX

@@ -1,5 +1,12 @@
-//! Kubernetes Events (`events.k8s.io/v1`) on each ManagedJob for the transitions a user cares
-//! about (`docs/design.md`, "Operations"), derived from the store's history of transitions.
+//! Kubernetes Events on each ManagedJob for the transitions a user cares about
+//! (`docs/design.md`, "Operations"), derived from the store's history of transitions.
+//!
+//! They are created through the core `v1` Events API with both the new fields (`eventTime`,
+//! `action`, `reportingComponent`, `reportingInstance`, `related`) and the ones `kubectl get
+//! events` and most dashboards read (`firstTimestamp`, `lastTimestamp`, `count`): the
+//! `events.k8s.io/v1` API refuses the latter on a new Event, and without them `kubectl get
+//! events --sort-by=.lastTimestamp` could not order ours (issue 43). Both APIs serve the same
+//! objects.
 //!
 //! A job that runs straight through gets two Events, `Launched` and `Succeeded`, like a
 //! Kubernetes Job's `SuccessfulCreate` and `Completed`. Admission is not an Event of its own: the
@@ -9,16 +16,16 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
 use kube::api::{Api, PostParams};
 
 use crate::api::{JobPhase, ScheduleState};
 use crate::lifecycle::{HistoryEntry, Reason};
 
-/// Longest `note` the API server accepts on an events.k8s.io/v1 Event (1 KiB).
+/// Longest `note` (core v1: `message`) the API server accepts on an events.k8s.io/v1 Event (1
+/// KiB); kept for ours too.
 pub const MAX_NOTE_BYTES: usize = 1024;
 
 /// `Normal` or `Warning`, as events.k8s.io/v1 defines `type`.
@@ -338,7 +345,7 @@ impl EventPublisher {
     /// restart) is not created again: `Ok(Published::Existed)`.
     ///
     /// # Errors
-    /// The API server's refusal (e.g. 403 without `create` on `events.k8s.io` events).
+    /// The API server's refusal (e.g. 403 without `create` on `events`).
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -371,23 +378,30 @@ impl EventPublisher {
             Some(id) => transition_event_name(name, event.at_ms, job_uid, id, event.reason),
             None => event_name(name, now.as_nanosecond()),
         };
+        let at = jiff::Timestamp::from_millisecond(event.at_ms).unwrap_or(now);
         let k8s_event = Event {
             metadata: ObjectMeta {
                 name: Some(event_name),
                 namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
-            event_time: Some(MicroTime(
-                jiff::Timestamp::from_millisecond(event.at_ms).unwrap_or(now),
-            )),
+            event_time: Some(MicroTime(at)),
+            // Each Event is one occurrence: first and last seen at the transition's time.
+            first_timestamp: Some(Time(at)),
+            last_timestamp: Some(Time(at)),
+            count: Some(1),
             action: Some(event.reason.to_string()),
             reason: Some(event.reason.to_string()),
-            note: Some(event.note.clone()),
+            message: Some(event.note.clone()),
             type_: Some(event.type_.as_str().to_string()),
-            regarding: Some(regarding.clone()),
+            involved_object: regarding.clone(),
             related: related.cloned(),
-            reporting_controller: Some(self.controller.clone()),
+            reporting_component: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
+            source: Some(EventSource {
+                component: Some(self.controller.clone()),
+                host: None,
+            }),
             ..Default::default()
         };
         match Api::<Event>::namespaced(self.client.clone(), namespace)

@@ -7,6 +7,7 @@
 //! processes carry its decisions out. See `docs/design.md` for the semantics and the layers
 //! (`hack/layers.py` checks that every import points down them).
 
+pub mod admission;
 pub mod api;
 pub mod capacity;
 pub mod cli;
@@ -22,6 +23,7 @@ pub mod pacing;
 pub mod preemption;
 pub mod process;
 pub mod queues;
+pub mod resources;
 pub mod scheduler;
 pub mod smoke_test;
 pub mod state_dir;

@@ -10,6 +10,8 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", api::api_reference());
             } else if kind == "queue" {
                 print!("{}", api::queue_crd_yaml());
+            } else if kind == "pool" {
+                print!("{}", api::pool_crd_yaml());
             } else {
                 print!("{}", api::crd_yaml());
             }
@@ -87,6 +89,7 @@ fn main() -> anyhow::Result<()> {
                         claim_duration: std::time::Duration::from_secs(
                             args.lease_duration_seconds.max(2),
                         ),
+                        node_lost_grace: cli::seconds(args.node_lost_grace_seconds)?,
                     };
                     operator::run(client, cfg, options).await
                 })

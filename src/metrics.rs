@@ -1,18 +1,26 @@
 //! Prometheus metrics and the operator's HTTP endpoints (`/metrics`, `/healthz`, `/readyz`).
 //!
 //! Metric names live here and only here. No metric carries a per-job label value: cardinality is
-//! bounded by the number of phases, schedule states, verbs and exit reasons.
+//! bounded by the number of phases, schedule states, verbs, exit reasons and queues (the
+//! ManagedJobQueue objects, as Kueue labels its metrics by ClusterQueue).
+//!
+//! Besides the `managedjobs_*` metrics: `managedjobs_build_info` (the version, the store's schema
+//! step and the API, value 1) and the standard `process_*` metrics of the operator's own process
+//! (CPU seconds, resident and virtual memory, open and maximum file descriptors, threads, start
+//! time), as Prometheus' client libraries name them, so existing dashboards read them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::api::{JobPhase, ScheduleState};
 use crate::store::Store;
@@ -61,6 +69,13 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Label set with one `queue` label (a ManagedJobQueue's name, `default` included).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    /// The queue.
+    pub queue: String,
+}
+
 /// Label set of `managedjobs_attempts_total`: bounded (5 actions x 2 sources).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
@@ -80,6 +95,12 @@ pub struct Metrics {
     pub jobs_by_schedule_state: Family<StateLabel, Gauge>,
     /// Launch slots in use (jobs in Launching).
     pub launch_slots_in_use: Gauge,
+    /// Jobs waiting to be admitted, by queue (refreshed at each scrape): the queue's depth.
+    pub queue_waiting_jobs: Family<QueueLabel, Gauge>,
+    /// Launch slots held, by queue (refreshed at each scrape).
+    pub queue_launch_slots_in_use: Family<QueueLabel, Gauge>,
+    /// Run slots held, by queue (refreshed at each scrape).
+    pub queue_run_slots_in_use: Family<QueueLabel, Gauge>,
     /// Run slots in use (jobs in Launching, Alive, AliveWaiting).
     pub run_slots_in_use: Gauge,
     /// The launch cap in force.
@@ -152,11 +173,16 @@ impl Metrics {
                 )
             })
             .into_iter();
-        let mut registry = Registry::with_prefix_and_labels("managedjobs", labels);
+        let mut root = Registry::with_labels(labels);
+        root.register_collector(Box::new(ProcessCollector));
+        let registry = root.sub_registry_with_prefix("managedjobs");
         let m = Metrics {
             jobs_by_phase: Family::default(),
             jobs_by_schedule_state: Family::default(),
             launch_slots_in_use: Gauge::default(),
+            queue_waiting_jobs: Family::default(),
+            queue_launch_slots_in_use: Family::default(),
+            queue_run_slots_in_use: Family::default(),
             run_slots_in_use: Gauge::default(),
             launch_cap: Gauge::default(),
             run_cap: Gauge::default(),
@@ -198,6 +224,33 @@ impl Metrics {
             "run_slots_in_use",
             "Jobs in Launching, Alive or AliveWaiting",
             m.run_slots_in_use.clone(),
+        );
+        registry.register(
+            "queue_waiting_jobs",
+            "Jobs waiting to be admitted (Waiting), by queue",
+            m.queue_waiting_jobs.clone(),
+        );
+        registry.register(
+            "queue_launch_slots_in_use",
+            "Launch slots held (Launching), by queue",
+            m.queue_launch_slots_in_use.clone(),
+        );
+        registry.register(
+            "queue_run_slots_in_use",
+            "Run slots held (Launching, Alive or AliveWaiting), by queue",
+            m.queue_run_slots_in_use.clone(),
+        );
+        registry.register(
+            "build",
+            "The operator's build: its version, its store's schema step and the API it serves (value 1)",
+            Info::new(vec![
+                ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+                (
+                    "store_schema_step".to_string(),
+                    crate::store::schema::CURRENT_STEP.to_string(),
+                ),
+                ("api".to_string(), "managedjobs.dev/v1alpha1".to_string()),
+            ]),
         );
         registry.register("launch_cap", "Launch cap in force", m.launch_cap.clone());
         registry.register("run_cap", "Run cap in force", m.run_cap.clone());
@@ -276,7 +329,10 @@ impl Metrics {
             "Watches that listed every object again after failing, by watch",
             m.watch_relists_total.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// Counts one API request.
@@ -365,9 +421,93 @@ impl Metrics {
             self.launch_slots_in_use.set(usage.launching as i64);
             self.run_slots_in_use.set(usage.alive as i64);
         }
+        if let Ok(queues) = store.queue_counts() {
+            // A queue that holds and waits for nothing any more has no series (not a 0 kept for
+            // ever for a queue that was deleted).
+            self.queue_waiting_jobs.clear();
+            self.queue_launch_slots_in_use.clear();
+            self.queue_run_slots_in_use.clear();
+            for (queue, counts) in queues {
+                let label = QueueLabel { queue };
+                self.queue_waiting_jobs
+                    .get_or_create(&label)
+                    .set(counts.waiting as i64);
+                self.queue_launch_slots_in_use
+                    .get_or_create(&label)
+                    .set(counts.load.launching as i64);
+                self.queue_run_slots_in_use
+                    .get_or_create(&label)
+                    .set(counts.load.alive as i64);
+            }
+        }
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The standard `process_*` metrics of this process (Prometheus' process collector's names and
+/// units), read from `/proc` at each scrape; none when `/proc` cannot be read.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(usage) = crate::process::usage(std::process::id() as i32) else {
+            return Ok(());
+        };
+        let (ticks, page) = crate::process::ticks_and_page_size();
+        let cpu = ConstCounter::new(usage.cpu_ticks as f64 / ticks as f64);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu",
+            "Total user and system CPU time spent",
+            Some(&Unit::Seconds),
+            cpu.metric_type(),
+        )?)?;
+        let mut gauge = |name: &str, help: &str, unit: Option<&Unit>, value: f64| {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, unit, g.metric_type())?)
+        };
+        gauge(
+            "process_resident_memory",
+            "Resident memory size",
+            Some(&Unit::Bytes),
+            (usage.resident_pages * page) as f64,
+        )?;
+        gauge(
+            "process_virtual_memory",
+            "Virtual memory size",
+            Some(&Unit::Bytes),
+            usage.virtual_bytes as f64,
+        )?;
+        gauge("process_threads", "OS threads", None, usage.threads as f64)?;
+        if let Some(boot) = crate::process::boot_time() {
+            gauge(
+                "process_start_time",
+                "Start time of the process since the epoch",
+                Some(&Unit::Seconds),
+                boot as f64 + usage.start_ticks as f64 / ticks as f64,
+            )?;
+        }
+        if let Some(open) = crate::process::open_fds() {
+            gauge(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                open as f64,
+            )?;
+        }
+        if let Ok((soft, _)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            gauge(
+                "process_max_fds",
+                "Maximum open file descriptors",
+                None,
+                soft as f64,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -412,4 +552,135 @@ pub async fn serve(addr: SocketAddr, ready: Ready, render: Render) -> std::io::R
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The build, the process and the queues are exported under the names dashboards read.
+    #[test]
+    fn build_process_and_queue_metrics_are_rendered() {
+        let mut store = Store::in_memory().unwrap();
+        let spec = crate::api::ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        store
+            .submit(
+                &crate::lifecycle::Object {
+                    uid: "u1",
+                    namespace: "n",
+                    name: "a",
+                    generation: 1,
+                    spec: &spec,
+                    created_at_ms: 0,
+                    resource_version: "",
+                },
+                None,
+            )
+            .unwrap();
+        let text = Metrics::for_shard(Some("s1")).render(&store);
+        let version = env!("CARGO_PKG_VERSION");
+        let step = crate::store::schema::CURRENT_STEP;
+        assert!(
+            text.contains(&format!(
+                "managedjobs_build_info{{shard=\"s1\",version=\"{version}\",store_schema_step=\"{step}\",api=\"managedjobs.dev/v1alpha1\"}} 1"
+            )),
+            "{text}"
+        );
+        for needle in [
+            "process_cpu_seconds_total{shard=\"s1\"} ",
+            "process_resident_memory_bytes{shard=\"s1\"} ",
+            "process_virtual_memory_bytes{shard=\"s1\"} ",
+            "process_open_fds{shard=\"s1\"} ",
+            "process_max_fds{shard=\"s1\"} ",
+            "process_threads{shard=\"s1\"} ",
+            "process_start_time_seconds{shard=\"s1\"} ",
+            "managedjobs_queue_waiting_jobs{shard=\"s1\",queue=\"default\"} 1",
+            "managedjobs_queue_run_slots_in_use{shard=\"s1\",queue=\"default\"} 0",
+            "managedjobs_run_slots_in_use{shard=\"s1\"} 0",
+        ] {
+            assert!(text.contains(needle), "no {needle:?} in\n{text}");
+        }
+        let rss: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes{shard=\"s1\"} "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rss > 1_000_000.0, "{rss}");
+    }
+
+    /// docs/reference/metrics.md names every metric the operator exports (each family given a
+    /// series here so that it is rendered).
+    #[test]
+    fn every_metric_is_documented() {
+        let m = Metrics::new();
+        m.api_request("get");
+        m.preemption("a", "b");
+        m.controller_exits_total
+            .get_or_create(&ReasonLabel {
+                reason: "done".into(),
+            })
+            .inc();
+        m.attempts_total
+            .get_or_create(&AttemptLabels {
+                action: "Succeeded".into(),
+                decided_by: "default".into(),
+            })
+            .inc();
+        m.claims
+            .get_or_create(&StateLabel {
+                state: "held".into(),
+            })
+            .set(1);
+        m.watch_relists_total
+            .get_or_create(&WatchLabel {
+                watch: "Pod".into(),
+            })
+            .inc();
+        let mut store = Store::in_memory().unwrap();
+        let spec = crate::api::ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        store
+            .submit(
+                &crate::lifecycle::Object {
+                    uid: "u1",
+                    namespace: "n",
+                    name: "a",
+                    generation: 1,
+                    spec: &spec,
+                    created_at_ms: 0,
+                    resource_version: "",
+                },
+                None,
+            )
+            .unwrap();
+        let text = m.render(&store);
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/metrics.md"),
+        )
+        .unwrap();
+        let mut names = 0;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let shown = match kind {
+                "counter" => format!("`{name}_total`"),
+                "info" => format!("`{name}_info`"),
+                _ => format!("`{name}`"),
+            };
+            assert!(
+                doc.contains(&shown),
+                "docs/reference/metrics.md lacks {shown}"
+            );
+            names += 1;
+        }
+        assert!(names >= 30, "{names} metrics rendered:\n{text}");
+    }
 }

@@ -260,12 +260,215 @@ pub fn plan(queues: &[QueueState], run_cap: usize, run_full: bool, now_ms: i64) 
     out
 }
 
+/// A running job holding quota on a pool, as [`reclaim`] sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Holder {
+    /// Store id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// Its priority.
+    pub priority: i32,
+    /// When its current attempt began to run (ms since epoch); None: never taken.
+    pub running_since_ms: Option<i64>,
+    /// The pool its quota is held on.
+    pub pool: String,
+    /// What it holds there (its current attempt's demand).
+    pub demand: crate::resources::Demand,
+    /// The nodes its members run on (indexes into the pass's [`Nodes`]; one per bound member).
+    pub nodes: Vec<usize>,
+    /// It is stopping already as a victim for this queue.
+    pub leaving_for: Option<String>,
+}
+
+/// A waiting job that may take back its queue's lent quota ([`reclaim`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimant {
+    /// Store id.
+    pub id: i64,
+    /// Its queue.
+    pub queue: String,
+    /// What it needs.
+    pub demand: crate::resources::Demand,
+}
+
+/// Reclaim in resources (`reclaimWithinCohort: Any`, docs/concepts/quotas-pools-and-fit.md):
+/// the jobs to stop so that each claimant (a head of a queue that may reclaim, in admission
+/// order) can be admitted within its queue's **nominal** quota on one of its pools.
+///
+/// - Only a claimant whose whole demand stays within its queue's nominal quota on the pool
+///   takes anything back; victims come only from other queues of its cohort that borrow one of
+///   the resources it needs on that pool (use more than their nominal quota), whole jobs
+///   (gangs whole), the lowest priority first, then the most recently started (least work
+///   lost), each having run the claimant's queue's `minRunSeconds`, within its `maxPerMinute`.
+/// - Victims are taken one by one until the claimant fits the quota and the nodes; then any
+///   victim no longer needed is given back: no victim beyond what the claimant needs (and none
+///   at all when even every candidate would not make it fit).
+/// - Jobs already stopping for a queue count as freed (a pass does not take more for the same
+///   need while they stop).
+///
+/// No cycle: a reclaim moves quota from a queue above its nominal quota to one that stays at or
+/// below it, so a queue at or below its nominal quota is never a victim of a reclaim, and the
+/// cohort's borrowed quota falls with each (`tests/resource_props.rs` checks it).
+#[allow(clippy::too_many_arguments)]
+pub fn reclaim(
+    claimants: &[Claimant],
+    holders: &[Holder],
+    queues: &crate::queues::Queues,
+    ledger: &crate::resources::quota::Ledger,
+    nodes: &crate::resources::fit::Nodes,
+    recent: &std::collections::BTreeMap<String, usize>,
+    now_ms: i64,
+) -> Vec<Victim> {
+    let mut ledger = ledger.clone();
+    let mut nodes = nodes.clone();
+    let mut taken = vec![false; holders.len()];
+    let free = |h: &Holder,
+                ledger: &mut crate::resources::quota::Ledger,
+                nodes: &mut crate::resources::fit::Nodes| {
+        ledger.give(&h.queue, &h.pool, &h.demand.total());
+        for &n in &h.nodes {
+            nodes.release(n, &h.demand.per_member);
+        }
+    };
+    // What is already leaving is freed.
+    for (i, h) in holders.iter().enumerate() {
+        if h.leaving_for.is_some() {
+            taken[i] = true;
+            free(h, &mut ledger, &mut nodes);
+        }
+    }
+    let mut rate: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    let mut out = Vec::new();
+    for c in claimants {
+        let Some(policy) = queues.get(&c.queue) else {
+            continue;
+        };
+        if !policy.preemption.reclaim_within_cohort {
+            continue;
+        }
+        let left = rate.entry(c.queue.as_str()).or_insert_with(|| {
+            policy
+                .preemption
+                .max_per_minute
+                .saturating_sub(recent.get(&c.queue).copied().unwrap_or(0))
+        });
+        if *left == 0 {
+            continue;
+        }
+        let total = c.demand.total();
+        let fits = |ledger: &crate::resources::quota::Ledger,
+                    nodes: &crate::resources::fit::Nodes,
+                    pool: &str| {
+            let Some(placement) = queues.pool(pool) else {
+                return false;
+            };
+            ledger.admits(&c.queue, pool, &total).is_ok()
+                && (c.demand.local
+                    || c.demand
+                        .constraints(&placement)
+                        .is_some_and(|k| nodes.fits(&c.demand.per_member, c.demand.members, &k)))
+        };
+        let cohort = policy.quotas.cohort.clone();
+        for (pool, _) in &policy.quotas.pools {
+            if !ledger.within_nominal(&c.queue, pool, &total) {
+                continue;
+            }
+            if fits(&ledger, &nodes, pool) {
+                // Admissible as things are (or will be once what is leaving left): it takes its
+                // share of the plan, so the next claimants see it taken.
+                ledger.take(&c.queue, pool, &total);
+                if let Some(k) = queues.pool(pool).and_then(|p| c.demand.constraints(&p))
+                    && !c.demand.local
+                {
+                    nodes.place(&c.demand.per_member, c.demand.members, &k);
+                }
+                break;
+            }
+            let needed: Vec<&str> = total
+                .iter()
+                .filter(|(_, a)| *a > 0)
+                .map(|(r, _)| r)
+                .collect();
+            let mut order: Vec<usize> = (0..holders.len())
+                .filter(|&i| {
+                    let h = &holders[i];
+                    !taken[i]
+                        && h.pool == *pool
+                        && h.queue != c.queue
+                        && cohort.is_some()
+                        && queues.get(&h.queue).and_then(|p| p.quotas.cohort.clone()) == cohort
+                        && h.running_since_ms
+                            .is_some_and(|since| now_ms - since >= policy.preemption.min_run_ms)
+                })
+                .collect();
+            order.sort_by(|&a, &b| {
+                let (x, y) = (&holders[a], &holders[b]);
+                x.priority
+                    .cmp(&y.priority)
+                    .then(y.running_since_ms.cmp(&x.running_since_ms))
+                    .then(y.id.cmp(&x.id))
+            });
+            let (mut l, mut n) = (ledger.clone(), nodes.clone());
+            let mut chosen: Vec<usize> = Vec::new();
+            for &i in &order {
+                if chosen.len() >= *left {
+                    break;
+                }
+                let h = &holders[i];
+                // Only from a queue that still borrows what the claimant needs.
+                if !needed.iter().any(|r| l.borrowed(&h.queue, pool, r) > 0) {
+                    continue;
+                }
+                free(h, &mut l, &mut n);
+                chosen.push(i);
+                if fits(&l, &n, pool) {
+                    break;
+                }
+            }
+            if chosen.is_empty() || !fits(&l, &n, pool) {
+                continue;
+            }
+            // Give back any victim no longer needed, latest first.
+            for k in (0..chosen.len()).rev() {
+                let h = &holders[chosen[k]];
+                let (mut l2, mut n2) = (l.clone(), n.clone());
+                l2.take(&h.queue, pool, &h.demand.total());
+                for &node in &h.nodes {
+                    n2.take_on(node, &h.demand.per_member);
+                }
+                if fits(&l2, &n2, pool) {
+                    l = l2;
+                    n = n2;
+                    chosen.remove(k);
+                }
+            }
+            // The claimant takes what it needs in the plan; its victims leave.
+            l.take(&c.queue, pool, &total);
+            ledger = l;
+            nodes = n;
+            for &i in &chosen {
+                taken[i] = true;
+                *left -= 1;
+                out.push(Victim {
+                    id: holders[i].id,
+                    by: c.queue.clone(),
+                    within: false,
+                });
+            }
+            break;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn policy(reclaim: bool, within: bool) -> Preemption {
         Preemption {
+            reclaim_within_cohort: false,
             reclaim_share: reclaim,
             within_queue: within,
             min_run_ms: 1_000,
@@ -366,5 +569,204 @@ mod tests {
                 within: true
             }]
         );
+    }
+
+    mod reclaim {
+        use super::super::*;
+        use crate::api::QueueingStrategy;
+        use crate::queues::{Admits, QueuePolicy, Queues};
+        use crate::resources::amount::{ONE, PODS};
+        use crate::resources::fit::{NodeInfo, Nodes};
+        use crate::resources::quota::{Ledger, QueueQuotas, Quota};
+        use crate::resources::{Demand, Placement, Resources};
+        use std::collections::BTreeMap;
+
+        fn gpus(n: i64) -> Demand {
+            let mut r = Resources::new();
+            r.set("nvidia.com/gpu", n * ONE);
+            r.set(PODS, ONE);
+            Demand {
+                members: 1,
+                per_member: r,
+                ..Default::default()
+            }
+        }
+
+        fn team(nominal: i64, reclaims: bool) -> QueuePolicy {
+            QueuePolicy {
+                quotas: QueueQuotas {
+                    cohort: Some("c".into()),
+                    weight: 1,
+                    pools: vec![(
+                        "gpu".into(),
+                        [(
+                            "nvidia.com/gpu".to_string(),
+                            Quota {
+                                nominal: nominal * ONE,
+                                ..Default::default()
+                            },
+                        )]
+                        .into(),
+                    )],
+                },
+                strategy: QueueingStrategy::BestEffortFIFO,
+                weight: 1,
+                max_running: None,
+                max_launching: None,
+                admits: Admits::All,
+                preemption: Preemption {
+                    reclaim_within_cohort: reclaims,
+                    min_run_ms: 5_000,
+                    ..Preemption::OFF
+                },
+            }
+        }
+
+        fn world(a: &QueuePolicy, b: &QueuePolicy) -> Queues {
+            Queues::new(
+                [
+                    ("team-a".to_string(), a.clone()),
+                    ("team-b".to_string(), b.clone()),
+                ]
+                .into(),
+            )
+            .with_pools(
+                [(
+                    "gpu".to_string(),
+                    Placement {
+                        pool: "gpu".into(),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+            )
+        }
+
+        fn nodes(n: usize) -> Nodes {
+            Nodes::new(
+                (0..n)
+                    .map(|i| {
+                        let mut allocatable = Resources::new();
+                        allocatable.set("nvidia.com/gpu", 8 * ONE);
+                        allocatable.set(PODS, 110 * ONE);
+                        NodeInfo {
+                            name: format!("n{i}"),
+                            allocatable,
+                            ready: true,
+                            ..Default::default()
+                        }
+                    })
+                    .collect(),
+            )
+        }
+
+        /// Holders of team-a placed on `nodes`, each `size` GPUs, started at `since + id`.
+        fn holders(n: i64, size: i64, nodes: &mut Nodes) -> Vec<Holder> {
+            (0..n)
+                .map(|id| {
+                    let d = gpus(size);
+                    let placed = nodes
+                        .place(&d.per_member, 1, &Default::default())
+                        .expect("room for the holders");
+                    Holder {
+                        id,
+                        queue: "team-a".into(),
+                        priority: 0,
+                        running_since_ms: Some(id),
+                        pool: "gpu".into(),
+                        demand: d,
+                        nodes: placed,
+                        leaving_for: None,
+                    }
+                })
+                .collect()
+        }
+
+        fn ledger(q: &Queues, holders: &[Holder]) -> Ledger {
+            let mut l = Ledger::new(
+                ["team-a", "team-b"]
+                    .into_iter()
+                    .map(|n| (n.to_string(), q.get(n).unwrap().quotas.clone()))
+                    .collect(),
+                BTreeMap::new(),
+            );
+            for h in holders {
+                l.take(&h.queue, &h.pool, &h.demand.total());
+            }
+            l
+        }
+
+        /// Team-a (nominal 8) fills 16 GPUs with 1-GPU jobs, borrowing team-b's 8; team-b
+        /// (nominal 8) wants 8 jobs of 1 GPU: exactly 8 victims, the most recently started
+        /// first, all for team-b.
+        #[test]
+        fn a_queue_below_nominal_takes_back_exactly_what_it_needs() {
+            let (a, b) = (team(8, false), team(8, true));
+            let q = world(&a, &b);
+            let mut n = nodes(2);
+            let h = holders(16, 1, &mut n);
+            let l = ledger(&q, &h);
+            let claimants: Vec<Claimant> = (100..108)
+                .map(|id| Claimant {
+                    id,
+                    queue: "team-b".into(),
+                    demand: gpus(1),
+                })
+                .collect();
+            let v = reclaim(&claimants, &h, &q, &l, &n, &BTreeMap::new(), 1_000_000);
+            let ids: Vec<i64> = v.iter().map(|v| v.id).collect();
+            assert_eq!(ids, vec![15, 14, 13, 12, 11, 10, 9, 8]);
+            assert!(v.iter().all(|v| v.by == "team-b" && !v.within));
+            // Not before minRunSeconds, not without the policy.
+            assert!(reclaim(&claimants, &h, &q, &l, &n, &BTreeMap::new(), 10).is_empty());
+            let q2 = world(&a, &team(8, false));
+            assert!(reclaim(&claimants, &h, &q2, &l, &n, &BTreeMap::new(), 1_000_000).is_empty());
+            // Once they are stopping, a later pass takes no more for the same need.
+            let mut leaving = h.clone();
+            for x in leaving.iter_mut().filter(|x| x.id >= 8) {
+                x.leaving_for = Some("team-b".into());
+            }
+            assert!(
+                reclaim(
+                    &claimants,
+                    &leaving,
+                    &q,
+                    &l,
+                    &n,
+                    &BTreeMap::new(),
+                    1_000_000
+                )
+                .is_empty()
+            );
+        }
+
+        /// With gangs of 8 GPUs as the holders, one 1-GPU claimant costs one whole gang, no more.
+        #[test]
+        fn victims_are_whole_and_no_more_than_needed() {
+            let (a, b) = (team(8, false), team(8, true));
+            let q = world(&a, &b);
+            let mut n = nodes(2);
+            let h = holders(2, 8, &mut n);
+            let l = ledger(&q, &h);
+            let c = [Claimant {
+                id: 100,
+                queue: "team-b".into(),
+                demand: gpus(1),
+            }];
+            let v = reclaim(&c, &h, &q, &l, &n, &BTreeMap::new(), 1_000_000);
+            assert_eq!(v.len(), 1);
+            // Above its nominal quota, a claimant takes nothing back.
+            let big = [Claimant {
+                id: 101,
+                queue: "team-b".into(),
+                demand: gpus(9),
+            }];
+            assert!(reclaim(&big, &h, &q, &l, &n, &BTreeMap::new(), 1_000_000).is_empty());
+            // A queue at or below its nominal quota is never a victim.
+            let (a2, b2) = (team(16, false), team(8, true));
+            let q2 = world(&a2, &b2);
+            let l2 = ledger(&q2, &h);
+            assert!(reclaim(&c, &h, &q2, &l2, &n, &BTreeMap::new(), 1_000_000).is_empty());
+        }
     }
 }

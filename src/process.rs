@@ -22,6 +22,72 @@ pub fn start_time(pid: i32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
+/// What `/proc/PID/stat` says of a process's use of the machine: the fields Prometheus'
+/// standard process collector exports (`process_cpu_seconds_total` and the rest).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// User plus system CPU time, in clock ticks (fields 14 and 15).
+    pub cpu_ticks: u64,
+    /// Threads (field 20).
+    pub threads: u64,
+    /// Start time, in clock ticks since boot (field 22).
+    pub start_ticks: u64,
+    /// Virtual memory size, bytes (field 23).
+    pub virtual_bytes: u64,
+    /// Resident set size, pages (field 24).
+    pub resident_pages: u64,
+}
+
+/// Parses the text of `/proc/PID/stat` ([`Usage`]); None when it has too few fields.
+pub fn parse_usage(stat: &str) -> Option<Usage> {
+    // The command name (field 2) is in parentheses and may contain spaces: split after it.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3: field N is index N - 3.
+    let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
+    Some(Usage {
+        cpu_ticks: field(14)? + field(15)?,
+        threads: field(20)?,
+        start_ticks: field(22)?,
+        virtual_bytes: field(23)?,
+        resident_pages: field(24)?,
+    })
+}
+
+/// [`Usage`] of `pid`, None when it cannot be read.
+pub fn usage(pid: i32) -> Option<Usage> {
+    parse_usage(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, 100 on Linux) and the page size in bytes.
+pub fn ticks_and_page_size() -> (u64, u64) {
+    // SAFETY: sysconf only reads a configuration value.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (
+        u64::try_from(ticks).ok().filter(|t| *t > 0).unwrap_or(100),
+        u64::try_from(page).ok().filter(|p| *p > 0).unwrap_or(4096),
+    )
+}
+
+/// When the machine booted, seconds since the epoch (`btime` of `/proc/stat`).
+pub fn boot_time() -> Option<u64> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
+}
+
+/// Open file descriptors of this process (entries of `/proc/self/fd`, less the one reading it).
+pub fn open_fds() -> Option<u64> {
+    let n = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(n.saturating_sub(1))
+}
+
 /// The session id of `pid` (field 6 of `/proc/PID/stat`), or `None` if the process does not
 /// exist.
 pub fn session_id(pid: i32) -> Option<i32> {
@@ -294,6 +360,27 @@ pub fn set_sigusr1_blocked(blocked: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_read_from_proc_stat_fields() {
+        // A command name with spaces and a parenthesis, as the kernel writes it.
+        let stat = "4242 (managed (jobs)) S 1 4242 4242 0 -1 4194560 6364 0 0 0 \
+                    150 25 0 0 20 0 7 0 123456 987654321 2048 18446744073709551615";
+        let u = parse_usage(stat).unwrap();
+        assert_eq!(
+            u,
+            Usage {
+                cpu_ticks: 175,
+                threads: 7,
+                start_ticks: 123456,
+                virtual_bytes: 987654321,
+                resident_pages: 2048
+            }
+        );
+        assert_eq!(parse_usage("1 (x) S 1"), None);
+        let me = usage(std::process::id() as i32).unwrap();
+        assert!(me.threads >= 1 && me.resident_pages > 0, "{me:?}");
+    }
 
     /// The child runs in a session of its own, with SIGUSR1 blocked, its output in the log,
     /// and is reaped with its exit status.

@@ -24,8 +24,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::{
-    DEFAULT_QUEUE, ManagedJobQueue, QueuePreemption, ReclaimShare, WaitReason, WithinQueue,
+    DEFAULT_QUEUE, ManagedJobPool, ManagedJobQueue, QueuePreemption, QueueingStrategy,
+    ReclaimShare, ReclaimWithinCohort, WaitReason, WithinQueue,
 };
+use crate::resources::Placement;
+use crate::resources::quota::{QueueQuotas, Quota};
 
 /// The namespaces a queue admits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +60,11 @@ impl Admits {
 /// A queue as the scheduler applies it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuePolicy {
+    /// Its cohort and its quotas per pool and resource, in the order of its pools (empty: a
+    /// queue of slots only, no pool, no fit check).
+    pub quotas: QueueQuotas,
+    /// Whether a waiting job that does not fit its quota or the nodes lets later ones go first.
+    pub strategy: QueueingStrategy,
     /// Share of the caps while several queues have waiting jobs (at least 1).
     pub weight: u32,
     /// Most of its jobs holding a run slot at once; None: only the run cap.
@@ -81,6 +89,8 @@ pub struct Preemption {
     pub min_run_ms: i64,
     /// Most preemptions this queue causes in any [`crate::preemption::RATE_WINDOW_MS`].
     pub max_per_minute: usize,
+    /// Take back quota its cohort borrows from it (`reclaimWithinCohort: Any`).
+    pub reclaim_within_cohort: bool,
 }
 
 impl Preemption {
@@ -90,6 +100,7 @@ impl Preemption {
         within_queue: false,
         min_run_ms: crate::api::DEFAULT_MIN_RUN_SECONDS as i64 * 1000,
         max_per_minute: crate::api::DEFAULT_MAX_PREEMPTIONS_PER_MINUTE as usize,
+        reclaim_within_cohort: false,
     };
 
     /// The policy `spec` (None: unset) asks for, defaults filled in.
@@ -100,6 +111,7 @@ impl Preemption {
         Preemption {
             reclaim_share: p.reclaim_share == ReclaimShare::Any,
             within_queue: p.within_queue == WithinQueue::LowerPriority,
+            reclaim_within_cohort: p.reclaim_within_cohort == ReclaimWithinCohort::Any,
             min_run_ms: i64::from(
                 p.min_run_seconds
                     .unwrap_or(crate::api::DEFAULT_MIN_RUN_SECONDS),
@@ -113,7 +125,7 @@ impl Preemption {
 
     /// True when the queue may preempt at all.
     pub fn enabled(&self) -> bool {
-        self.reclaim_share || self.within_queue
+        self.reclaim_share || self.within_queue || self.reclaim_within_cohort
     }
 }
 
@@ -122,6 +134,11 @@ impl QueuePolicy {
     /// namespace.
     pub fn implicit_default() -> QueuePolicy {
         QueuePolicy {
+            quotas: QueueQuotas {
+                weight: 1,
+                ..Default::default()
+            },
+            strategy: QueueingStrategy::default(),
             weight: 1,
             max_running: None,
             max_launching: None,
@@ -134,10 +151,12 @@ impl QueuePolicy {
 static IMPLICIT_DEFAULT: std::sync::LazyLock<QueuePolicy> =
     std::sync::LazyLock::new(QueuePolicy::implicit_default);
 
-/// Every queue in force: the ManagedJobQueue objects, resolved.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Every queue in force: the ManagedJobQueue objects, resolved, and the pools
+/// (ManagedJobPools) they may name.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Queues {
     objects: BTreeMap<String, QueuePolicy>,
+    pools: BTreeMap<String, Placement>,
 }
 
 impl Queues {
@@ -146,9 +165,33 @@ impl Queues {
         Queues::default()
     }
 
-    /// The queues `objects` (name -> policy) define.
+    /// The queues `objects` (name -> policy) define, without pools.
     pub fn new(objects: BTreeMap<String, QueuePolicy>) -> Queues {
-        Queues { objects }
+        Queues {
+            objects,
+            pools: BTreeMap::new(),
+        }
+    }
+
+    /// These queues with the pools `pools` (name -> what each adds to its Pods).
+    pub fn with_pools(self, pools: BTreeMap<String, Placement>) -> Queues {
+        Queues { pools, ..self }
+    }
+
+    /// What pool `name` adds to a Pod, if the pool exists (`local` always does: nothing).
+    pub fn pool(&self, name: &str) -> Option<Placement> {
+        if name == crate::api::LOCAL_POOL {
+            return Some(Placement {
+                pool: name.to_string(),
+                ..Default::default()
+            });
+        }
+        self.pools.get(name).cloned()
+    }
+
+    /// True when any queue has quotas on pools (admission then reads the cluster).
+    pub fn any_quotas(&self) -> bool {
+        self.objects.values().any(|p| !p.quotas.pools.is_empty())
     }
 
     /// The queues `objects` define, each selector resolved against `namespaces` (name ->
@@ -157,6 +200,7 @@ impl Queues {
     pub fn resolve(
         objects: &[ManagedJobQueue],
         namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+        pools: &[ManagedJobPool],
     ) -> Queues {
         let mut out = BTreeMap::new();
         for q in objects {
@@ -178,6 +222,8 @@ impl Queues {
             out.insert(
                 name,
                 QueuePolicy {
+                    quotas: quotas_of(&q.spec),
+                    strategy: q.spec.queueing_strategy,
                     weight: q.spec.weight.max(1),
                     max_running: q.spec.max_running.map(|n| n as usize),
                     max_launching: q.spec.max_launching.map(|n| n as usize),
@@ -186,7 +232,24 @@ impl Queues {
                 },
             );
         }
-        Queues { objects: out }
+        let pools = pools
+            .iter()
+            .filter_map(|p| {
+                let name = p.metadata.name.clone()?;
+                Some((
+                    name.clone(),
+                    Placement {
+                        pool: name,
+                        node_labels: p.spec.node_labels.clone(),
+                        tolerations: p.spec.tolerations.clone(),
+                    },
+                ))
+            })
+            .collect();
+        Queues {
+            objects: out,
+            pools,
+        }
     }
 
     /// True when no queue object exists: every job of the default queue shares one pool, as
@@ -208,6 +271,40 @@ impl Queues {
         let mut names: BTreeSet<&str> = self.objects.keys().map(String::as_str).collect();
         names.insert(DEFAULT_QUEUE);
         names
+    }
+}
+
+/// A queue's quotas from its spec: each quantity in milli-units (one the API let through that
+/// is not a quantity counts as 0: nothing is admitted on it, rather than everything).
+fn quotas_of(spec: &crate::api::ManagedJobQueueSpec) -> QueueQuotas {
+    let amount = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+        crate::resources::amount::parse(&q.0).unwrap_or(0)
+    };
+    QueueQuotas {
+        cohort: spec.cohort.clone(),
+        weight: spec.weight.max(1),
+        pools: spec
+            .pools
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    p.resources
+                        .iter()
+                        .map(|r| {
+                            (
+                                r.name.clone(),
+                                Quota {
+                                    nominal: amount(&r.nominal_quota),
+                                    borrowing_limit: r.borrowing_limit.as_ref().map(amount),
+                                    lending_limit: r.lending_limit.as_ref().map(amount),
+                                },
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect(),
     }
 }
 
@@ -394,6 +491,8 @@ mod tests {
         objects.insert(
             "gold".to_string(),
             QueuePolicy {
+                quotas: Default::default(),
+                strategy: Default::default(),
                 weight: 3,
                 max_running: Some(0),
                 max_launching: None,

@@ -20,7 +20,7 @@
 //! With no queue objects every job of the default queue is in one pool: exactly the rules
 //! before queues existed ([`plan`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
 use crate::capacity::{Caps, SlotUsage};
@@ -198,29 +198,11 @@ pub struct PassResult {
     pub relaunched: Vec<JobRow>,
     /// Slot usage after the pass.
     pub usage: SlotUsage,
-    /// Queued jobs whose message changed to say what they wait for.
+    /// Waiting jobs told anew what they wait for ([`Store::tell_waiting`]).
     pub messages: usize,
     /// Running jobs chosen as preemption victims ([`crate::preemption::plan`]): the caller must
     /// wake their process, which stops them.
     pub preempted: Vec<JobRow>,
-}
-
-/// Queued jobs at the head of each queue whose message a pass keeps saying what they wait for
-/// ([`why_waiting`]); the others keep the one they were queued with.
-pub const QUEUE_MESSAGES: usize = 8;
-
-/// Queues whose head messages a pass refreshes in turn, besides the queues it admitted from and
-/// those whose reason changed: every queue's head is refreshed within (queues / this) passes.
-pub const MESSAGE_ROTATION: usize = 8;
-
-/// What a pass remembers for the next one (the engine keeps one): what each queue's jobs were
-/// last told, and where the rotation of head messages stands. A fresh one refreshes every
-/// queue's head.
-#[derive(Clone, Debug, Default)]
-pub struct PassMemory {
-    said: HashMap<String, (WaitReason, String)>,
-    cursor: String,
-    queues: Option<Queues>,
 }
 
 /// What a pass knows when it says why a queue's jobs wait ([`why_waiting`]).
@@ -277,32 +259,27 @@ pub fn why_waiting(
 
 /// One scheduling pass in one pool (no queue objects); see [`pass_queues`].
 pub fn pass(store: &mut Store, caps: Caps) -> Result<PassResult, StoreError> {
-    pass_queues(
-        store,
-        caps,
-        &Queues::single_pool(),
-        &mut PassMemory::default(),
-    )
+    pass_queues(store, caps, &Queues::single_pool())
 }
 
 /// One scheduling pass over the store under `queues`: plans ([`plan_queues`]) and applies
-/// admissions as compare-and-sets, then tells the head of the queues what they wait for
-/// ([`why_waiting`]).
+/// admissions as compare-and-sets, then tells every waiting job why it waits
+/// ([`why_waiting`], [`Store::tell_waiting`]).
 ///
 /// Reads: the slots held in all and per queue (over the live jobs' index), the relaunches, the
 /// queues that have waiting jobs (one index seek each), and the heads of only those queues that
 /// could get a slot this pass: with `f` new jobs admissible (free launch and run slots), the
 /// planner admits only from the `f` queues of lowest share that have an admissible job, so the
-/// pass reads heads in share order until it has found `f` of them. Then the head messages of the
-/// queues it admitted from, of those whose reason changed and of [`MESSAGE_ROTATION`] more in
-/// turn ([`PassMemory`]). Nothing it reads grows with finished jobs.
+/// pass reads heads in share order until it has found `f` of them. Then one index seek per
+/// group of waiting jobs (queue and namespace) and an UPDATE of the groups whose reason
+/// changed. Nothing it reads grows with finished jobs, nor with the jobs of a group whose reason
+/// holds.
 pub fn pass_queues(
     store: &mut Store,
     caps: Caps,
     queues: &Queues,
-    memory: &mut PassMemory,
 ) -> Result<PassResult, StoreError> {
-    pass_queues_paced(store, caps, queues, memory, usize::MAX)
+    pass_queues_paced(store, caps, queues, usize::MAX)
 }
 
 /// [`pass_queues`] admitting at most `max_new` new jobs ([`crate::pacing`]: while a burst of
@@ -312,16 +289,9 @@ pub fn pass_queues_paced(
     store: &mut Store,
     caps: Caps,
     queues: &Queues,
-    memory: &mut PassMemory,
     max_new: usize,
 ) -> Result<PassResult, StoreError> {
     let now = lifecycle::now_ms();
-    if memory.queues.as_ref() != Some(queues) {
-        *memory = PassMemory {
-            queues: Some(queues.clone()),
-            ..Default::default()
-        };
-    }
     let mut loads = store.queue_usage()?;
     let usage = store.slot_usage()?;
     let waiting_queues = if usage.waiting > 0 {
@@ -335,7 +305,7 @@ pub fn pass_queues_paced(
         run: caps.run.min(usage.alive.saturating_add(max_new)),
         ..caps
     };
-    let (mut result, touched) = admit(
+    let mut result = admit(
         store,
         admit_caps,
         queues,
@@ -348,17 +318,10 @@ pub fn pass_queues_paced(
         result.preempted = preempt(store, caps, queues, &waiting_queues, now)?;
     }
     if result.usage.waiting > 0 {
-        result.messages = tell_heads(
-            store,
-            caps,
-            queues,
-            memory,
-            &loads,
-            &waiting_queues,
-            &touched,
-            result.usage,
-            now,
-        )?;
+        let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
+        result.messages = store.tell_waiting(now, |queue, namespace| {
+            why_waiting(&w, queue, Some(namespace))
+        })?;
     }
     Ok(result)
 }
@@ -462,17 +425,13 @@ fn admit(
     loads: &mut BTreeMap<String, QueueLoad>,
     waiting_queues: &[String],
     now: i64,
-) -> Result<(PassResult, BTreeSet<String>), StoreError> {
-    let mut touched = BTreeSet::new();
+) -> Result<PassResult, StoreError> {
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
-        return Ok((
-            PassResult {
-                usage,
-                ..Default::default()
-            },
-            touched,
-        ));
+        return Ok(PassResult {
+            usage,
+            ..Default::default()
+        });
     }
     let mut views: BTreeMap<String, QueueView> = BTreeMap::new();
     let view = |name: &str, loads: &BTreeMap<String, QueueLoad>| -> QueueView {
@@ -555,11 +514,10 @@ fn admit(
                 }
                 _ => result.relaunched.push(*row),
             }
-            touched.insert(queue.to_string());
         }
     }
     result.usage = store.slot_usage()?;
-    Ok((result, touched))
+    Ok(result)
 }
 
 /// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):
@@ -597,52 +555,6 @@ pub fn wait_context<'a>(
         backlogged,
         backlogged_weight,
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tell_heads(
-    store: &mut Store,
-    caps: Caps,
-    queues: &Queues,
-    memory: &mut PassMemory,
-    loads: &BTreeMap<String, QueueLoad>,
-    waiting_queues: &[String],
-    touched: &BTreeSet<String>,
-    usage: SlotUsage,
-    now: i64,
-) -> Result<usize, StoreError> {
-    let w = wait_context(store, caps, queues, loads, waiting_queues, usage)?;
-    // The queues whose heads are told: those admitted from, those whose reason changed, and
-    // the next few in turn.
-    let mut tell: BTreeSet<&str> = BTreeSet::new();
-    for name in waiting_queues {
-        let said = why_waiting(&w, name, None);
-        if touched.contains(name) || memory.said.get(name) != Some(&said) {
-            tell.insert(name);
-        }
-        memory.said.insert(name.clone(), said);
-    }
-    let start = waiting_queues.partition_point(|q| q.as_str() <= memory.cursor.as_str());
-    for name in waiting_queues
-        .iter()
-        .cycle()
-        .skip(start)
-        .take(MESSAGE_ROTATION.min(waiting_queues.len()))
-    {
-        tell.insert(name);
-        memory.cursor = name.clone();
-    }
-    let mut messages = 0;
-    for name in tell {
-        for row in store.queue_head_briefly(name, QUEUE_MESSAGES, now)? {
-            let (reason, message) = why_waiting(&w, name, Some(&row.namespace));
-            if row.message != message || row.wait_reason != Some(reason) {
-                store.transition(row.id, &lifecycle::queued(reason, message))?;
-                messages += 1;
-            }
-        }
-    }
-    Ok(messages)
 }
 
 #[cfg(test)]

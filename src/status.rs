@@ -32,7 +32,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
-use crate::api::{JobPhase, ManagedJobStatus, ScheduleState};
+use crate::api::{JobPhase, ManagedJobStatus, QueueEntry, ScheduleState};
 use crate::lifecycle::{JobRow, tasks};
 
 fn time(ms: i64) -> Time {
@@ -153,7 +153,8 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         schedule_state: Some(row.schedule_state),
         message: Some(row.message.clone()),
         queue: Some(row.queue.clone()),
-        queue_position: row.queue_position,
+        queue_position: None,
+        queue_entry: Some(queue_entry(row)),
         submitted_at: Some(time(row.submitted_at_ms)),
         started_at: row.started_at_ms.map(time),
         finished_at: row.finished_at_ms.map(time),
@@ -166,6 +167,7 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         failure_reason: row.failure_reason.as_ref().map(|f| f.to_string()),
         workload: row.workload.as_ref().map(|w| w.to_string()),
         ready_nodes: row.ready_nodes.clone(),
+        pool: row.pool.clone(),
         observed_generation: Some(row.generation),
         conditions: conditions(row),
         current_task: row.spec.is_pipeline().then_some(row.task_index),
@@ -173,6 +175,15 @@ pub fn status(row: &JobRow) -> ManagedJobStatus {
         tasks: shown.tasks,
         owner: None,
         owner_epoch: None,
+    }
+}
+
+/// Where `row` stands in its queue ([`crate::lifecycle::entry`]), as its status keeps it.
+pub fn queue_entry(row: &JobRow) -> QueueEntry {
+    let version = crate::lifecycle::entry::version_of_key(&row.entry_version);
+    QueueEntry {
+        entered_at: Some(time(row.queued_at_ms)),
+        resource_version: (!version.is_empty()).then(|| version.to_string()),
     }
 }
 
@@ -197,20 +208,40 @@ pub fn merge_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
         status.owner_epoch = Some(owner.epoch);
     }
     let mut status = serde_json::to_value(status).expect("a status serializes");
-    let obj = status.as_object_mut().expect("status is an object");
-    for field in [
-        "queuePosition",
-        "startedAt",
-        "finishedAt",
-        "exitCode",
-        "failureReason",
-        "workload",
-        "ignoredCount",
-        "attempts",
-    ] {
-        obj.entry(field).or_insert(Value::Null);
-    }
+    null_absent(&mut status);
     json!({ "metadata": { "uid": row.uid }, "status": status })
+}
+
+/// Every field of the API's status (`status.*`, camelCase), from its schema: the one list of
+/// what a patch must set or null, so that a field added to [`ManagedJobStatus`] can never
+/// linger from an earlier attempt (issue 43: `readyNodes` was missing from a hand-kept list,
+/// and a suspended gang kept showing `4/4` with no Pod).
+fn status_fields() -> &'static [String] {
+    static FIELDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    FIELDS.get_or_init(|| {
+        let schema = schemars::schema_for!(ManagedJobStatus);
+        schema
+            .as_object()
+            .and_then(|o| o.get("properties"))
+            .and_then(Value::as_object)
+            .map(|p| p.keys().cloned().collect())
+            .unwrap_or_default()
+    })
+}
+
+/// The fields a status patch leaves as they are when it does not set them: who owns the job
+/// is written only while claims are in force (a patch without an owner leaves the last one).
+const KEPT_WHEN_ABSENT: [&str; 2] = ["owner", "ownerEpoch"];
+
+/// Sets every field of the status schema that `status` lacks to null (a JSON merge patch then
+/// removes it), except [`KEPT_WHEN_ABSENT`].
+fn null_absent(status: &mut Value) {
+    let obj = status.as_object_mut().expect("status is an object");
+    for field in status_fields() {
+        if !KEPT_WHEN_ABSENT.contains(&field.as_str()) {
+            obj.entry(field.clone()).or_insert(Value::Null);
+        }
+    }
 }
 
 /// How much of its status an object has room for ([`fit`]).
@@ -283,6 +314,7 @@ pub fn minimal_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
         schedule_state: full.schedule_state,
         message: full.message.as_deref().map(cut),
         queue: full.queue,
+        queue_entry: full.queue_entry,
         submitted_at: full.submitted_at,
         started_at: full.started_at,
         finished_at: full.finished_at,
@@ -301,20 +333,7 @@ pub fn minimal_patch(row: &JobRow, owner: Option<&Owner>) -> Value {
         ..Default::default()
     };
     let mut status = serde_json::to_value(minimal).expect("a status serializes");
-    let obj = status.as_object_mut().expect("status is an object");
-    for field in [
-        "queuePosition",
-        "startedAt",
-        "finishedAt",
-        "exitCode",
-        "failureReason",
-        "workload",
-        "ignoredCount",
-        "attempts",
-        "tasks",
-    ] {
-        obj.entry(field).or_insert(Value::Null);
-    }
+    null_absent(&mut status);
     json!({ "metadata": { "uid": row.uid }, "status": status })
 }
 
@@ -326,6 +345,39 @@ mod tests {
         TaskSpec, TaskStatus,
     };
     use crate::lifecycle::Object;
+
+    /// A status shows where its job stands in its queue (what a rebuilt store keeps, and what
+    /// orders jobs created in one second) and no position (it would be stale at once).
+    #[test]
+    fn a_status_keeps_the_queue_entry_and_no_position() {
+        let spec = ManagedJobSpec {
+            run: Some("true".into()),
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "u",
+            namespace: "ns",
+            name: "j",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 7_000,
+            resource_version: "123",
+        };
+        let row = JobRow {
+            queue_position: Some(3),
+            ..JobRow::new(&object, 8_000)
+        };
+        let s = status(&row);
+        assert_eq!(s.queue_position, None);
+        let entry = s.queue_entry.unwrap();
+        assert_eq!(entry.resource_version.as_deref(), Some("123"));
+        assert_eq!(entry.entered_at.map(|t| t.0.as_millisecond()), Some(7_000));
+        let patch = merge_patch(&row, None);
+        assert!(patch["status"]["queuePosition"].is_null());
+        assert_eq!(patch["status"]["queueEntry"]["resourceVersion"], "123");
+        let minimal = minimal_patch(&row, None);
+        assert_eq!(minimal["status"]["queueEntry"]["resourceVersion"], "123");
+    }
 
     /// The largest status the operator writes: a pipeline of 32 tasks with 63-character names,
     /// every message (the job's, each condition's, each task record's) at its longest, 10
@@ -351,6 +403,7 @@ mod tests {
             generation: 1,
             spec: &spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         let mut row = JobRow::new(&object, 0);
         let long = "€".repeat(MAX_STATUS_MESSAGE_BYTES);
@@ -427,5 +480,39 @@ mod tests {
             Fit::Minimal
         );
         assert_eq!(fit(limit - 1_000, 3_000, 600), Fit::None);
+    }
+
+    /// Both patches name every field of the status schema (set, or null to remove it), except
+    /// the owner pair; a gang stopped by a suspend no longer shows the members it had running.
+    #[test]
+    fn every_field_a_row_does_not_set_is_nulled() {
+        let spec = ManagedJobSpec {
+            nodes: Some(4),
+            ..Default::default()
+        };
+        let object = Object {
+            uid: "u",
+            namespace: "n",
+            name: "gang",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+            resource_version: "",
+        };
+        let mut row = JobRow::new(&object, 0);
+        row.ready_nodes = None;
+        assert!(status_fields().len() > 20, "{:?}", status_fields());
+        assert!(status_fields().iter().any(|f| f == "readyNodes"));
+        for patch in [merge_patch(&row, None), minimal_patch(&row, None)] {
+            let status = patch["status"].as_object().unwrap();
+            for field in status_fields() {
+                assert_eq!(
+                    status.contains_key(field),
+                    !KEPT_WHEN_ABSENT.contains(&field.as_str()),
+                    "{field} in {status:?}"
+                );
+            }
+            assert_eq!(status["readyNodes"], Value::Null);
+        }
     }
 }

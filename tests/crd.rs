@@ -37,6 +37,21 @@ fn committed_queue_crd_is_up_to_date() {
     }
 }
 
+/// The same for the ManagedJobPool CRD: `cargo run -- crd pool`.
+#[test]
+fn committed_pool_crd_is_up_to_date() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crds/managedjobs.dev_managedjobpools.yaml"
+    );
+    let committed =
+        std::fs::read_to_string(path).expect("crds/managedjobs.dev_managedjobpools.yaml");
+    assert!(
+        committed == managed_jobs::api::pool_crd_yaml(),
+        "crds/ is stale: run `cargo run -- crd pool > crds/managedjobs.dev_managedjobpools.yaml`"
+    );
+}
+
 #[test]
 fn every_spec_field_has_a_description() {
     let crd = serde_json::to_value(managed_jobs::api::crd()).unwrap();

@@ -374,7 +374,9 @@ async fn a_cancel_lets_the_workload_save_its_work_within_the_jobs_grace() {
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "rulegrace").await;
     let node = SilentNode::create(&client, cp).await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    // The node never reports Ready: without a grace longer than the test, its Pod would be
+    // lost to it (`tests/nodes.rs`) while the test plays its kubelet.
+    let _op = support::OperatorProcess::start(cp, &ns.name, &["--node-lost-grace-seconds", "600"]);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     let run = format!(

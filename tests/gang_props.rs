@@ -14,7 +14,9 @@
 //!   and `RemoveThen` delete every member that is alive and then apply the transition, `Apply`
 //!   applies it; the scheduler's admission (a launch slot) is granted at once;
 //! - a fate changes one member: bound (Pending to Running), unschedulable, exits on its own
-//!   with a code, is lost (evicted, deleted), starts terminating, or succeeds.
+//!   with a code, is lost (evicted, deleted), is lost with its node (issue 43: its Pod stays on
+//!   the lost node, where nobody will ever confirm its end, until the operator removes it),
+//!   starts terminating, or succeeds.
 //!
 //! After every step these invariants are asserted:
 //!
@@ -27,10 +29,14 @@
 //! 4. no overlapping attempts: when an attempt's members are created, no member of another
 //!    attempt is alive;
 //! 5. the decider: every ended attempt's record names the rank of the first member that ended
-//!    badly (by time, then one that failed on its own before one that was lost, then by rank).
+//!    badly (by time, then one that failed on its own before one that was lost, then by rank);
+//! 6. no Pod left on a lost node: once an attempt's end is written, none of its members' Pods
+//!    remains on a lost node (a member lost with its node is removed before, a job of one's
+//!    too), so no attempt starts beside one.
 //!
 //! A [`Mutation`] alters what `next_action` returns the way a bug would (no fail-fast stop, a
-//! gang Running once one member runs, a stop that leaves members behind), and
+//! gang Running once one member runs, a stop that leaves members behind, an end written while
+//! a member's Pod is left on its lost node), and
 //! `the_model_catches_each_mutation` checks that some case then breaks an invariant.
 //!
 //! Fixed seed (override with `PROPTEST_RNG_SEED`), nothing persisted: a run is deterministic.
@@ -68,6 +74,7 @@ enum Fate {
     Unschedulable,
     Exits(i32),
     Lost,
+    NodeLost,
     Terminating,
 }
 
@@ -88,12 +95,16 @@ enum Mutation {
     RunningOnOne,
     /// A stop deletes only the first alive member.
     StopLeavesMembers,
+    /// An attempt whose only member left is lost with its node is ended without removing it.
+    LeavesLostNodePods,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct SimMember {
     state: MemberState,
     ended_at_ms: Option<i64>,
+    /// Lost with its node, and its Pod still there: only the operator's removal ends it.
+    on_lost_node: bool,
 }
 
 impl SimMember {
@@ -145,6 +156,7 @@ impl Model {
             generation: 1,
             spec: &spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         let row = JobRow {
             id: 1,
@@ -222,9 +234,27 @@ impl Model {
     fn alive_others(&self, attempt: i32) -> Vec<(i32, usize)> {
         self.world
             .iter()
-            .filter(|((a, _), m)| *a != attempt && m.alive())
+            .filter(|((a, _), m)| *a != attempt && (m.alive() || m.on_lost_node))
             .map(|(k, _)| *k)
             .collect()
+    }
+
+    /// Invariant 6, after a transition was written: no member of an attempt that is over (an
+    /// earlier one, or the current one of a Done job) has its Pod left on a lost node.
+    fn check_no_pod_on_lost_node(&self) -> Result<(), TestCaseError> {
+        let current = self.row.current_attempt();
+        let done = self.row.schedule_state == ScheduleState::Done;
+        let left: Vec<(i32, usize)> = self
+            .world
+            .iter()
+            .filter(|((a, _), m)| m.on_lost_node && (*a < current || done))
+            .map(|(k, _)| *k)
+            .collect();
+        prop_assert!(
+            left.is_empty(),
+            "invariant 6: an attempt ended with Pods left on a lost node: {left:?}"
+        );
+        Ok(())
     }
 
     /// The first member of the current attempt to end badly (invariant 5's order).
@@ -274,6 +304,22 @@ impl Model {
             (Mutation::NoFailFast, Action::StopThen(t)) if !self.row.cancel_requested => {
                 action = Action::Apply(t.clone());
             }
+            (Mutation::LeavesLostNodePods, Action::StopThen(t))
+                if !self.row.cancel_requested
+                    && observed.as_ref().is_some_and(|o| {
+                        !o.members.iter().any(|m| {
+                            matches!(
+                                m.state,
+                                MemberState::Running
+                                    | MemberState::Pending { .. }
+                                    | MemberState::Unschedulable { .. }
+                                    | MemberState::Terminating { .. }
+                            )
+                        })
+                    }) =>
+            {
+                action = Action::Apply(t.clone());
+            }
             (Mutation::RunningOnOne, _)
                 if observed.as_ref().is_some_and(|o| {
                     o.members[0].state == MemberState::Running
@@ -319,6 +365,7 @@ impl Model {
                 let expected = self.expected_decider();
                 if self.apply(&t) {
                     self.check_written(running, observed.as_ref(), expected)?;
+                    self.check_no_pod_on_lost_node()?;
                 }
             }
             Action::Launch { attempt, intent } => {
@@ -341,11 +388,25 @@ impl Model {
                             message: String::new(),
                         },
                         ended_at_ms: None,
+                        on_lost_node: false,
                     });
                 }
             }
             Action::StopThen(t) | Action::RemoveThen(t) => {
                 let expected = self.expected_decider();
+                // The pod executor's stop: every member alive, and every Pod of a member lost
+                // with its node (removed at once).
+                let lost_node: Vec<(i32, usize)> = self
+                    .world
+                    .iter()
+                    .filter(|(_, m)| m.on_lost_node)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in &lost_node {
+                    if let Some(m) = self.world.get_mut(key) {
+                        m.on_lost_node = false;
+                    }
+                }
                 let alive: Vec<(i32, usize)> = self
                     .world
                     .iter()
@@ -362,6 +423,7 @@ impl Model {
                 }
                 if self.apply(&t) {
                     self.check_written(false, observed.as_ref(), expected)?;
+                    self.check_no_pod_on_lost_node()?;
                 }
             }
         }
@@ -456,6 +518,14 @@ impl Model {
                 ));
                 m.ended_at_ms = Some(now);
             }
+            Fate::NodeLost => {
+                m.state = MemberState::Ended(Outcome::lost(
+                    format!("Pod gang-{attempt}-{rank}: NodeLost (its node n{rank} was deleted)"),
+                    "NodeLost",
+                ));
+                m.ended_at_ms = Some(now);
+                m.on_lost_node = true;
+            }
             Fate::Terminating => {
                 m.state = MemberState::Terminating {
                     message: format!("Pod gang-{attempt}-{rank} is terminating"),
@@ -470,11 +540,12 @@ impl Model {
 
 fn fate() -> impl Strategy<Value = Fate> {
     prop_oneof![
-        6 => Just(Fate::Bound),
-        1 => Just(Fate::Unschedulable),
-        2 => prop_oneof![Just(0), Just(1), Just(3), Just(137)].prop_map(Fate::Exits),
-        1 => Just(Fate::Lost),
-        1 => Just(Fate::Terminating),
+        12 => Just(Fate::Bound),
+        2 => Just(Fate::Unschedulable),
+        4 => prop_oneof![Just(0), Just(1), Just(3), Just(137)].prop_map(Fate::Exits),
+        2 => Just(Fate::Lost),
+        1 => Just(Fate::NodeLost),
+        2 => Just(Fate::Terminating),
     ]
 }
 
@@ -522,7 +593,7 @@ fn run(
 proptest! {
     #![proptest_config(config(300))]
 
-    /// The five invariants over random member fates.
+    /// The six invariants over random member fates.
     #[test]
     fn gang_rules_hold_over_random_member_fates((size, restarts, steps) in case()) {
         run(size, restarts, &steps, Mutation::None)?;
@@ -537,6 +608,7 @@ fn the_model_catches_each_mutation() {
         Mutation::NoFailFast,
         Mutation::RunningOnOne,
         Mutation::StopLeavesMembers,
+        Mutation::LeavesLostNodePods,
     ] {
         let mut runner = TestRunner::new(config(300));
         let found = runner.run(&case(), |(size, restarts, steps)| {

@@ -5,19 +5,19 @@
 //! partly placed gang after its launch timeout).
 //!
 //! What must never happen is counted over the whole test by a watch on every Pod
-//! ([`PodLog`]): two attempts' members alive at once, a Pod that is no attempt's member, two
+//! ([`support::kwok::PodLog`]): two attempts' members alive at once, a Pod that is no attempt's member, two
 //! gangs both partly placed.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use managed_jobs::api::{JobPhase, ManagedJob};
+use support::kwok::{Pool, watch_pods};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -51,131 +51,6 @@ spec:
               memory: 64Mi
 "#
     )
-}
-
-/// One Pod as a watch event showed it.
-#[derive(Clone, Debug)]
-struct Seen {
-    job: String,
-    attempt: i32,
-    rank: u32,
-    node: Option<String>,
-    /// Not finished (phase neither Succeeded nor Failed) and not being deleted.
-    alive: bool,
-}
-
-/// Every Pod event of a namespace from now on, with the violations checked at each event.
-#[derive(Default)]
-struct PodLog {
-    /// Every Pod name ever seen, with its last state.
-    pods: BTreeMap<String, Seen>,
-    /// Pods that exist now (not yet deleted).
-    present: BTreeMap<String, Seen>,
-    /// Moments where one job had alive members of two attempts: (job, attempts).
-    overlaps: Vec<(String, BTreeSet<i32>)>,
-    /// Moments where two jobs were both partly placed (some member bound, some not, both
-    /// alive): the pair.
-    both_partly_placed: Vec<(String, String)>,
-    /// Nodes any gang Pod was ever bound to, by job.
-    bound: BTreeMap<String, BTreeSet<String>>,
-}
-
-impl PodLog {
-    fn observe(&mut self, pod: &Pod, deleted: bool) {
-        let labels = pod.labels();
-        let Some(job) = labels.get("managedjobs.dev/job-name").cloned() else {
-            return;
-        };
-        let attempt = labels
-            .get("managedjobs.dev/attempt")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
-        let rank = labels
-            .get("managedjobs.dev/rank")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let seen = Seen {
-            job: job.clone(),
-            attempt,
-            rank,
-            node: node.clone(),
-            alive: !deleted
-                && pod.metadata.deletion_timestamp.is_none()
-                && !matches!(phase.as_deref(), Some("Succeeded" | "Failed")),
-        };
-        if let Some(n) = node {
-            self.bound.entry(job.clone()).or_default().insert(n);
-        }
-        let name = pod.name_any();
-        self.pods.insert(name.clone(), seen.clone());
-        if deleted {
-            self.present.remove(&name);
-        } else {
-            self.present.insert(name, seen);
-        }
-        // Never two attempts' members of one job alive at once.
-        let mut by_job: BTreeMap<&str, BTreeSet<i32>> = BTreeMap::new();
-        for s in self.present.values().filter(|s| s.alive) {
-            by_job.entry(&s.job).or_default().insert(s.attempt);
-        }
-        for (job, attempts) in by_job {
-            if attempts.len() > 1 {
-                self.overlaps.push((job.to_string(), attempts));
-            }
-        }
-        // Never two gangs both partly placed.
-        let mut partly: Vec<String> = Vec::new();
-        let jobs: BTreeSet<&str> = self.present.values().map(|s| s.job.as_str()).collect();
-        for job in jobs {
-            let alive: Vec<&Seen> = self
-                .present
-                .values()
-                .filter(|s| s.job == job && s.alive)
-                .collect();
-            let bound = alive.iter().filter(|s| s.node.is_some()).count();
-            if bound > 0 && bound < alive.len() {
-                partly.push(job.to_string());
-            }
-        }
-        if partly.len() > 1 {
-            self.both_partly_placed
-                .push((partly[0].clone(), partly[1].clone()));
-        }
-    }
-
-    /// Pod names seen of `job`, by attempt.
-    fn names_of(&self, job: &str) -> BTreeMap<i32, BTreeSet<String>> {
-        let mut out: BTreeMap<i32, BTreeSet<String>> = BTreeMap::new();
-        for (name, s) in &self.pods {
-            if s.job == job {
-                out.entry(s.attempt).or_default().insert(name.clone());
-            }
-        }
-        out
-    }
-}
-
-fn watch_pods(client: &Client, ns: &str) -> (tokio::task::JoinHandle<()>, Arc<Mutex<PodLog>>) {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    let log = Arc::new(Mutex::new(PodLog::default()));
-    let seen = log.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                    seen.lock().unwrap().observe(&p, false)
-                }
-                Ok(watcher::Event::Delete(p)) => seen.lock().unwrap().observe(&p, true),
-                _ => {}
-            }
-        }
-    });
-    (task, log)
 }
 
 async fn status(client: &Client, ns: &str, name: &str) -> managed_jobs::api::ManagedJobStatus {
@@ -242,6 +117,7 @@ fn row_of(mj: &ManagedJob) -> managed_jobs::lifecycle::JobRow {
         generation: 1,
         spec: &mj.spec,
         created_at_ms: 0,
+        resource_version: "",
     };
     managed_jobs::lifecycle::JobRow {
         id: mj.status.as_ref().and_then(|s| s.job_id).unwrap(),
@@ -273,100 +149,6 @@ async fn exit_on_its_own(client: &Client, ns: &str, pod: &str, code: i32) {
         .patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("patching the Pod's status");
-}
-
-/// kwok Nodes made for one test (`cpu` each, labelled `gang-pool=<pool>`), deleted when dropped.
-struct Pool {
-    cp: &'static support::ControlPlane,
-    names: Vec<String>,
-}
-
-impl Pool {
-    async fn new(
-        cp: &'static support::ControlPlane,
-        client: &Client,
-        pool: &str,
-        count: usize,
-        cpu: &str,
-    ) -> Pool {
-        let api = Api::<Node>::all(client.clone());
-        let mut names = Vec::new();
-        for i in 0..count {
-            let name = format!("{pool}-{i}");
-            let node: Node = serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name,
-                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {"type": "kwok", "gang-pool": pool, "kubernetes.io/hostname": name}},
-                "spec": {"taints": [{"key": "gang-pool", "value": pool, "effect": "NoSchedule"}]},
-                "status": {"allocatable": {"cpu": cpu, "memory": "32Gi", "pods": "110"},
-                    "capacity": {"cpu": cpu, "memory": "32Gi", "pods": "110"}},
-            }))
-            .unwrap();
-            api.create(&PostParams::default(), &node)
-                .await
-                .expect("creating a kwok Node");
-            names.push(name);
-        }
-        // Ready (kwok's Stage) and untainted by the node lifecycle controller.
-        let start = Instant::now();
-        loop {
-            let mut ready = 0;
-            for n in &names {
-                let node = api.get(n).await.unwrap();
-                let is_ready = node
-                    .status
-                    .and_then(|s| s.conditions)
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = node
-                    .spec
-                    .and_then(|s| s.taints)
-                    .into_iter()
-                    .flatten()
-                    .any(|t| t.key.starts_with("node.kubernetes.io/"));
-                if is_ready && !tainted {
-                    ready += 1;
-                }
-            }
-            if ready == names.len() {
-                break;
-            }
-            assert!(start.elapsed() < T, "the pool's nodes never became Ready");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Pool { cp, names }
-    }
-
-    /// Template lines placing a Pod on this pool only.
-    fn placement(pool: &str) -> String {
-        format!(
-            "      nodeSelector: {{gang-pool: {pool}}}\n      tolerations: [{{key: gang-pool, operator: Equal, value: {pool}, effect: NoSchedule}}]\n"
-        )
-    }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        let cp = self.cp;
-        let names = std::mem::take(&mut self.names);
-        // Cluster-scoped objects outlive the namespace: remove them even when the test failed.
-        // A client of its own: the test's runtime is blocked on this thread meanwhile.
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async move {
-                    let api = Api::<Node>::all(support::client(cp).await);
-                    for n in names {
-                        let _ = api.delete(&n, &DeleteParams::default()).await;
-                    }
-                })
-        })
-        .join();
-    }
 }
 
 /// A 4-node job Succeeds: 4 Pods, one per rank, each with its own rank and the same address

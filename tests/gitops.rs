@@ -97,7 +97,7 @@ fn change_for(phase: JobPhase) -> Change {
         ),
         JobPhase::FailedController => failed(
             "ControllerCrashed",
-            "the job controller process exited 3 times before finishing; see `managed-jobs logs 1 --controller`",
+            "the job controller process exited 3 times before finishing; see `managed-jobs logs default/sample-failedcontroller --controller`",
             None,
         ),
     }
@@ -201,6 +201,7 @@ fn samples() -> BTreeMap<String, String> {
         assert_eq!(row.generation, 1);
         // The store stamps times with the clock; pin them so the files are deterministic.
         row.submitted_at_ms = SUBMITTED_MS;
+        row.queued_at_ms = SUBMITTED_MS;
         row.phase_changed_at_ms = PHASE_CHANGED_MS;
         row.started_at_ms = row.started_at_ms.map(|_| STARTED_MS);
         row.finished_at_ms = row.finished_at_ms.map(|_| FINISHED_MS);
@@ -221,6 +222,7 @@ fn samples() -> BTreeMap<String, String> {
                 .expect("upsert generation 2");
             let mut row = up.row;
             row.submitted_at_ms = SUBMITTED_MS;
+            row.queued_at_ms = SUBMITTED_MS;
             row.phase_changed_at_ms = PHASE_CHANGED_MS;
             row.started_at_ms = row.started_at_ms.map(|_| STARTED_MS);
             row.finished_at_ms = row.finished_at_ms.map(|_| FINISHED_MS);
@@ -284,6 +286,7 @@ fn pinned(mut row: JobRow) -> JobRow {
         )
     };
     row.submitted_at_ms = SUBMITTED_MS;
+    row.queued_at_ms = SUBMITTED_MS;
     row.phase_changed_at_ms = PHASE_CHANGED_MS;
     row.started_at_ms = row.started_at_ms.map(|_| STARTED_MS);
     row.finished_at_ms = row.finished_at_ms.map(|_| FINISHED_MS);

@@ -288,12 +288,19 @@ async fn a_pod_that_can_never_start_fails_its_precheck_at_once() {
     let cp = control_plane_or_skip!();
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "unstartable").await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    // Bound to a node nobody runs: the test plays its kubelet. (A Node that does not exist
+    // would lose the Pod at once, `docs/reference/pod-fates.md`; this one is not Ready, and
+    // the grace keeps it from losing the Pod while the test runs.)
+    let node = DeadNode::create(&client, cp, "mj-unstartable-node").await;
+    let _op = support::OperatorProcess::start(
+        cp,
+        &ns.name,
+        &["--node-lost-grace-seconds", DEAD_NODE_GRACE],
+    );
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
-    // Bound to a node nobody runs: the test plays its kubelet.
     let yaml = pod_job("unstartable", "60s", 2).replace(
         "      containers:",
-        "      nodeName: no-such-node\n      containers:",
+        &format!("      nodeName: {}\n      containers:", node.name),
     );
     support::create_yaml(&client, &ns.name, &yaml).await;
     let _id = support::wait_job_id(&client, &ns.name, "unstartable", T).await;
@@ -344,6 +351,8 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     let cp = control_plane_or_skip!();
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "neverstarts").await;
+    // Bound to a node that never starts it (not Ready; within the grace, not lost).
+    let node = DeadNode::create(&client, cp, "mj-neverstarts-node").await;
     let _op = support::OperatorProcess::start(
         cp,
         &ns.name,
@@ -357,6 +366,8 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
             "2",
             "--restart-backoff-seconds",
             "2",
+            "--node-lost-grace-seconds",
+            DEAD_NODE_GRACE,
         ],
     );
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
@@ -367,7 +378,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
         )
         .replace(
             "      containers:",
-            "      nodeName: no-such-node\n      containers:",
+            &format!("      nodeName: {}\n      containers:", node.name),
         );
     support::create_yaml(&client, &ns.name, &stuck).await;
     let _id = support::wait_status(&client, &ns.name, "stuck", T, "Starting", |s| {
@@ -436,7 +447,7 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     // A Warning Event says why the first attempt was abandoned.
     let e = support::wait_event(&client, &ns.name, "stuck", "LaunchTimedOut", T).await;
     let note = e.message.clone().unwrap_or_default();
-    assert!(note.contains("no-such-node"), "{note}");
+    assert!(note.contains(&node.name), "{note}");
     assert_eq!(e.type_.as_deref(), Some("Warning"));
     watch.abort();
     let seen: BTreeSet<String> = names
@@ -455,8 +466,15 @@ async fn a_pod_that_never_starts_gives_its_launch_slot_back_then_fails_no_resour
     );
 }
 
+/// `--node-lost-grace-seconds` of the tests that play a [`DeadNode`]'s kubelet: longer than
+/// they run, so that the node's Pods are never lost to it meanwhile (`tests/nodes.rs` tests
+/// that).
+const DEAD_NODE_GRACE: &str = "600";
+
 /// A Node nobody runs (no kwok annotation), marked NotReady: Pods bound to it never start and,
 /// once deleted, stay Terminating (pod-fates.md). Deleted when dropped, even if the test fails.
+/// An operator lets its Pods be lost to it after `--node-lost-grace-seconds`: tests that play
+/// its kubelet give [`DEAD_NODE_GRACE`].
 struct DeadNode {
     cp: &'static support::ControlPlane,
     name: String,
@@ -501,7 +519,11 @@ async fn a_pod_stuck_terminating_is_not_running_and_never_hangs_cancel_or_delete
     let client = support::client(cp).await;
     let ns = support::TestNamespace::new(&client, cp, "terminating").await;
     let node = DeadNode::create(&client, cp, "mj-dead-node").await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
+    let _op = support::OperatorProcess::start(
+        cp,
+        &ns.name,
+        &["--node-lost-grace-seconds", DEAD_NODE_GRACE],
+    );
     let (watch, names) = support::watch_pod_names(&client, &ns.name);
     let on_dead_node = |name: &str| {
         pod_job(name, "600s", 0).replace(

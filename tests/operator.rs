@@ -207,7 +207,14 @@ async fn cancel_while_pending_never_starts_a_process() {
         s.schedule_state == Some(ScheduleState::Waiting)
     })
     .await;
-    assert_eq!(mj.status.unwrap().queue_position, Some(1));
+    let status = mj.status.unwrap();
+    // No position is written (it would be stale at the next admission); its place is kept.
+    assert_eq!(status.queue_position, None);
+    assert!(
+        status
+            .queue_entry
+            .is_some_and(|e| e.resource_version.is_some())
+    );
     support::cancel(&client, &ns.name, "queued").await;
     let mj = support::wait_status(
         &client,
@@ -650,7 +657,7 @@ async fn metrics_health_and_events_are_published() {
         "a metric carries a per-job label"
     );
 
-    // Events on the objects (events.k8s.io), as `kubectl describe` shows them.
+    // Events on the objects (as events.k8s.io serves them), as `kubectl describe` shows them.
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name);
     let start = std::time::Instant::now();
     loop {
@@ -690,12 +697,51 @@ async fn metrics_health_and_events_are_published() {
             );
             break;
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
             start.elapsed() < T,
             "events missing: observed {ok:?}, observed-fail {failed:?}"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // What kubectl reads (core/v1): lastTimestamp, firstTimestamp and count, so `kubectl get
+    // events --sort-by=.lastTimestamp` orders them by when each transition happened.
+    let core = support::events_about(&client, &ns.name, "observed-fail").await;
+    assert_eq!(core.len(), 4, "{core:#?}");
+    for e in &core {
+        let at = e.event_time.as_ref().map(|t| t.0.as_second());
+        assert_eq!(
+            e.last_timestamp.as_ref().map(|t| t.0.as_second()),
+            at,
+            "lastTimestamp of {e:?}"
+        );
+        assert_eq!(e.first_timestamp, e.last_timestamp, "{e:?}");
+        assert_eq!(e.count, Some(1), "{e:?}");
+    }
+    let (ok, out) = support::kubectl(
+        cp,
+        &[
+            "get",
+            "events",
+            "-n",
+            &ns.name,
+            "--field-selector",
+            "involvedObject.name=observed-fail",
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "jsonpath={range .items[*]}{.lastTimestamp} {.reason}{\"\\n\"}{end}",
+        ],
+    );
+    assert!(ok, "{out}");
+    let times: Vec<&str> = out.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert_eq!(
+        times.len(),
+        4,
+        "kubectl get events sorted by lastTimestamp: {out}"
+    );
+    assert!(
+        times.iter().all(|t| !t.is_empty()) && times.is_sorted(),
+        "kubectl get events sorted by lastTimestamp: {out}"
+    );
 }
 
 #[tokio::test]
@@ -822,4 +868,101 @@ async fn a_lost_store_keeps_final_statuses_and_reruns_nothing() {
     .await;
     assert_eq!(mj.status.unwrap().exit_code, Some(4));
     assert_eq!(std::fs::read_to_string(&runs_file).unwrap(), "once\n");
+}
+
+/// Deleting many jobs at once is no failure (issue 43: deleting 10,000 logged 4,388 WARN
+/// "failed to remove finalizer: NotFound" and counted 4,801 reconcile errors, for objects
+/// already gone): 1,000 waiting jobs deleted with one `kubectl delete --all` all go, and the
+/// operator counts no reconcile error and logs no failed reconcile over the whole test.
+#[tokio::test]
+async fn a_thousand_jobs_deleted_at_once_count_no_error() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "del1k").await;
+    let port = support::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let op = support::OperatorProcess::start(
+        cp,
+        &ns.name,
+        &[
+            "--metrics-addr",
+            &addr,
+            "--run-cap",
+            "1",
+            "--launch-cap",
+            "1",
+        ],
+    );
+    // One job holds the only run slot, so the thousand wait: each deletion is a cancel of a
+    // queued job, its final status, then the finalizer's release.
+    support::create_yaml(&client, &ns.name, &job("holder", "  run: sleep 600\n")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.yaml");
+    let docs: Vec<String> = (0..1000)
+        .map(|i| job(&format!("j-{i:04}"), "  run: \"true\"\n"))
+        .collect();
+    std::fs::write(&file, docs.join("---\n")).unwrap();
+    let (ok, out) = support::kubectl(cp, &["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
+    assert!(ok, "kubectl apply: {out}");
+    let metric = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let metrics = move || support::http_get(port, "/metrics").1;
+    // Every job in the store (waiting) before the delete.
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let text = tokio::task::spawn_blocking(metrics).await.unwrap();
+        let waiting = metric(
+            &text,
+            "managedjobs_jobs_by_schedule_state{state=\"Waiting\"}",
+        );
+        if waiting == Some(1000.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never held the 1,000 jobs waiting (last: {waiting:?})"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (ok, out) = support::kubectl(
+        cp,
+        &["delete", "mj", "--all", "-n", &ns.name, "--wait=false"],
+    );
+    assert!(ok, "kubectl delete: {out}");
+    let api: Api<ManagedJob> = Api::namespaced(client.clone(), &ns.name);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let left = api
+            .list_metadata(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} jobs still there 300 s after the delete"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let text = tokio::task::spawn_blocking(metrics).await.unwrap();
+    assert_eq!(
+        metric(&text, "managedjobs_reconcile_errors_total"),
+        Some(0.0),
+        "reconcile errors counted for deleted jobs"
+    );
+    let log = op.log();
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("reconcile failed") || l.contains("NotFound"))
+        .take(5)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "the operator logged failures: {failed:#?}"
+    );
 }

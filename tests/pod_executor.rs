@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use managed_jobs::api::JobPhase;
@@ -269,76 +269,6 @@ async fn eviction_with_no_recovery_budget_fails_the_job() {
             .collect::<Vec<_>>(),
         [("EvictionByEvictionAPI", "default", "Recover")]
     );
-}
-
-#[tokio::test]
-async fn node_loss_is_recovered_on_another_node() {
-    let cp = control_plane_or_skip!();
-    let client = support::client(cp).await;
-    let ns = support::TestNamespace::new(&client, cp, "podnode").await;
-    let _op = support::OperatorProcess::start(cp, &ns.name, &[]);
-    // A node of this test's own, so deleting it disturbs no other test.
-    let node_name = format!("kwok-{}", ns.name);
-    let node: Node = serde_json::from_value(serde_json::json!({
-        "metadata": {
-            "name": node_name,
-            "annotations": { "kwok.x-k8s.io/node": "fake" },
-            "labels": { "type": "kwok", "kubernetes.io/hostname": node_name, "mj-test": ns.name },
-        },
-        "status": {
-            "allocatable": { "cpu": "8", "memory": "32Gi", "pods": "110" },
-            "capacity": { "cpu": "8", "memory": "32Gi", "pods": "110" },
-        },
-    }))
-    .unwrap();
-    let nodes = Api::<Node>::all(client.clone());
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    // First attempt pinned to that node; later attempts may go anywhere (affinity is preferred).
-    let affinity = format!(
-        "      affinity:\n        nodeAffinity:\n          preferredDuringSchedulingIgnoredDuringExecution:\n            - weight: 100\n              preference:\n                matchExpressions:\n                  - {{key: mj-test, operator: In, values: [{}]}}\n",
-        ns.name
-    );
-    // No completion annotation: the first Pod must still be running when its node goes.
-    let yaml = pod_job("nodeloss", "", "", &affinity);
-    // Make sure the scheduler sees the new node Ready before the Pod is created.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    support::create_yaml(&client, &ns.name, &yaml).await;
-    let first = running_pod_name(&client, &ns.name, "nodeloss").await;
-    let pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
-        .get(&first)
-        .await
-        .unwrap();
-    let on = pod.spec.unwrap().node_name.unwrap();
-    if on == node_name {
-        nodes.delete(&node_name, &Default::default()).await.unwrap();
-        // kube-controller-manager's Pod GC fails the orphaned Pod (DisruptionTarget,
-        // DeletionByPodGC) 30-60 s later; the job then runs attempt 2 in a new Pod.
-        let mj = support::wait_status(
-            &client,
-            &ns.name,
-            "nodeloss",
-            Duration::from_secs(150),
-            "relaunched",
-            |s| s.attempt == 2 && s.phase == Some(JobPhase::Running),
-        )
-        .await;
-        let s = mj.status.unwrap();
-        assert_eq!(s.recovery_count, 1, "{s:#?}");
-        assert_ne!(s.workload.as_deref(), Some(format!("pod/{first}").as_str()));
-        support::cancel(&client, &ns.name, "nodeloss").await;
-        support::wait_status(
-            &client,
-            &ns.name,
-            "nodeloss",
-            T,
-            "Cancelled",
-            support::phase_is(JobPhase::Cancelled),
-        )
-        .await;
-    } else {
-        let _ = nodes.delete(&node_name, &Default::default()).await;
-        panic!("the scheduler placed the first Pod on {on}, not on the test's node");
-    }
 }
 
 #[tokio::test]

@@ -21,6 +21,7 @@ const EPS: f64 = 1e-9;
 
 fn policy(reclaim: bool, within: bool, min_run_ms: i64, max_per_minute: usize) -> Preemption {
     Preemption {
+        reclaim_within_cohort: false,
         reclaim_share: reclaim,
         within_queue: within,
         min_run_ms,
@@ -206,6 +207,8 @@ proptest! {
                 .map(|i| QueueView {
                     name: format!("q{i}"),
                     policy: Some(QueuePolicy {
+ quotas: Default::default(),
+ strategy: Default::default(),
                         weight: weights[i],
                         max_running: None,
                         max_launching: None,

@@ -15,7 +15,11 @@
 //! 1. caps: `count(Launching) <= launch`, `count(holding a run slot) <= run`; per queue:
 //!    holding a run slot `<= maxRunning`, Launching `<= maxLaunching`;
 //! 2. never admitted: a job whose queue does not exist, or does not admit its namespace, is never
-//!    admitted (over the whole run); its status, once told, names that reason;
+//!    admitted (over the whole run); after every pass every waiting job, however many wait
+//!    (issue 43: only the first 8 of a queue were told), is told the reason that holds now:
+//!    its queue's own first (missing, namespace refused, at `maxRunning`, at `maxLaunching`),
+//!    then the run cap (`RunCapReached`, or `ShareUsed` for its share) or the launch cap; and
+//!    all the waiting jobs of one queue and namespace are told the same sentence;
 //! 3. FIFO within a priority within a queue: every job a pass admitted ranks (priority desc, id
 //!    asc) before every admissible job of the same queue it left waiting;
 //! 4. work conservation: an admissible job (its queue exists, admits its namespace, and is
@@ -40,7 +44,7 @@ use managed_jobs::api::{JobPhase, ManagedJobSpec, ScheduleState, WaitReason};
 use managed_jobs::capacity::Caps;
 use managed_jobs::lifecycle::{self, FailureReason, JobRow, Outcome, Workload};
 use managed_jobs::queues::{Admits, QueuePolicy, Queues};
-use managed_jobs::scheduler::{self, PassMemory};
+use managed_jobs::scheduler;
 use managed_jobs::store::{Cas, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestCaseError};
@@ -91,6 +95,8 @@ fn policy_strategy() -> impl Strategy<Value = QueuePolicy> {
         prop::option::weighted(0.4, prop::collection::btree_set(0usize..3, 0..=2)),
     )
         .prop_map(|(weight, max_running, max_launching, only)| QueuePolicy {
+            quotas: Default::default(),
+            strategy: Default::default(),
             preemption: managed_jobs::queues::Preemption::OFF,
             weight,
             max_running,
@@ -135,7 +141,6 @@ struct Model {
     /// The queue objects (the missing one joins them on `ApplyMissing`).
     policies: BTreeMap<String, QueuePolicy>,
     names: Vec<String>,
-    memory: PassMemory,
     /// Every job ever admitted.
     admitted: HashSet<i64>,
     submitted: usize,
@@ -155,7 +160,6 @@ impl Model {
             queues: Queues::new(policies.clone()),
             policies,
             names,
-            memory: PassMemory::default(),
             admitted: HashSet::new(),
             submitted: 0,
         }
@@ -260,15 +264,13 @@ impl Model {
 
     /// One pass, no invariant checked (the convergence property checks its own).
     fn pass_only(&mut self) {
-        scheduler::pass_queues(&mut self.store, self.caps, &self.queues, &mut self.memory).unwrap();
+        scheduler::pass_queues(&mut self.store, self.caps, &self.queues).unwrap();
     }
 
     /// One pass, then invariants 1 to 4.
     fn pass(&mut self) -> TestResult {
         let before = self.rows();
-        let result =
-            scheduler::pass_queues(&mut self.store, self.caps, &self.queues, &mut self.memory)
-                .unwrap();
+        let result = scheduler::pass_queues(&mut self.store, self.caps, &self.queues).unwrap();
         let admitted: BTreeSet<i64> = result
             .started
             .iter()
@@ -328,15 +330,44 @@ impl Model {
                 } else {
                     WaitReason::NamespaceNotAdmitted
                 };
-                if let Some(told) = r.wait_reason
-                    && matches!(
-                        told,
-                        WaitReason::QueueMissing | WaitReason::NamespaceNotAdmitted
-                    )
-                {
-                    prop_assert_eq!(told, expected, "job {}: {}", r.id, r.message);
-                }
+                prop_assert_eq!(r.wait_reason, Some(expected), "job {}: {}", r.id, r.message);
             }
+        }
+        // 2b. Every waiting job told the reason that holds now, the same within its group.
+        let mut said: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.schedule_state == ScheduleState::Waiting && self.admissible(r))
+        {
+            let p = self.queues.get(&r.queue).unwrap();
+            let (l, a) = per_queue.get(r.queue.as_str()).copied().unwrap_or_default();
+            let told = r.wait_reason;
+            let ok = if p.max_running.is_some_and(|m| a >= m) {
+                told == Some(WaitReason::QueueMaxRunning)
+            } else if p.max_launching.is_some_and(|m| l >= m) {
+                told == Some(WaitReason::QueueMaxLaunching)
+            } else if alive >= self.caps.run {
+                matches!(
+                    told,
+                    Some(WaitReason::RunCapReached | WaitReason::ShareUsed)
+                )
+            } else {
+                told == Some(WaitReason::LaunchCapReached)
+            };
+            prop_assert!(
+                ok,
+                "job {} of queue {} told {:?} ({}); queue holds {} launching, {} run slots",
+                r.id,
+                r.queue,
+                told,
+                r.message,
+                l,
+                a
+            );
+            let group = said
+                .entry((r.queue.as_str(), r.namespace.as_str()))
+                .or_insert(r.message.as_str());
+            prop_assert_eq!(*group, r.message.as_str(), "job {} of its group", r.id);
         }
         // 3. FIFO within a priority within a queue.
         let rank = |r: &JobRow| (-r.priority, r.id);
@@ -553,6 +584,8 @@ proptest! {
 #[test]
 fn a_refused_namespace_waits_forever_while_its_queue_runs_others() {
     let only_a = QueuePolicy {
+        quotas: Default::default(),
+        strategy: Default::default(),
         weight: 1,
         max_running: None,
         max_launching: None,

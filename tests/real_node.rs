@@ -304,9 +304,12 @@ fn clean_up(cp: &support::ControlPlane) {
 
 /// The cluster-scoped objects of `crds/` (the CRD and the admission policies) were applied by
 /// `kubectl apply -f crds/` for the other tests; `helm install` adopts them only when they carry
-/// its ownership metadata, as a user who installed them by hand first must also add.
+/// its ownership metadata, as a user who installed them by hand first must also add. The users'
+/// roles of `crds/` are not adopted: the chart renders them under its release's names, beside
+/// the by-hand ones.
 fn adopt_cluster_objects(cp: &support::ControlPlane) {
-    // Every object of crds/ (the CRD and each policy with its binding), by kind and name.
+    // Every object of crds/ the chart renders under the same name (the CRD and each policy
+    // with its binding), by kind and name.
     let mut objects = Vec::new();
     for file in std::fs::read_dir(support::root().join("crds")).unwrap() {
         let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
@@ -314,7 +317,9 @@ fn adopt_cluster_objects(cp: &support::ControlPlane) {
             let Ok(v) = serde_norway::from_str::<Value>(doc) else {
                 continue;
             };
-            if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str()) {
+            if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str())
+                && !kind.starts_with("ClusterRole")
+            {
                 objects.push(format!("{}/{name}", kind.to_lowercase()));
             }
         }
@@ -1435,8 +1440,16 @@ async fn a_two_rank_job_reaches_its_ranks_by_the_addresses_it_was_given() {
 /// order, with reasons) through the API server with `managed-jobs queue` and `kubectl get
 /// --raw`, a finished job's log after its Pod is gone with `managed-jobs logs`, and the
 /// dashboard through `kubectl proxy` in Chromium; a user of another namespace sees none of it.
+/// The chart as users meet it, with nothing but what it and the built-in roles give them: an
+/// `edit` user runs the README's quick start (its user-facing commands: the chart replaces
+/// `kubectl apply -f crds/` and `managed-jobs run`, and each example runs as a pod job on the
+/// real node); then users with only `edit` or only `view` in one namespace get, through the API
+/// server, `managed-jobs queue` (their namespace, `-n`, `-A`), the dashboard and the history
+/// (in their namespace and every namespace) and `logs`, each every-namespace form listing only
+/// their namespace; a user of another namespace sees none of it, and one with no role at all
+/// gets empty answers.
 #[tokio::test]
-async fn the_charts_visibility_api_shows_a_view_user_their_namespace_only() {
+async fn the_charts_views_serve_users_with_only_view_or_edit_and_its_quick_start_works() {
     use support::visibility::{self as vis, PREFIX, User};
     let (cp, _guard, client) = real_node_or_skip!();
     let _release = Release::install(cp, &["caps.runCap=1"]);
@@ -1461,25 +1474,23 @@ async fn the_charts_visibility_api_shows_a_view_user_their_namespace_only() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // Only the chart's roles: the by-hand ones of crds/ (which the other tests' `kubectl apply
+    // -f crds/` put there) are removed while this test runs.
+    let _by_hand = ByHandRolesAway::remove(cp);
     let ns = support::TestNamespace::new(&client, cp, "real-vis").await;
     let other = support::TestNamespace::new(&client, cp, "real-vis-other").await;
+    let editor = User::new(cp, &ns.name, "editor");
+    vis::grant(cp, "edit", &ns.name, &editor);
     let viewer = User::new(cp, &ns.name, "viewer");
+    vis::grant(cp, "view", &ns.name, &viewer);
     let outsider = User::new(cp, &other.name, "outsider");
-    for (user, namespace) in [(&viewer, &ns.name), (&outsider, &other.name)] {
-        let (ok, out) = kubectl(
-            cp,
-            &[
-                "create",
-                "rolebinding",
-                "view",
-                "-n",
-                namespace,
-                "--clusterrole=view",
-                &format!("--user={}", user.username),
-            ],
-        );
-        assert!(ok, "{out}");
-    }
+    vis::grant(cp, "view", &other.name, &outsider);
+    let nobody = User::new(cp, &other.name, "nobody");
+
+    // The README's quick start, as the edit user (their kubeconfig's context is their namespace).
+    let shell = vis::Shell::new(&editor.kubeconfig);
+    vis::run_quick_start(&shell, &client, &ns.name, vis::Form::Chart).await;
+
     // One job prints and ends; then one holds the only run slot and two wait.
     let echo = "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJob\nmetadata:\n  name: echo\nspec:\n  template:\n    spec:\n      terminationGracePeriodSeconds: 2\n      containers:\n        - name: main\n          image: busybox:1.36\n          command: [\"sh\", \"-c\", \"echo kept after the Pod is gone\"]\n          resources:\n            requests: {cpu: 10m, memory: 16Mi}\n";
     create(&client, &ns.name, echo).await;
@@ -1544,20 +1555,96 @@ async fn the_charts_visibility_api_shows_a_view_user_their_namespace_only() {
             ),
         )
     };
-    let (ok, out) = cli(&viewer, &["queue"]);
-    assert!(
-        ok && out.contains("sooner") && out.contains("hold"),
-        "managed-jobs queue: {out}"
-    );
-    let (ok, out) = cli(&viewer, &["logs", "echo"]);
-    assert!(
-        ok && out.contains("kept after the Pod is gone"),
-        "managed-jobs logs echo: {out}"
-    );
+    // Namespaces a JobQueue answer (-o json) names anywhere.
+    let namespaces_in = |out: &str| -> BTreeSet<String> {
+        let q: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        ["waiting", "live", "inactive", "counts"]
+            .iter()
+            .flat_map(|k| q[*k].as_array().cloned().unwrap_or_default())
+            .map(|j| j["namespace"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mine = BTreeSet::from([ns.name.clone()]);
+    for (who, user) in [("edit", &editor), ("view", &viewer)] {
+        let (ok, out) = cli(user, &["queue"]);
+        assert!(
+            ok && out.contains("sooner") && out.contains("hold"),
+            "managed-jobs queue ({who}): {out}"
+        );
+        let (ok, out) = cli(user, &["queue", "-n", &ns.name]);
+        assert!(ok && out.contains("sooner"), "queue -n ({who}): {out}");
+        let (ok, out) = cli(user, &["queue", "-A"]);
+        assert!(ok && out.contains("sooner"), "queue -A ({who}): {out}");
+        let (ok, out) = cli(user, &["queue", "-A", "-o", "json"]);
+        assert!(ok, "queue -A -o json ({who}): {out}");
+        assert_eq!(
+            namespaces_in(&out),
+            mine,
+            "queue -A ({who}) lists only {}",
+            ns.name
+        );
+        let (ok, out) = cli(user, &["logs", "echo"]);
+        assert!(
+            ok && out.contains("kept after the Pod is gone"),
+            "managed-jobs logs echo ({who}): {out}"
+        );
+        let api = user.client().await;
+        let all = vis::get(&api, &format!("{PREFIX}/queue")).await.unwrap();
+        assert_eq!(namespaces_in(&all.to_string()), mine, "{who}: {all:#}");
+        for path in [
+            format!("{PREFIX}/history"),
+            format!("{PREFIX}/namespaces/{}/history", ns.name),
+        ] {
+            let h = vis::get(&api, &path)
+                .await
+                .unwrap_or_else(|e| panic!("{path} ({who}): {e}"));
+            assert!(h["samples"].is_array(), "{path} ({who}): {h:#}");
+        }
+        for path in [
+            format!("{PREFIX}/dashboard"),
+            format!("{PREFIX}/namespaces/{}/dashboard", ns.name),
+        ] {
+            let page = vis::get_text(&api, &path)
+                .await
+                .unwrap_or_else(|e| panic!("{path} ({who}): {e}"));
+            assert!(page.contains("<html"), "{path} ({who})");
+        }
+    }
     let (ok, out) = cli(&outsider, &["queue", "-n", &ns.name]);
     assert!(!ok && !out.contains("sooner"), "the outsider's CLI: {out}");
+    let (ok, out) = cli(&outsider, &["queue", "-A", "-o", "json"]);
+    assert!(ok, "the outsider's every-namespace queue: {out}");
+    assert!(namespaces_in(&out).is_empty(), "the outsider's -A: {out}");
+    // A user with no role anywhere: empty answers, not 403, and nothing of anyone's.
+    let as_nobody = nobody.client().await;
+    let q = vis::get(&as_nobody, &format!("{PREFIX}/queue"))
+        .await
+        .unwrap();
+    assert!(
+        namespaces_in(&q.to_string()).is_empty() && q.get("caps").is_none(),
+        "{q:#}"
+    );
+    let h = vis::get(&as_nobody, &format!("{PREFIX}/history"))
+        .await
+        .unwrap();
+    assert_eq!(h["samples"], json!([]), "{h:#}");
+    let (ok, out) = cli(&nobody, &["queue", "-A"]);
+    assert!(
+        ok && out.contains("no job waits or runs") && !out.contains("sooner"),
+        "{out}"
+    );
+    // view reads, never writes.
+    let (ok, out) = support::kubectl(
+        &viewer.control_plane(),
+        &["delete", "mj", "later", "--wait=false"],
+    );
+    assert!(
+        !ok && out.contains("Forbidden"),
+        "view deletes nothing: {out}"
+    );
 
-    // The dashboard, through kubectl proxy, in Chromium.
+    // The dashboard, through kubectl proxy, in Chromium: the view user's namespace, and the
+    // edit user's every-namespace page.
     let Some(browser) = support::browser::Browser::launch(1400, 1000) else {
         assert!(
             std::env::var("CI").unwrap_or_default().is_empty(),
@@ -1566,13 +1653,57 @@ async fn the_charts_visibility_api_shows_a_view_user_their_namespace_only() {
         support::record_skip("real-node dashboard: Chromium is not installed");
         return;
     };
+    let rows_js = "[...document.querySelectorAll('#waiting tbody tr')].map(r => r.dataset.job)";
+    let waiting = json!([format!("{}/sooner", ns.name), format!("{}/later", ns.name)]);
     let proxy = vis::Proxy::start(&viewer.kubeconfig);
     let page = browser.open(&proxy.url(&format!("{PREFIX}/namespaces/{}/dashboard", ns.name)));
     page.wait_for("document.body.dataset.ready === 'true'", T);
-    let rows =
-        page.eval("[...document.querySelectorAll('#waiting tbody tr')].map(r => r.dataset.job)");
+    assert_eq!(page.eval(rows_js), waiting, "the view user's dashboard");
+    let proxy = vis::Proxy::start(&editor.kubeconfig);
+    page.navigate(&proxy.url(&format!("{PREFIX}/dashboard")));
+    page.wait_for("document.body.dataset.ready === 'true'", T);
     assert_eq!(
-        rows,
-        json!([format!("{}/sooner", ns.name), format!("{}/later", ns.name)])
+        page.eval(rows_js),
+        waiting,
+        "the edit user's every-namespace dashboard"
     );
+}
+
+/// The users' roles of `crds/` (`kubectl apply -f crds/`, the by-hand install), removed so that
+/// only the chart's grant anything; applied again when dropped.
+struct ByHandRolesAway(&'static support::ControlPlane);
+
+/// The files of `crds/` that hold users' roles.
+const USER_ROLE_FILES: [&str; 2] = [
+    "managedjobs.dev_user-roles.yaml",
+    "managedjobs.dev_visibility-access.yaml",
+];
+
+impl ByHandRolesAway {
+    fn remove(cp: &'static support::ControlPlane) -> ByHandRolesAway {
+        for file in USER_ROLE_FILES {
+            let path = support::root().join("crds").join(file);
+            let (ok, out) = kubectl(
+                cp,
+                &[
+                    "delete",
+                    "-f",
+                    path.to_str().unwrap(),
+                    "--ignore-not-found",
+                    "--wait=true",
+                ],
+            );
+            assert!(ok, "removing the by-hand roles of {file}: {out}");
+        }
+        ByHandRolesAway(cp)
+    }
+}
+
+impl Drop for ByHandRolesAway {
+    fn drop(&mut self) {
+        for file in USER_ROLE_FILES {
+            let path = support::root().join("crds").join(file);
+            kubectl(self.0, &["apply", "-f", path.to_str().unwrap()]);
+        }
+    }
 }

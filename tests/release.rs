@@ -1,8 +1,12 @@
-//! A release is one version everywhere it is written (docs/upgrades.md, "A release"): Cargo.toml,
-//! the chart's `version` and `appVersion` (the default image tag), CHANGELOG.md's latest
-//! release, `managed-jobs --version`; and the previous release that the backward-compatibility
-//! tests upgrade from (`hack/previous-release`) is an earlier version whose commit this
-//! clone holds.
+//! A release is one version everywhere it is written (docs/upgrades.md, "Making a release"):
+//! Cargo.toml, the chart's `version` and `appVersion` (the default image tag), CHANGELOG.md,
+//! `managed-jobs --version`. Git tags do not travel with main, so `hack/previous-release` (the
+//! pin) and CHANGELOG.md are the record of the releases: each release's heading names its
+//! commit once it is cut, and the pin is the last release before main's own version, the one
+//! the backward-compatibility tests upgrade from. Main is either a release (its version is
+//! CHANGELOG.md's newest, with nothing unreleased) or on its way to the next one (a `-dev`
+//! version above the newest release, with an "Unreleased" section): it never calls itself a
+//! release it has moved past.
 
 use std::process::Command;
 
@@ -14,19 +18,63 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 
-/// `(major, minor, patch)` of `v` (a leading `v` allowed).
-fn semver(v: &str) -> (u64, u64, u64) {
-    let parts: Vec<u64> = v
-        .trim_start_matches('v')
-        .split(['.', '-'])
-        .take(3)
+/// `(major, minor, patch, released)` of `v` (a leading `v` allowed): `released` is false for a
+/// pre-release (`0.3.0-dev`), which orders before the release itself.
+fn semver(v: &str) -> (u64, u64, u64, bool) {
+    let v = v.trim_start_matches('v');
+    let (core, pre) = match v.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (v, None),
+    };
+    let parts: Vec<u64> = core
+        .split('.')
         .map(|p| {
             p.parse()
-                .unwrap_or_else(|_| panic!("{v} is not MAJOR.MINOR.PATCH"))
+                .unwrap_or_else(|_| panic!("{v} is not MAJOR.MINOR.PATCH[-PRE]"))
         })
         .collect();
-    assert_eq!(parts.len(), 3, "{v} is not MAJOR.MINOR.PATCH");
-    (parts[0], parts[1], parts[2])
+    assert_eq!(parts.len(), 3, "{v} is not MAJOR.MINOR.PATCH[-PRE]");
+    (parts[0], parts[1], parts[2], pre.is_none())
+}
+
+/// One release of CHANGELOG.md: `## VERSION (DATE[, commit SHA])`.
+#[derive(Debug)]
+struct Release {
+    version: String,
+    /// The abbreviated commit its heading records, once cut.
+    commit: Option<String>,
+    /// Its section has "### Upgrade notes".
+    upgrade_notes: bool,
+}
+
+/// CHANGELOG.md: the text of its "Unreleased" section (None without one) and its releases,
+/// newest first.
+fn changelog() -> (Option<String>, Vec<Release>) {
+    let text = read("CHANGELOG.md");
+    let mut unreleased = None;
+    let mut releases = Vec::new();
+    let sections: Vec<&str> = text.split("\n## ").skip(1).collect();
+    for section in sections {
+        let (heading, body) = section.split_once('\n').unwrap_or((section, ""));
+        if heading.trim() == "Unreleased" {
+            unreleased = Some(body.to_string());
+            continue;
+        }
+        let (version, rest) = heading.split_once(' ').unwrap_or_else(|| {
+            panic!("CHANGELOG.md heading '{heading}': VERSION (DATE[, commit SHA])")
+        });
+        semver(version);
+        let commit = rest
+            .split("commit ")
+            .nth(1)
+            .map(|c| c.trim_end_matches(')').trim().to_string());
+        releases.push(Release {
+            version: version.to_string(),
+            commit,
+            upgrade_notes: body.contains("### Upgrade notes"),
+        });
+    }
+    (unreleased, releases)
 }
 
 /// The value of `key: value` at the start of a line of `yaml`, unquoted.
@@ -50,21 +98,40 @@ fn the_chart_the_changelog_and_the_binary_carry_the_crates_version() {
         VERSION,
         "Chart.yaml appVersion"
     );
-    let changelog = read("CHANGELOG.md");
-    let latest = changelog
-        .lines()
-        .filter_map(|l| l.strip_prefix("## "))
-        .find(|h| !h.starts_with("Unreleased"))
-        .expect("CHANGELOG.md has a release heading");
-    assert!(
-        latest.starts_with(&format!("{VERSION} ")),
-        "CHANGELOG.md's latest release is '{latest}', Cargo.toml says {VERSION}"
-    );
-    let section = &changelog[changelog.find(&format!("## {latest}")).unwrap()..];
-    assert!(
-        section.contains("### Upgrade notes"),
-        "CHANGELOG.md's {VERSION} has no upgrade notes"
-    );
+    let (unreleased, releases) = changelog();
+    let newest = releases.first().expect("CHANGELOG.md has a release");
+    // Every release but the first says what upgrading to it takes.
+    for r in &releases[..releases.len() - 1] {
+        assert!(
+            r.upgrade_notes,
+            "CHANGELOG.md's {} has no upgrade notes",
+            r.version
+        );
+    }
+    if semver(VERSION).3 {
+        // A release: CHANGELOG.md's newest, nothing left unreleased.
+        assert_eq!(
+            newest.version, VERSION,
+            "Cargo.toml says the release {VERSION}, CHANGELOG.md's newest is {}",
+            newest.version
+        );
+        assert!(
+            unreleased.is_none(),
+            "{VERSION} is a release, yet CHANGELOG.md has an Unreleased section: a change after a \
+             release moves the version to the next one's -dev"
+        );
+    } else {
+        // On its way to the next release: above the newest one, its changes under Unreleased.
+        assert!(
+            semver(VERSION) > semver(&newest.version),
+            "{VERSION} is not above the newest release {}",
+            newest.version
+        );
+        assert!(
+            unreleased.is_some_and(|u| u.contains("### ")),
+            "{VERSION} is on its way to a release: CHANGELOG.md needs an Unreleased section"
+        );
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_managed-jobs"))
         .arg("--version")
         .output()
@@ -85,7 +152,7 @@ fn the_chart_the_changelog_and_the_binary_carry_the_crates_version() {
 }
 
 #[test]
-fn the_previous_release_is_an_earlier_version_this_clone_holds() {
+fn the_previous_release_is_the_last_release_before_this_version() {
     let file = read("hack/previous-release");
     let line = file
         .lines()
@@ -95,12 +162,30 @@ fn the_previous_release_is_an_earlier_version_this_clone_holds() {
     let (tag, commit) = (words.next().unwrap(), words.next().expect("a commit"));
     assert!(tag.starts_with('v'), "{tag}: tags are v<version>");
     assert!(
-        semver(tag) < semver(VERSION),
-        "the previous release {tag} is not before {VERSION}"
-    );
-    assert!(
         commit.len() == 40 && commit.chars().all(|c| c.is_ascii_hexdigit()),
         "{commit}: a full commit hash"
+    );
+    let (_, releases) = changelog();
+    let last = releases
+        .iter()
+        .find(|r| semver(&r.version) < semver(VERSION))
+        .expect("a release before this version");
+    assert_eq!(
+        tag,
+        format!("v{}", last.version),
+        "hack/previous-release pins {tag}; the last release before {VERSION} is {}",
+        last.version
+    );
+    let recorded = last.commit.as_deref().unwrap_or_else(|| {
+        panic!(
+            "CHANGELOG.md's {} does not record its commit: `## VERSION (DATE, commit SHA)`",
+            last.version
+        )
+    });
+    assert!(
+        recorded.len() >= 7 && commit.starts_with(recorded),
+        "hack/previous-release pins {commit}, CHANGELOG.md records {} at {recorded}",
+        last.version
     );
     // A checkout without its history (an exported tree) cannot say more.
     if !root().join(".git").exists() {

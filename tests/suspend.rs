@@ -506,7 +506,7 @@ async fn a_waiting_job_suspended_is_never_admitted_and_keeps_its_place() {
             s.schedule_state == Some(ScheduleState::Waiting)
         })
         .await;
-    assert_eq!(queued.queue_position, Some(1));
+    let entry = queued.queue_entry.clone().expect("its place in its queue");
     let from = Instant::now();
     let (suspended, took) = case.suspend("waiter", false).await;
     eprintln!("waiting job suspended in {:.2} s", took.as_secs_f64());
@@ -516,6 +516,11 @@ async fn a_waiting_job_suspended_is_never_admitted_and_keeps_its_place() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let to = Instant::now();
     case.stayed_suspended("waiter", from, to);
+    assert_eq!(
+        suspended.queue_entry.as_ref(),
+        Some(&entry),
+        "its place is kept while suspended"
+    );
     let done = case
         .resume_ahead_of_a_later_job("waiter", &suspended, true)
         .await;
@@ -652,6 +657,45 @@ async fn a_running_pod_job_loses_its_pod_and_resumes_in_a_new_one() {
         },
         "one Pod per attempt, none while suspended"
     );
+    watch.abort();
+}
+
+/// A running gang suspended shows no members running (issue 43: it kept `readyNodes: 4/4` with
+/// no Pod left), and none of its Pods is left.
+#[tokio::test]
+async fn a_suspended_gang_shows_no_ready_members() {
+    let cp = control_plane_or_skip!();
+    let (case, watch) = case(cp, "susp-gang").await;
+    let _op = support::OperatorProcess::start(cp, &case.ns, &["--gang-scheduling", "off"]);
+    let yaml = pod_job("gang", "300s", 1).replace(
+        "spec:
+  termination",
+        "spec:
+  nodes: 4
+  termination",
+    );
+    case.create(&yaml).await;
+    case.wait("gang", "Running 4/4", |s| {
+        s.phase == Some(JobPhase::Running) && s.ready_nodes.as_deref() == Some("4/4")
+    })
+    .await;
+    let (suspended, _) = case.suspend("gang", true).await;
+    assert_eq!(suspended.ready_nodes, None, "{suspended:?}");
+    let api: Api<Pod> = Api::namespaced(case.client.clone(), &case.ns);
+    let start = Instant::now();
+    while !api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty()
+    {
+        assert!(
+            start.elapsed() < T,
+            "the suspended gang's Pods were never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     watch.abort();
 }
 

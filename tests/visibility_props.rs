@@ -27,7 +27,7 @@ use managed_jobs::api::{ManagedJobSpec, ScheduleState};
 use managed_jobs::capacity::Caps;
 use managed_jobs::lifecycle::{self, Workload};
 use managed_jobs::queues::{Admits, QueuePolicy, Queues};
-use managed_jobs::scheduler::{self, PassMemory};
+use managed_jobs::scheduler;
 use managed_jobs::store::{Cas, Store};
 use managed_jobs::visibility::{self, view};
 use proptest::prelude::*;
@@ -59,6 +59,8 @@ fn policy_strategy() -> impl Strategy<Value = QueuePolicy> {
         prop::option::weighted(0.3, prop::collection::btree_set(0usize..3, 1..=2)),
     )
         .prop_map(|(weight, max_running, only)| QueuePolicy {
+            quotas: Default::default(),
+            strategy: Default::default(),
             preemption: managed_jobs::queues::Preemption::OFF,
             weight,
             max_running,
@@ -84,7 +86,6 @@ struct Case {
     queues: Queues,
     names: Vec<String>,
     run: usize,
-    memory: PassMemory,
     submitted: usize,
 }
 
@@ -107,7 +108,6 @@ impl Case {
             names: policies.keys().cloned().collect(),
             queues: Queues::new(policies),
             run: 0,
-            memory: PassMemory::default(),
             submitted: 0,
         }
     }
@@ -135,8 +135,7 @@ impl Case {
             launch: LAUNCH,
             run: self.run,
         };
-        let result =
-            scheduler::pass_queues(&mut self.store, caps, &self.queues, &mut self.memory).unwrap();
+        let result = scheduler::pass_queues(&mut self.store, caps, &self.queues).unwrap();
         let mut ids = Vec::new();
         for r in result.started.iter().chain(&result.relaunched) {
             let row = self.store.get(r.id).unwrap();

@@ -22,7 +22,12 @@
 //! 5. nothing is decided twice for one job, Pod or process;
 //! 6. (issue 30, one owner per job) with the owned namespaces known (the operator's claims),
 //!    no Pod, job or object of another namespace is deleted, cancelled or forgotten, whatever
-//!    the store holds: those are another operator's; 1 and 3 hold within the owned ones.
+//!    the store holds: those are another operator's; 1 and 3 hold within the owned ones;
+//! 7. (issue 43, lost nodes) with the nodes known, a Pod's member is reported lost iff the Pod
+//!    belongs to a live attempt in an owned namespace, has not finished (terminating or not),
+//!    and its node is deleted or not Ready for at least the grace; with the reason the node's
+//!    state gives, the job's current attempt, never for a Pod on a Ready node or one not Ready
+//!    within the grace, never for an unbound Pod; with the nodes unknown, none.
 //!
 //! The runner uses a fixed seed (override with `PROPTEST_RNG_SEED`) and persists nothing; 2,000
 //! cases.
@@ -30,6 +35,7 @@
 use std::collections::{HashMap, HashSet};
 
 use managed_jobs::api::ExecutorKind;
+use managed_jobs::lifecycle::nodes::{NODE_LOST, NODE_NOT_READY, NodeSeen, Nodes, NotReady};
 use managed_jobs::lifecycle::world::{
     ControllerSeen, Fix, Job, PodSeen, ProcessSeen, World, check,
 };
@@ -52,6 +58,41 @@ fn config() -> ProptestConfig {
 }
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
+
+/// The nodes a Pod may be bound to: `ready`, `flapping` (not Ready within the grace), `dead`
+/// (not Ready past it), `gone` (deleted: not in [`nodes`]), or none yet (`""`).
+const NODES: [&str; 5] = ["ready", "flapping", "dead", "gone", ""];
+
+/// Now, and the grace, of every generated world.
+const NOW_MS: i64 = 10_000_000;
+const GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The nodes as the Node watch sees them ([`NODES`]).
+fn nodes() -> Nodes {
+    let not_ready = |for_ms: i64| NodeSeen::NotReady {
+        status: NotReady::Unknown,
+        since_ms: NOW_MS - for_ms,
+        reason: "NodeStatusUnknown".into(),
+    };
+    Nodes {
+        seen: HashMap::from([
+            ("ready".to_string(), NodeSeen::Ready),
+            ("flapping".to_string(), not_ready(59_999)),
+            ("dead".to_string(), not_ready(60_000)),
+        ]),
+        grace: GRACE,
+        now_ms: NOW_MS,
+    }
+}
+
+/// The model's reason a member bound to `node` is lost, if it is.
+fn model_node_loss(node: &str) -> Option<&'static str> {
+    match node {
+        "gone" => Some(NODE_LOST),
+        "dead" => Some(NODE_NOT_READY),
+        _ => None,
+    }
+}
 
 fn pod_name(id: i64, attempt: i32) -> String {
     format!("j-{id}-{attempt}-t")
@@ -103,25 +144,29 @@ fn pod(serial: usize) -> impl Strategy<Value = PodSeen> {
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.8),
         prop::bool::weighted(0.15),
+        prop::sample::select(NODES.to_vec()),
     )
         .prop_map(
-            move |(job_id, attempt, ns, right_owner, right_name, alive, terminating)| PodSeen {
-                namespace: ns.into(),
-                name: if right_name {
-                    pod_name(job_id, attempt)
-                } else {
-                    format!("copy-{serial}")
-                },
-                uid: format!("pod-{serial}"),
-                job_id,
-                attempt,
-                owner_uid: if right_owner {
-                    format!("u{job_id}")
-                } else {
-                    "someone-else".into()
-                },
-                alive,
-                terminating,
+            move |(job_id, attempt, ns, right_owner, right_name, alive, terminating, node)| {
+                PodSeen {
+                    namespace: ns.into(),
+                    name: if right_name {
+                        pod_name(job_id, attempt)
+                    } else {
+                        format!("copy-{serial}")
+                    },
+                    uid: format!("pod-{serial}"),
+                    job_id,
+                    attempt,
+                    owner_uid: if right_owner {
+                        format!("u{job_id}")
+                    } else {
+                        "someone-else".into()
+                    },
+                    alive,
+                    terminating,
+                    node: node.into(),
+                }
             },
         )
 }
@@ -143,13 +188,27 @@ fn world(jobs: &[Job]) -> impl Strategy<Value = World> + use<> {
             NAMESPACES.to_vec(),
             0..=NAMESPACES.len(),
         )),
+        any::<bool>(),
     )
         .prop_map(
-            |(objects, pods, processes, controllers, recorded, scope, cells)| World {
+            |(objects, pods, processes, controllers, recorded, scope, cells, with_nodes)| World {
+                nodes: with_nodes.then(nodes),
                 objects: objects.map(|o| o.into_iter().chain(["stranger".to_string()]).collect()),
                 objects_namespace: scope.map(str::to_string),
                 cells: cells.map(|c| c.into_iter().map(str::to_string).collect()),
-                pods,
+                // One Pod per (namespace, name), as the API holds them.
+                pods: pods.map(|pods| {
+                    pods.into_iter()
+                        .fold(Vec::new(), |mut seen: Vec<PodSeen>, p| {
+                            if !seen
+                                .iter()
+                                .any(|s| s.namespace == p.namespace && s.name == p.name)
+                            {
+                                seen.push(p);
+                            }
+                            seen
+                        })
+                }),
                 processes: processes
                     .into_iter()
                     .enumerate()
@@ -224,8 +283,13 @@ proptest! {
         let mut cancelled: HashMap<i64, usize> = HashMap::new();
         let mut forgotten: HashMap<i64, usize> = HashMap::new();
         let mut woken: HashMap<(i32, u64, i64), usize> = HashMap::new();
+        let mut lost: HashMap<(i64, String), (&'static str, i32, String)> = HashMap::new();
         for fix in &fixes {
             match fix {
+                Fix::MemberLost { job_id, attempt, pod, node, loss } => {
+                    let first = lost.insert((*job_id, pod.clone()), (loss.reason, *attempt, node.clone()));
+                    prop_assert!(first.is_none(), "reported twice: {:?}", fix);
+                }
                 Fix::DeletePod { uid, .. } => *deleted.entry(uid.clone()).or_default() += 1,
                 Fix::StopProcess { process, .. } => {
                     *stopped.entry((process.pid, process.start_time)).or_default() += 1
@@ -262,6 +326,22 @@ proptest! {
         }) {
             prop_assert!(!done.contains(&pod.job_id), "{:?} runs for a Done job", pod);
         }
+        // 7. Members lost to their node.
+        for pod in &pods {
+            let expected = (world.nodes.is_some()
+                && owned(&pod.namespace)
+                && pod.alive
+                && model_pod_owned(&jobs, pod))
+                .then(|| model_node_loss(&pod.node))
+                .flatten();
+            let got = lost.get(&(pod.job_id, pod.name.clone()));
+            prop_assert_eq!(got.map(|g| g.0), expected, "{:?}", pod);
+            if let Some((_, attempt, node)) = got {
+                prop_assert_eq!(*attempt, pod.attempt);
+                prop_assert_eq!(node, &pod.node);
+            }
+        }
+        prop_assert!(lost.keys().all(|(id, name)| pods.iter().any(|p| p.job_id == *id && p.name == *name)));
         // 2. Processes.
         for p in &world.processes {
             let orphan = !model_process_owned(&jobs, p);
@@ -311,6 +391,7 @@ fn a_copy_with_another_owner_is_an_orphan() {
         owner_uid: "u-other-shard".into(),
         alive: true,
         terminating: false,
+        node: "gone".into(),
     };
     let fixes = check(
         &[live],

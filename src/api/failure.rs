@@ -62,15 +62,17 @@ pub struct FailureRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_exit_codes: Option<OnExitCodes>,
     /// Matches when the attempt's Pod had one of these conditions (e.g. `DisruptionTarget`:
-    /// evicted, preempted, deleted by the pod GC or the taint manager). Pod jobs only.
+    /// evicted, preempted, deleted by the pod GC or the taint manager, lost with its node).
+    /// Pod jobs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_pod_conditions: Option<Vec<OnPodCondition>>,
     /// Matches a termination reason (CamelCase): a container's (`OOMKilled`, `Error`,
     /// `ContainerCannotRun`), the node's refusal of the Pod (`OutOfcpu`, `OutOfmemory`,
     /// `UnexpectedAdmissionError`, `NodeAffinity`...), a disruption's (`PreemptionByScheduler`,
     /// `EvictionByEvictionAPI`, `DeletionByPodGC`, `TerminationByKubelet`), `Evicted`,
-    /// `PodDeleted` (deleted by someone else), `NodeNotReady` (forced off a node that is not
-    /// Ready), `WorkloadVanished`; for local jobs `ExitCode`, `SetupFailed`,
+    /// `PodDeleted` (deleted by someone else), `NodeLost` (its Node was deleted),
+    /// `NodeNotReady` (its node not Ready past the operator's grace, or forced off a node that
+    /// is not Ready), `WorkloadVanished`; for local jobs `ExitCode`, `SetupFailed`,
     /// `KilledBySignal<N>` and `ProcessLost`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_reasons: Option<Vec<String>>,

@@ -6,6 +6,7 @@
 //! slot, why a job waits) are `crate::queues`; this file holds only the types and the CRD.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use kube::CustomResourceExt;
@@ -65,6 +66,64 @@ pub struct ManagedJobQueueSpec {
     /// (docs/concepts/queues-and-preemption.md, "Stopping without failing"). Unset: never (a queue below its share waits for the next free slot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preemption: Option<QueuePreemption>,
+    /// The cohort the queue lends its unused quota to and borrows from (Kueue's cohort): every
+    /// queue naming the same cohort. Unset: the queue neither lends nor borrows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
+    /// The pools (ManagedJobPools) the queue's jobs may run on, in order of preference, each
+    /// with the queue's quota of each resource there: a job takes the first pool where its
+    /// whole demand fits the quota (with what it may borrow) and its members fit on the pool's
+    /// nodes now (docs/concepts/quotas-pools-and-fit.md). A resource a pool's entry does not
+    /// list is not limited by quota there. Unset: no quota, no pool, no fit check (the queue
+    /// shares slots only, as before quotas existed). At most 16 pools of 16 resources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<QueuePool>,
+    /// Whether a waiting job that does not fit its quota or the nodes lets later jobs of the
+    /// queue go first (`BestEffortFIFO`, the default, Kueue's) or holds them back until it fits
+    /// (`StrictFIFO`). A job waiting for a slot holds back the jobs after it either way.
+    #[serde(default)]
+    pub queueing_strategy: QueueingStrategy,
+}
+
+/// `BestEffortFIFO` (the default) or `StrictFIFO` (Kueue's words).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum QueueingStrategy {
+    /// A job that does not fit its quota or the nodes now lets the next jobs of its queue go
+    /// first (within a pass's scan of the queue); it keeps its place for when it fits.
+    #[default]
+    BestEffortFIFO,
+    /// The queue's next job waits until it fits; nothing after it goes first.
+    StrictFIFO,
+}
+
+/// A queue's quota on one pool (`spec.pools[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuePool {
+    /// The ManagedJobPool's name (`local`: the operator's own node, for local jobs that state
+    /// their resources).
+    pub name: String,
+    /// The queue's quota of each resource on this pool (at most 16).
+    #[serde(default)]
+    pub resources: Vec<ResourceQuota>,
+}
+
+/// A queue's quota of one resource on one pool (`spec.pools[].resources[]`), Kueue's shape.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceQuota {
+    /// The resource: `cpu`, `memory`, `nvidia.com/gpu`, any extended resource, or `pods`.
+    pub name: String,
+    /// What the queue is promised of it on the pool (a quantity: `16`, `64`, `256Gi`).
+    pub nominal_quota: Quantity,
+    /// Most the queue may use above its nominal quota by borrowing from its cohort; unset: as
+    /// much as the cohort lends. Needs `cohort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowing_limit: Option<Quantity>,
+    /// Most of its nominal quota the cohort may borrow; unset: all of it. Needs `cohort`; at
+    /// most `nominalQuota`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lending_limit: Option<Quantity>,
 }
 
 fn default_weight() -> u32 {
@@ -80,6 +139,19 @@ pub enum ReclaimShare {
     /// While the queue holds fewer run slots than its weighted share of the run cap and has
     /// admissible waiting jobs, take slots from queues above their share (Kueue's
     /// `reclaimWithinCohort: Any`, on slots).
+    Any,
+}
+
+/// Whether to take back quota that other queues of the cohort borrow: `Never` (the default) or
+/// `Any` (Kueue's `reclaimWithinCohort`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ReclaimWithinCohort {
+    /// Wait until the borrowers give it back.
+    #[default]
+    Never,
+    /// A waiting job that fits the queue's nominal quota stops jobs of the queues of its cohort
+    /// that use more than their nominal quota (whole gangs, the least work lost first) until
+    /// it fits.
     Any,
 }
 
@@ -112,6 +184,10 @@ pub struct QueuePreemption {
     /// Take run slots from queues above their weighted share: `Never` (default) or `Any`.
     #[serde(default)]
     pub reclaim_share: ReclaimShare,
+    /// Take back quota the queue's cohort borrows from it: `Never` (default) or `Any`. Only
+    /// for the queue's jobs that fit its nominal quota; victims only from queues above theirs.
+    #[serde(default)]
+    pub reclaim_within_cohort: ReclaimWithinCohort,
     /// Stop a lower-priority running job of this queue for a higher-priority waiting one:
     /// `Never` (default) or `LowerPriority`.
     #[serde(default)]
@@ -150,6 +226,38 @@ pub struct ManagedJobQueueStatus {
     /// applies the queue to its own caps. The top-level counts are the default instance's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<QueueShardStatus>,
+    /// The queue's quota on each of its pools: per resource, the nominal quota, what its jobs
+    /// use, what it borrows from its cohort and what of its quota others use (the default
+    /// instance's view).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolUsage>,
+}
+
+/// A queue's use of its quota on one pool (`status.pools[]`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolUsage {
+    /// The pool.
+    pub name: String,
+    /// Per resource.
+    #[serde(default)]
+    pub resources: Vec<ResourceUsage>,
+}
+
+/// A queue's use of one resource's quota on one pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceUsage {
+    /// The resource.
+    pub name: String,
+    /// Its nominal quota.
+    pub nominal: Quantity,
+    /// What the queue's jobs holding a run slot ask for.
+    pub used: Quantity,
+    /// What of that is above the nominal quota, borrowed from the cohort.
+    pub borrowed: Quantity,
+    /// What of the nominal quota other queues of the cohort use.
+    pub lent: Quantity,
 }
 
 /// One operator instance's counts of a queue (`status.shards[]`).
@@ -175,6 +283,10 @@ pub struct QueueShardStatus {
 /// A queue name: a DNS subdomain of at most 253 characters (a cluster-scoped object's name).
 pub const QUEUE_NAME_PATTERN: &str =
     "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// A resource name: a qualified name, optionally prefixed by a DNS subdomain (`cpu`,
+/// `nvidia.com/gpu`, `hugepages-2Mi`).
+pub const RESOURCE_NAME_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
 
 /// True when `name` can name a ManagedJobQueue ([`QUEUE_NAME_PATTERN`], at most 253 characters).
 pub fn is_queue_name(name: &str) -> bool {
@@ -235,13 +347,40 @@ pub fn queue_crd() -> CustomResourceDefinition {
     preemption["minRunSeconds"]["maximum"] = json!(30 * 24 * 3600);
     preemption["maxPerMinute"]["minimum"] = json!(1);
     preemption["maxPerMinute"]["maximum"] = json!(10_000);
+    preemption["reclaimWithinCohort"]["default"] = json!("Never");
+    props["queueingStrategy"]["default"] = json!("BestEffortFIFO");
+    props["cohort"]["maxLength"] = json!(253);
+    props["cohort"]["pattern"] = json!(QUEUE_NAME_PATTERN);
+    // Pools and resources are lists keyed by name: the API refuses a name twice.
+    let pools = &mut props["pools"];
+    pools["maxItems"] = json!(16);
+    pools["x-kubernetes-list-type"] = json!("map");
+    pools["x-kubernetes-list-map-keys"] = json!(["name"]);
+    let pool = &mut pools["items"]["properties"];
+    pool["name"]["maxLength"] = json!(253);
+    pool["name"]["pattern"] = json!(QUEUE_NAME_PATTERN);
+    let resources = &mut pool["resources"];
+    resources["maxItems"] = json!(16);
+    resources["x-kubernetes-list-type"] = json!("map");
+    resources["x-kubernetes-list-map-keys"] = json!(["name"]);
+    resources["items"]["properties"]["name"]["maxLength"] = json!(253);
+    resources["items"]["properties"]["name"]["pattern"] = json!(RESOURCE_NAME_PATTERN);
+    resources["items"]["x-kubernetes-validations"] = json!([{
+        "rule": "!has(self.lendingLimit) || quantity(string(self.lendingLimit)).compareTo(quantity(string(self.nominalQuota))) <= 0",
+        "message": "lendingLimit must not exceed nominalQuota",
+    }]);
+    spec["x-kubernetes-validations"] = json!([{
+        "rule": "has(self.cohort) || !has(self.pools) || self.pools.all(p, !has(p.resources) || p.resources.all(r, !has(r.borrowingLimit) && !has(r.lendingLimit)))",
+        "message": "borrowingLimit and lendingLimit need spec.cohort (a queue without a cohort neither borrows nor lends)",
+    }]);
     let status = &mut root["properties"]["status"];
     status["description"] = json!(
-        "Counts of the queue's jobs, written by the operator at a bounded rate (server-side \
-         apply: each operator instance owns its entry of shards[])."
+        "Counts of the queue's jobs and its use of its quotas, written by the operator at a \
+         bounded rate (server-side apply: each operator instance owns its entry of shards[])."
     );
     status["properties"]["shards"]["x-kubernetes-list-type"] = json!("map");
     status["properties"]["shards"]["x-kubernetes-list-map-keys"] = json!(["shard"]);
+    super::quantities::compact_quantities(&mut value);
     serde_json::from_value(value).expect("the refined CRD deserializes")
 }
 

@@ -124,7 +124,7 @@ fn owner_rule() -> Value {
 /// oldSelf`) and one on the spec that it is neither added nor removed. `recovery` is immutable
 /// too, by one rule on the spec (`self.recovery == oldSelf.recovery`: it has a default, so it is
 /// always present). Only `priority`, `cancel` and `suspend` may change.
-pub const IMMUTABLE_SPEC_FIELDS: [&str; 12] = [
+pub const IMMUTABLE_SPEC_FIELDS: [&str; 13] = [
     "queue",
     "nodes",
     "run",
@@ -137,10 +137,11 @@ pub const IMMUTABLE_SPEC_FIELDS: [&str; 12] = [
     "tasks",
     "failurePolicy",
     "terminationGracePeriodSeconds",
+    "resources",
 ];
 
 fn refine_spec_schema(spec: &mut Value) {
-    const IMMUTABLE: [&str; 12] = IMMUTABLE_SPEC_FIELDS;
+    const IMMUTABLE: [&str; 13] = IMMUTABLE_SPEC_FIELDS;
     let mut rules = vec![
         rule(
             "(has(self.run) ? 1 : 0) + (has(self.template) ? 1 : 0) + (has(self.tasks) ? 1 : 0) == 1",
@@ -153,6 +154,10 @@ fn refine_spec_schema(spec: &mut Value) {
         rule(
             "!has(self.nodes) || has(self.template)",
             "spec.nodes needs spec.template",
+        ),
+        rule(
+            "!has(self.resources) || has(self.run) || (has(self.tasks) && self.tasks.all(t, has(t.run)))",
+            "spec.resources is for local jobs: a pod job's resources are its template's requests",
         ),
     ];
     for field in IMMUTABLE {
@@ -267,6 +272,9 @@ fn refine_spec_schema(spec: &mut Value) {
         MAX_ENV_VALUE_BYTES,
     );
     refine_recovery(&mut props["recovery"]);
+    let requests = &mut props["resources"]["properties"]["requests"];
+    requests["maxProperties"] = json!(16);
+    super::quantities::compact_quantities(requests);
     props["recovery"]["default"] = json!({});
     props["template"] = pod_template_schema("spec.template");
     refine_nodes(props);

@@ -356,11 +356,19 @@ pub enum WaitReason {
     /// Preempted: another queue below its share (or a higher priority of its own queue) took
     /// its run slot; it waits again, first in its queue.
     Preempted,
+    /// Its demand fits none of its queue's pools within the queue's quota and what its cohort
+    /// can lend now (the message gives the numbers).
+    InsufficientQuota,
+    /// Its queue's quota allows it, but no pool's Ready nodes can take all its members now (the
+    /// message gives the largest fit), or the nodes are not known yet.
+    InsufficientCapacity,
+    /// None of the pools its queue lists exists (no ManagedJobPool of those names).
+    PoolMissing,
 }
 
 impl WaitReason {
     /// Every reason.
-    pub const ALL: [WaitReason; 9] = [
+    pub const ALL: [WaitReason; 12] = [
         WaitReason::QueueMissing,
         WaitReason::NamespaceNotAdmitted,
         WaitReason::QueueMaxRunning,
@@ -370,6 +378,9 @@ impl WaitReason {
         WaitReason::LaunchCapReached,
         WaitReason::Queued,
         WaitReason::Preempted,
+        WaitReason::InsufficientQuota,
+        WaitReason::InsufficientCapacity,
+        WaitReason::PoolMissing,
     ];
 
     /// The CamelCase name, as stored and shown.
@@ -384,6 +395,9 @@ impl WaitReason {
             WaitReason::RunCapReached => "RunCapReached",
             WaitReason::LaunchCapReached => "LaunchCapReached",
             WaitReason::Queued => "Queued",
+            WaitReason::InsufficientQuota => "InsufficientQuota",
+            WaitReason::InsufficientCapacity => "InsufficientCapacity",
+            WaitReason::PoolMissing => "PoolMissing",
         }
     }
 

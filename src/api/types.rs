@@ -148,6 +148,12 @@ pub struct ManagedJobSpec {
     /// the same executor. Immutable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskSpec>,
+    /// What a local job (or a local pipeline's every task) needs, counted against its queue's
+    /// quota on the pool `local` (the operator's own node) when the queue lists it
+    /// (docs/concepts/quotas-pools-and-fit.md). A pod job's needs are its template's
+    /// requests, counted as kube-scheduler counts them: refused here. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<LocalResources>,
 }
 
 /// One task of a pipeline (`spec.tasks[]`).
@@ -226,6 +232,16 @@ impl TaskView<'_> {
     }
 }
 
+/// What a local workload needs (`spec.resources`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct LocalResources {
+    /// Each resource and its amount (a quantity), e.g. `{cpu: 2, memory: 4Gi,
+    /// example.com/license: 1}`; at most 16.
+    #[serde(default)]
+    pub requests:
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+}
+
 /// One environment variable of the local executor.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct EnvVar {
@@ -261,6 +277,23 @@ impl RecoverySpec {
     }
 }
 
+/// A job's place in its queue within its priority: jobs are admitted in the order they entered,
+/// by `enteredAt`, then, inside one second, by `resourceVersion`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    /// When the job entered its queue: its `metadata.creationTimestamp`, or when it gave its run
+    /// slot back because no node took its Pod (the back of its priority).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered_at: Option<Time>,
+    /// The object's `metadata.resourceVersion` when the operator first saw it: its creation's
+    /// when the operator saw it created. Resource versions of one resource compare as integers
+    /// (KEP-5504), so this orders the jobs created within one second as the API server
+    /// accepted them. Absent when unknown (the job then goes first inside its second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
 /// What the operator observed and did. Written only by the operator, through the status
 /// subresource.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -281,11 +314,16 @@ pub struct ManagedJobStatus {
     /// The ManagedJobQueue the job waits in (`spec.queue`, or `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
-    /// Position within its queue when the job was submitted (1 = next); not updated as the
-    /// queue moves (that would cost an API write per queued job per admission): see
-    /// `managed-jobs queue` for live order.
+    /// No longer written (null since 0.3.0). A job's position moves with every admission, and
+    /// writing it would cost an API write per waiting job per admission; the value once written
+    /// at submission went stale at once. See the visibility API (`managed-jobs queue`, the
+    /// dashboard) for each waiting job's live position, reason and estimated start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i64>,
+    /// The job's place in its queue within its priority (first come, first served), kept here
+    /// so that a store rebuilt from statuses keeps the order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_entry: Option<QueueEntry>,
     /// When the operator first saw the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitted_at: Option<Time>,
@@ -325,6 +363,10 @@ pub struct ManagedJobStatus {
     /// A multi-node job's running members, e.g. `3/4`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_nodes: Option<String>,
+    /// The pool (a ManagedJobPool of its queue's `spec.pools`) the current or last attempt was
+    /// admitted onto; unset for a job of a queue without pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// `metadata.generation` this status reflects. 0 until the operator has seen the object
     /// (the schema's default status), so GitOps tools read a brand-new job as in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -180,6 +180,13 @@ pub fn validate_spec(spec: &ManagedJobSpec) -> Result<(), String> {
         return Err(spec_payload_message(payload));
     }
     check_nodes(spec.nodes, spec.template.is_some(), "spec")?;
+    if spec.resources.is_some() && spec.run.is_none() && !spec.tasks.iter().all(|t| t.run.is_some())
+    {
+        return Err(
+            "spec.resources is for local jobs: a pod job's resources are its template's requests"
+                .into(),
+        );
+    }
     if spec.is_pipeline() {
         if spec.setup.is_some() {
             return Err(

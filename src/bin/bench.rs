@@ -17,7 +17,8 @@
 //! `pipeline` (3-task pipelines of `true`: status writes per task against the transitions a
 //! user can see), `density` (N jobs of `sleep --hold-seconds` alive at once: time to admit them
 //! all, operator memory and CPU, job controllers' USS and the PSS sum at the peak, the pass time
-//! with them alive), `schedpass` (only the scheduling-pass measurement), `preemption` (a late
+//! with them alive), `schedpass` (only the scheduling-pass measurement, then a change of every
+//! waiting job's reason: the pass that tells them all and the statuses it leaves to write), `preemption` (a late
 //! team's time to its share, with and without preemption) and `visibility` (issue 33: the
 //! visibility API's latency for a namespace of 10,000 waiting jobs beside 1,000 alive, the
 //! dashboard's rendering in Chromium and admissions with and without API clients; its own
@@ -25,7 +26,9 @@
 //! `--jobs` pod jobs of `--pod-seconds` as batch/v1 Jobs, as ManagedJobs no operator watches and
 //! as ManagedJobs with the operator at its defaults, each applied with `kubectl apply`: apply
 //! time, time to all done, CPU per job of every process, API requests per job;
-//! `src/bin/bench/versus.rs`).
+//! `src/bin/bench/versus.rs`) and `reasons` (issue 43: how stale a waiting job's reason gets
+//! in the store and in its status at `--jobs` waiting jobs, and the status writes it costs;
+//! `src/bin/bench/reasons.rs`).
 //!
 //! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
 //! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
@@ -44,6 +47,8 @@
 // The tests' Chromium driver (DevTools over a pipe), for the dashboard of `--scenario visibility`.
 #[path = "../../tests/support/browser.rs"]
 mod browser;
+#[path = "bench/reasons.rs"]
+mod reasons;
 #[path = "bench/versus.rs"]
 mod versus;
 #[path = "bench/visibility.rs"]
@@ -69,7 +74,8 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility or versus.
+    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility, versus or
+    /// reasons.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -445,6 +451,8 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
             (0..queues)
                 .map(|q| {
                     let policy = QueuePolicy {
+                        quotas: Default::default(),
+                        strategy: Default::default(),
                         weight: (q % 4) as u32 + 1,
                         max_running: None,
                         max_launching: None,
@@ -493,11 +501,9 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
     };
     let mut times = Vec::new();
     let mut refills = 0usize;
-    let mut memory = managed_jobs::scheduler::PassMemory::default();
     for _ in 0..200 {
         let start = Instant::now();
-        let result =
-            managed_jobs::scheduler::pass_queues(&mut store, caps, &policies, &mut memory)?;
+        let result = managed_jobs::scheduler::pass_queues(&mut store, caps, &policies)?;
         times.push(start.elapsed().as_secs_f64() * 1000.0);
         // Keep the queue as long: each admitted job ends (a legal Launching -> Done) and a new
         // one of the same priority joins the queue.
@@ -518,6 +524,35 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
         }
     }
     let t = sorted(times);
+    // Issue 43: a change of every waiting job's reason (the queues' maxRunning set to what they
+    // hold: QueueMaxRunning), with every status written before it: the pass that tells them
+    // all, then one that finds nothing to tell.
+    for row in store.all()? {
+        store.mark_synced(row.id, row.status_version)?;
+    }
+    let held = Queues::new(
+        policies
+            .names()
+            .into_iter()
+            .map(|name| {
+                let mut p = policies.get(name).cloned().expect("a queue in force");
+                p.max_running = Some(0);
+                (name.to_string(), p)
+            })
+            .collect(),
+    );
+    let start = Instant::now();
+    let told = managed_jobs::scheduler::pass_queues(&mut store, caps, &held)?.messages;
+    let change_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let start = Instant::now();
+    let again = managed_jobs::scheduler::pass_queues(&mut store, caps, &held)?.messages;
+    let steady_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let unwritten = store.unsynced_brief(usize::MAX)?.len();
+    println!(
+        "a change of every waiting job's reason: the pass that tells them {change_ms:.1} ms ({told} jobs told, {unwritten} statuses to write: {:.0} s at the default {} writes/s), the next {steady_ms:.2} ms ({again} told)",
+        unwritten as f64 / f64::from(managed_jobs::defaults::API_QPS),
+        managed_jobs::defaults::API_QPS
+    );
     Ok((percentile(&t, 0.5), percentile(&t, 0.99)))
 }
 
@@ -580,6 +615,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "preemption" {
         return preemption_scenario(&args).await;
+    }
+    if args.scenario == "reasons" {
+        return reasons::scenario(&args).await;
     }
     if args.scenario == "visibility" {
         return visibility::scenario(&args).await;

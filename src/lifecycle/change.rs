@@ -72,6 +72,9 @@ pub struct Change {
     pub(in crate::lifecycle) attempt_record: Option<AttemptStatus>,
     /// New count of a multi-node job's ready members (`3/4`).
     pub(in crate::lifecycle) ready_nodes: Option<Option<String>>,
+    /// The pool the job is admitted onto, and what it adds to its Pods (`pool`, `placement`);
+    /// None inside: no pool (a queue without pools).
+    pub(in crate::lifecycle) placement: Option<Option<crate::resources::Placement>>,
     /// Choose the job as a preemption victim of this queue, decided at this time (ms since
     /// epoch): `preempt_requested`, `preempted_by`, `preempted_at_ms` and one more preemption.
     pub(in crate::lifecycle) preempt: Option<(String, i64)>,
@@ -129,6 +132,7 @@ impl Change {
             ignored_count: None,
             attempt_record: None,
             ready_nodes: None,
+            placement: None,
             preempt: None,
             preempt_done: false,
             stopped_running: false,
@@ -342,6 +346,10 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     if let Some(r) = &change.ready_nodes {
         after.ready_nodes = r.clone();
     }
+    if let Some(p) = &change.placement {
+        after.pool = p.as_ref().map(|p| p.pool.clone());
+        after.placement = p.clone();
+    }
     if let Some(b) = change.backoff_until_ms {
         after.backoff_until_ms = b;
     }
@@ -405,9 +413,16 @@ pub fn apply(before: &JobRow, change: &Change, now_ms: i64) -> Result<JobRow, Il
     if let Some(r) = change.wait_reason {
         after.wait_reason = Some(r);
     }
+    // Only a pass that tells a waiting job its group's reason marks it so
+    // (`scheduler::tell_waiting`, in the store); any other change may have set its message.
+    after.reason_key = match change.wait_reason {
+        Some(r) if change.message.is_some() => super::record::said_key(r, &after.message),
+        _ => 0,
+    };
     if after.schedule_state != ScheduleState::Waiting {
         after.queue_position = None;
         after.wait_reason = None;
+        after.reason_key = 0;
     }
     tasks::follow(
         before,

@@ -99,6 +99,7 @@ mod grace_tests {
                 generation: 1,
                 spec: &spec,
                 created_at_ms: 0,
+                resource_version: "",
             },
             0,
         )

@@ -289,7 +289,9 @@ fn decide(row: &JobRow, observed: Option<&Observed>, cx: &Context) -> Action {
         } => {
             let t = t::after_outcome(row, attempt, &outcome, cx.now_ms, cx.backoff_base);
             // Fail fast: the members still alive are stopped (with the job's grace) before the
-            // end is recorded, so no member of the next attempt runs beside them.
+            // end is recorded, so no member of the next attempt runs beside them (a member
+            // lost to its node counts: its Pod is still there until removed, a job of one's
+            // too; `Member::alive`).
             if cx.stop_after_exit || others_alive {
                 Action::StopThen(t)
             } else {
@@ -628,6 +630,7 @@ pub(crate) mod tests {
             generation: 1,
             spec: &spec,
             created_at_ms: 1_000,
+            resource_version: "",
         };
         JobRow {
             id: 1,
@@ -724,6 +727,71 @@ pub(crate) mod tests {
                 until_ms: Some(14_000)
             }
         );
+    }
+
+    /// Issue 43, item 4: a member lost to its node ends the attempt as lost, one recovery; its
+    /// Pod is removed before the end is recorded (a job of one's too: it still exists on the
+    /// lost node), while an evicted Pod's end is recorded at once as before.
+    #[test]
+    fn a_member_lost_to_its_node_is_removed_then_recovered() {
+        use crate::lifecycle::nodes::{NODE_LOST, NODE_NOT_READY};
+        let mut r = row(JobPhase::Running, ScheduleState::Alive);
+        r.executor = ExecutorKind::Pod;
+        r.attempt = 1;
+        r.launched_attempt = 1;
+        let pod = |state| Observed::one(Some(Workload::Pod("p".into())), state);
+        for cause in [NODE_LOST, NODE_NOT_READY] {
+            let lost = pod(MemberState::Ended(Outcome::lost(
+                "its node n1 was deleted",
+                cause,
+            )));
+            let a = next_action(&r, Some(&lost), &cx(true));
+            assert!(matches!(a, Action::StopThen(_)), "{cause}: {a:?}");
+            assert_eq!(reason(&a), Some(Reason::Recovering), "{cause}");
+        }
+        let evicted = pod(MemberState::Ended(Outcome::lost("evicted", "Evicted")));
+        assert!(matches!(
+            next_action(&r, Some(&evicted), &cx(true)),
+            Action::Apply(_)
+        ));
+        // A gang: rank 1 lost to its node, rank 0 running: every member stopped, one recovery.
+        let mut g = r.clone();
+        g.spec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main", "image": "x"}]}},
+            "nodes": 2,
+        }))
+        .unwrap();
+        let gang = Observed {
+            members: vec![
+                crate::lifecycle::Member {
+                    rank: 0,
+                    workload: Some(Workload::Pod("p0".into())),
+                    state: MemberState::Running,
+                    ended_at_ms: None,
+                },
+                crate::lifecycle::Member {
+                    rank: 1,
+                    workload: Some(Workload::Pod("p1".into())),
+                    state: MemberState::Ended(Outcome::lost("its node n1 was deleted", NODE_LOST)),
+                    ended_at_ms: Some(9_000),
+                },
+            ],
+            placed_together: true,
+        };
+        let a = next_action(&g, Some(&gang), &cx(true));
+        let Action::StopThen(t) = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(t.change.reason, Reason::Recovering);
+        check_edge(&g, &t.change).expect("a legal move");
+        // Rank 0 evicted first (it decides), rank 1 then lost with its node: nothing else
+        // runs, yet rank 1's Pod is still on its lost node: removed before the end is written
+        // (found by `tests/gang_props.rs`, invariant 6).
+        let mut both = gang.clone();
+        both.members[0].state = MemberState::Ended(Outcome::lost("evicted", "Evicted"));
+        both.members[0].ended_at_ms = Some(8_000);
+        let a = next_action(&g, Some(&both), &cx(true));
+        assert!(matches!(a, Action::StopThen(_)), "{a:?}");
     }
 
     #[test]
@@ -1278,7 +1346,7 @@ pub(crate) mod tests {
         // The message names the slot that is missing.
         let m = crate::lifecycle::transitions::queued_message(0, 2, 5, 5, 5);
         assert!(
-            m.starts_with("waiting for a run slot: all 5 in use, 5 by Pods waiting for a node"),
+            m.starts_with("waiting for a run slot: all 5 in use, some by Pods waiting for a node"),
             "{m}"
         );
         assert_eq!(

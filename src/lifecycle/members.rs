@@ -145,15 +145,21 @@ impl Member {
         }
     }
 
-    /// True while it may still run or start: what a fail-fast stop has to stop.
+    /// True while it may still run or start: what a fail-fast stop has to stop. A member lost
+    /// with its node too: its Pod is still there, on a node that will never confirm its end
+    /// (and one not Ready may still run it), until the stop removes it
+    /// ([`super::nodes::removes_at_once`]).
     pub fn alive(&self) -> bool {
-        matches!(
-            self.state,
+        match &self.state {
             MemberState::Pending { .. }
-                | MemberState::Unschedulable { .. }
-                | MemberState::Terminating { .. }
-                | MemberState::Running
-        )
+            | MemberState::Unschedulable { .. }
+            | MemberState::Terminating { .. }
+            | MemberState::Running => true,
+            MemberState::Ended(o @ Outcome::Lost { .. }) => {
+                super::nodes::removes_at_once(o.reason())
+            }
+            _ => false,
+        }
     }
 
     /// True once it is bound to a node or beyond (it holds a node's resources).
@@ -226,7 +232,9 @@ pub enum View {
         /// The deciding member's rank (None for a success or a job of one).
         rank: Option<u32>,
         /// Members still run, start or terminate (the others, or the deciding one while it
-        /// terminates): they are stopped (with the job's grace) before the end is recorded.
+        /// terminates), or were lost with their node and are still there ([`Member::alive`]):
+        /// they are stopped (with the job's grace; one lost with its node removed at once)
+        /// before the end is recorded.
         others_alive: bool,
     },
 }

@@ -6,10 +6,14 @@
 //! using only those listed before it:
 //!
 //! - [`clock`]: time in ms since the epoch, the back-off between attempts;
+//! - [`entry`]: a job's place in its queue (FIFO in the order the API server accepted the
+//!   jobs: the creation second, then the resourceVersion first seen);
 //! - [`claim`]: one owner per job: the claim an operator holds on a namespace's jobs (when to
 //!   take, renew or leave it, what it allows its job controllers, when a row is stale);
 //! - [`reason`]: why a transition happened ([`Reason`]) and why a job failed ([`Failure`]:
 //!   the operator's [`FailureReason`] or the workload's text);
+//! - [`nodes`]: when the node a member is bound to loses it (deleted, or not Ready past the
+//!   grace: [`nodes::member_lost`]);
 //! - [`outcome`]: what executors report ([`Workload`], [`Outcome`] and the [`Evidence`]
 //!   failure rules read, [`Refused`]);
 //! - [`members`]: what is observed of an attempt's members ([`Observed`], [`Member`],
@@ -46,9 +50,11 @@ pub mod clock;
 pub mod deadlines;
 pub mod decide;
 pub mod edges;
+pub mod entry;
 #[doc(hidden)]
 pub mod faults;
 pub mod members;
+pub mod nodes;
 pub mod outcome;
 pub mod reason;
 pub mod record;
@@ -76,7 +82,7 @@ pub use edges::{
 pub use members::{Member, MemberState, Observed, View, view};
 pub use outcome::{Evidence, Outcome, PartExit, Refused, Workload};
 pub use reason::{Failure, FailureReason, Reason};
-pub use record::{HistoryEntry, JobRow, Object, Step};
+pub use record::{HistoryEntry, JobRow, Object, Step, said_key};
 pub use restore::restore;
 pub use rules::{Decision, Verdict};
 pub use submit::{Submission, submission};
@@ -86,10 +92,10 @@ pub use supervise::{
     controller_exited, needs_controller, stop_after_give_up, stops_before_migration, suspend_route,
 };
 pub use transitions::{
-    admit, after_outcome, backoff_over, cancel_queued, cancelled, cancelling, claim_lapsed,
-    controller_gave_up, controller_resumed, controller_start_failed, controller_started,
-    current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent, launch_timed_out,
-    node_wait_timed_out, nodes_ready, preempt, preempted, queued, queued_message,
+    admit, admit_onto, after_outcome, backoff_over, cancel_queued, cancelled, cancelling,
+    claim_lapsed, controller_gave_up, controller_resumed, controller_start_failed,
+    controller_started, current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent,
+    launch_timed_out, node_wait_timed_out, nodes_ready, preempt, preempted, queued, queued_message,
     reason_and_message, resumed, running, starting, stopping, suspend_queued, suspended,
     terminating, unschedulable, waiting_to_start,
 };

@@ -14,6 +14,8 @@ use crate::api::{
     AttemptStatus, ExecutorKind, JobPhase, ManagedJobSpec, ScheduleState, TaskStatus, WaitReason,
 };
 
+use crate::resources::{Demand, Placement};
+
 use super::outcome::Workload;
 use super::reason::{Failure, Reason};
 
@@ -153,7 +155,13 @@ macro_rules! json_field {
     )*};
 }
 
-json_field!(ManagedJobSpec, Vec<TaskStatus>, Vec<AttemptStatus>);
+json_field!(
+    ManagedJobSpec,
+    Vec<TaskStatus>,
+    Vec<AttemptStatus>,
+    Vec<Demand>,
+    Placement
+);
 
 /// How the store writes a column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,6 +385,25 @@ job_record! {
         /// When the current attempt's workload began to run (ms since epoch); None while it
         /// does not run. A queue's `minRunSeconds` counts from here.
         State running_since_ms: Option<i64> = None,
+        /// The resourceVersion at which the operator first saw the object, as the store orders
+        /// it ([`super::entry::version_key`]; `""`: none known): breaks ties of
+        /// `queued_at_ms` inside one second (FIFO in the order the API server accepted the
+        /// jobs, [`super::entry`]).
+        Fixed entry_version: String = String::new(),
+        /// A digest of the reason a scheduling pass last told the job while it waits, with its
+        /// message ([`said_key`]): the pass rewrites only the waiting jobs
+        /// whose digest differs from their group's reason (`scheduler::tell_waiting`). 0: its
+        /// message was set by anything else (every change through [`super::change::apply`]
+        /// resets it).
+        State reason_key: i64 = 0,
+        /// What each task's attempt needs (one entry for a job of one task), computed at
+        /// submission from the spec (`resources::demand::of_job`).
+        Fixed demands: Vec<Demand> = Vec::new(),
+        /// The pool the current attempt was admitted onto (its queue's `spec.pools`); None in
+        /// a queue without pools, and while the job is not admitted.
+        State pool: Option<String> = None,
+        /// What that pool adds to its Pods at launch (labels, tolerations).
+        State placement: Option<Placement> = None,
     }
 }
 
@@ -396,6 +423,10 @@ pub struct Object<'a> {
     /// `metadata.creationTimestamp`, ms since epoch: its place in the queue (FIFO within a
     /// priority follows creation, not the order the operator happens to see objects in).
     pub created_at_ms: i64,
+    /// `metadata.resourceVersion` when the operator first saw the object (its creation's when
+    /// its watch saw the create; `""`: unknown): orders jobs created in one second
+    /// ([`super::entry`]).
+    pub resource_version: &'a str,
 }
 
 impl JobRow {
@@ -415,6 +446,7 @@ impl JobRow {
             submitted_at_ms: now_ms,
             phase_changed_at_ms: now_ms,
             queued_at_ms: object.created_at_ms,
+            entry_version: super::entry::version_key(object.resource_version).unwrap_or_default(),
             tasks: initial_records(object.spec),
             queue: object.spec.queue_name().to_string(),
             ..JobRow::first_seen()
@@ -444,6 +476,27 @@ impl JobRow {
     /// The row's (phase, schedule state).
     pub fn state(&self) -> (JobPhase, ScheduleState) {
         (self.phase, self.schedule_state)
+    }
+}
+
+/// A digest of a waiting job's reason and message (never 0): what the store compares to tell
+/// only the waiting jobs whose reason changed ([`JobRow::reason_key`], `scheduler::tell_waiting`).
+/// FNV-1a (64 bits) of the reason's name, a NUL and the message: stable across releases (it is
+/// stored), and two different reasons share a digest with odds of about 2^-64.
+pub fn said_key(reason: WaitReason, message: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in reason
+        .as_str()
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(message.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    match h as i64 {
+        0 => 1,
+        k => k,
     }
 }
 
@@ -510,6 +563,7 @@ mod tests {
             generation: 2,
             spec: &spec,
             created_at_ms: 5,
+            resource_version: "",
         };
         let mut row = JobRow::new(&object, 7);
         row.id = 3;

@@ -77,6 +77,7 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
         t.ignored_count += more(Pending::Ignored);
     }
     let task = tasks.get(task_index as usize);
+    let entry = status.queue_entry.as_ref();
     Some(JobRow {
         id: job_id,
         phase,
@@ -111,6 +112,15 @@ pub fn restore(object: &Object<'_>, status: &ManagedJobStatus, now_ms: i64) -> O
         },
         task_started_at_ms: task.and_then(|t| ms(&t.started_at)),
         tasks,
+        // Its place in its queue as the status kept it (`super::entry`); a status of an
+        // earlier release keeps none: its creation second, first inside it.
+        queued_at_ms: entry
+            .and_then(|e| ms(&e.entered_at))
+            .unwrap_or(object.created_at_ms),
+        entry_version: entry
+            .and_then(|e| e.resource_version.as_deref())
+            .and_then(super::entry::version_key)
+            .unwrap_or_default(),
         ..JobRow::new(object, now_ms)
     })
 }
@@ -170,6 +180,7 @@ mod tests {
             generation: 1,
             spec: &spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         super::restore(&object, status, 1_000)
     }
@@ -182,6 +193,31 @@ mod tests {
             attempt,
             ..Default::default()
         }
+    }
+
+    /// A queued job rebuilt from its status keeps its place: the time it entered its queue and
+    /// the version it was first seen at, as its status shows them (`crate::status`); a status
+    /// of an earlier release, which shows neither, gives its creation and no version.
+    #[test]
+    fn a_queued_job_keeps_its_place_in_its_queue() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |ms| Time(jiff::Timestamp::from_millisecond(ms).unwrap());
+        let mut shown = ManagedJobStatus {
+            queue_entry: Some(crate::api::QueueEntry {
+                entered_at: Some(at(3_000)),
+                resource_version: Some("4711".into()),
+            }),
+            ..status(JobPhase::Pending, ScheduleState::Waiting, 0)
+        };
+        let r = restore(&shown, false).unwrap();
+        assert_eq!(r.queued_at_ms, 3_000);
+        assert_eq!(
+            super::super::entry::version_of_key(&r.entry_version),
+            "4711"
+        );
+        shown.queue_entry = None;
+        let r = restore(&shown, false).unwrap();
+        assert_eq!((r.queued_at_ms, r.entry_version.as_str()), (0, ""));
     }
 
     #[test]

@@ -38,6 +38,12 @@ pub fn submission(
     now_ms: i64,
 ) -> Result<Submission, IllegalTransition> {
     let mut record = JobRow::new(object, now_ms);
+    // What each task's attempt needs; a quantity that is not one fails the job, naming it.
+    let demands = crate::resources::demand::of_job(
+        object.spec,
+        object.spec.resources.as_ref().map(|r| &r.requests),
+    );
+    record.demands = demands.clone().unwrap_or_default();
     let mut steps = vec![Step {
         from: None,
         to: record.state(),
@@ -80,7 +86,9 @@ pub fn submission(
             Reason::KeptFinalStatus,
             "the object already carried a final status",
         );
-    } else if let Err(why) = validate_spec(object.spec) {
+    } else if let Err(why) =
+        validate_spec(object.spec).and_then(|()| demands.map(|_| ()).map_err(|e| e.to_string()))
+    {
         let failed = apply(&record, &invalid_spec(&record, why).change, now_ms)?;
         let message = failed.message.clone();
         step(&mut record, failed, Reason::Failed, &message);
@@ -135,6 +143,7 @@ mod tests {
             generation: 1,
             spec,
             created_at_ms: 5,
+            resource_version: "",
         }
     }
 

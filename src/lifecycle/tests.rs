@@ -42,6 +42,7 @@ fn pipeline_row() -> JobRow {
         generation: 1,
         spec: &spec,
         created_at_ms: 0,
+        resource_version: "",
     };
     let mut row = JobRow::new(&object, 0);
     row.id = 1;
@@ -71,6 +72,7 @@ fn drive(spec: ManagedJobSpec, end: Outcome, until: i64) -> (JobRow, i32) {
         generation: 1,
         spec: &spec,
         created_at_ms: 0,
+        resource_version: "",
     };
     let mut row = JobRow::new(&object, 0);
     row.id = 1;
@@ -832,6 +834,7 @@ mod failure_rules_model {
             generation: 1,
             spec: &row.spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         let back = crate::lifecycle::restore(&object, &status, 0).expect("a job id");
         if pending.is_some() {
@@ -861,6 +864,7 @@ mod failure_rules_model {
             generation: 1,
             spec: &spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         let mut row = JobRow::new(&object, 0);
         row.id = 1;

@@ -23,6 +23,12 @@ use super::tasks::{current_task, has_next_task, stored_message, task_attempt};
 /// A scheduling pass admits the job: a new job (Pending + Waiting) or a relaunch
 /// (AliveWaiting) takes a launch slot.
 pub fn admit(row: &JobRow) -> Transition {
+    admit_onto(row, None)
+}
+
+/// [`admit`] onto a pool (its quota is held there, its Pods go there: `placement`), or onto
+/// none (a queue without pools).
+pub fn admit_onto(row: &JobRow, placement: Option<crate::resources::Placement>) -> Transition {
     let (expect, message) = match row.schedule_state {
         // A pipeline's next task: its first launch, not a relaunch.
         ScheduleState::AliveWaiting if row.phase == JobPhase::Starting => (
@@ -40,6 +46,7 @@ pub fn admit(row: &JobRow) -> Transition {
     };
     let mut change = Change::because(Reason::Scheduled).message(message);
     change.schedule = Some(ScheduleState::Launching);
+    change.placement = Some(placement);
     Transition::new(expect, change)
 }
 
@@ -95,7 +102,7 @@ pub fn controller_gave_up(row: &JobRow, crashes: i64) -> Transition {
         FailureReason::ControllerCrashed,
         format!(
             "the job controller process exited {crashes} times before finishing; see `managed-jobs logs {} --controller`",
-            row.id
+            row.key()
         ),
     );
     t.change.controller = Some(None);
@@ -384,8 +391,10 @@ pub fn node_wait_timed_out(
 }
 
 /// What a queued job waits for, as its message says: the slot that is really missing, from the
-/// slots in use (`launching` of `launch_cap`, `alive` of `run_cap`) and how many of the run
-/// slots are held by Pods waiting for a node (`node_waits`).
+/// slots in use (`launching` of `launch_cap`, `alive` of `run_cap`) and whether some of the run
+/// slots are held by Pods waiting for a node (`node_waits` of them). The sentence holds no
+/// count that moves with each admission or each Pod (every waiting job of a queue is told it,
+/// and each change of it is an API write per job): only the caps and whether Pods wait.
 pub fn queued_message(
     launching: usize,
     launch_cap: usize,
@@ -394,11 +403,10 @@ pub fn queued_message(
     node_waits: usize,
 ) -> String {
     if alive >= run_cap {
-        let held = match node_waits {
-            0 => String::new(),
-            n => {
-                format!(", {n} by Pods waiting for a node (given back after their launch timeout)")
-            }
+        let held = if node_waits > 0 {
+            ", some by Pods waiting for a node (each given back after its launch timeout)"
+        } else {
+            ""
         };
         format!("waiting for a run slot: all {run_cap} in use{held}")
     } else if launching >= launch_cap {

@@ -21,6 +21,11 @@
 //! 4. every job controller process of this state dir is the recorded controller of a job that
 //!    is not Done, or is woken ([`Fix::WakeController`]): one whose store was replaced exits
 //!    ([`store_is_current`]), one waiting for its job's lock keeps waiting.
+//! 5. every Pod of a live attempt that has not ended runs on a node that still holds it
+//!    ([`super::nodes::member_lost`]: not deleted, not Ready or back within the grace), or its
+//!    member is lost ([`Fix::MemberLost`]): its job controller ends the attempt as lost, as the
+//!    Pod watch would have once the pod GC deleted the Pod. Checked at start and every period,
+//!    not only on the Node watch's events (a node deleted while the operator was down).
 //!
 //! In particular no workload stays alive for a Done job, and a live attempt is never stopped:
 //! `tests/world_props.rs` checks both over random stores and worlds.
@@ -34,6 +39,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::api::ExecutorKind;
 
+use super::nodes::{NodeLoss, Nodes};
 use super::record::JobRow;
 
 /// A job as the world check sees it, from its row.
@@ -147,6 +153,8 @@ pub struct PodSeen {
     pub alive: bool,
     /// Being deleted already (`deletionTimestamp` set).
     pub terminating: bool,
+    /// The node it is bound to (`spec.nodeName`; empty before it is scheduled).
+    pub node: String,
 }
 
 /// A local attempt's process of this state dir: its wrapper, found by its marker.
@@ -196,6 +204,9 @@ pub struct World {
     pub processes: Vec<ProcessSeen>,
     /// Every job controller process of this state dir.
     pub controllers: Vec<ControllerSeen>,
+    /// Every Node, the grace of a node not Ready and now, when known completely (None: the
+    /// Node watch has not listed them, or may not: nothing is decided about nodes).
+    pub nodes: Option<Nodes>,
 }
 
 /// What the world check decided; the operator carries each out.
@@ -239,6 +250,20 @@ pub enum Fix {
     WakeController {
         /// What was seen.
         controller: ControllerSeen,
+    },
+    /// A live attempt's Pod whose node lost it (deleted, or not Ready past the grace): record
+    /// its member lost (unless the watch already saw it end) and wake its job controller.
+    MemberLost {
+        /// The job.
+        job_id: i64,
+        /// Its current attempt.
+        attempt: i32,
+        /// The Pod's name.
+        pod: String,
+        /// The node it is bound to.
+        node: String,
+        /// Why, since when.
+        loss: NodeLoss,
     },
 }
 
@@ -292,11 +317,28 @@ pub fn check(jobs: &[Job], world: &World) -> Vec<Fix> {
         }
     }
     for pod in world.pods.iter().flatten() {
-        if !pod.alive || pod.terminating || !owned(&pod.namespace) {
+        if !pod.alive || !owned(&pod.namespace) {
+            continue;
+        }
+        if let Some(job) = by_id.get(&pod.job_id)
+            && pod_is_live_attempt(job, pod)
+        {
+            // A terminating one too: on a node that is gone, nobody will confirm its end.
+            if let Some(loss) = world.nodes.as_ref().and_then(|n| n.member_lost(&pod.node)) {
+                fixes.push(Fix::MemberLost {
+                    job_id: job.id,
+                    attempt: job.attempt,
+                    pod: pod.name.clone(),
+                    node: pod.node.clone(),
+                    loss,
+                });
+            }
+            continue;
+        }
+        if pod.terminating {
             continue;
         }
         let why = match by_id.get(&pod.job_id) {
-            Some(job) if pod_is_live_attempt(job, pod) => continue,
             Some(job) if job.done => format!("job {} is done", job.id),
             Some(job) if pod.owner_uid != job.uid || pod.namespace != job.namespace => format!(
                 "it is owned by {} in {}, job {} is {} in {}",
@@ -385,6 +427,7 @@ mod tests {
             owner_uid: format!("u{id}"),
             alive: true,
             terminating: false,
+            node: "n1".into(),
         }
     }
 
@@ -500,6 +543,7 @@ mod tests {
                 start_time: 7,
                 job_id: 1,
             }],
+            nodes: None,
         };
         assert_eq!(check(&jobs, &world), vec![]);
         // A job of a namespace the objects were not listed in keeps its row.
@@ -509,6 +553,97 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(check(&jobs, &scoped), vec![]);
+    }
+
+    /// Issue 43, item 4: a live attempt's Pod whose node was deleted, or is not Ready past
+    /// the grace, is lost (terminating or not); one on a Ready node, or on a node not Ready
+    /// within the grace, is left; without a full list of the nodes nothing is decided; a Pod
+    /// that is no live attempt's is deleted as before, never reported lost; a finished Pod
+    /// ended already.
+    #[test]
+    fn a_live_attempts_pod_on_a_lost_node_is_lost() {
+        use crate::lifecycle::nodes::{NODE_LOST, NODE_NOT_READY, NodeSeen, NotReady};
+        let now = 10_000_000;
+        let nodes = Nodes {
+            seen: HashMap::from([
+                ("ready".to_string(), NodeSeen::Ready),
+                (
+                    "flapping".to_string(),
+                    NodeSeen::NotReady {
+                        status: NotReady::False,
+                        since_ms: now - 5_000,
+                        reason: String::new(),
+                    },
+                ),
+                (
+                    "dead".to_string(),
+                    NodeSeen::NotReady {
+                        status: NotReady::Unknown,
+                        since_ms: now - 61_000,
+                        reason: "NodeStatusUnknown".into(),
+                    },
+                ),
+            ]),
+            grace: std::time::Duration::from_secs(60),
+            now_ms: now,
+        };
+        let on = |id: i64, node: &str| PodSeen {
+            node: node.into(),
+            ..pod(id, 1)
+        };
+        let jobs: Vec<Job> = (1..=7).map(|id| job(id, ExecutorKind::Pod)).collect();
+        let world = World {
+            pods: Some(vec![
+                on(1, "gone"),
+                PodSeen {
+                    terminating: true,
+                    ..on(2, "gone")
+                },
+                on(3, "ready"),
+                on(4, "flapping"),
+                on(5, "dead"),
+                PodSeen {
+                    alive: false,
+                    ..on(6, "gone")
+                },
+                PodSeen {
+                    attempt: 0,
+                    ..on(7, "gone")
+                },
+            ]),
+            nodes: Some(nodes),
+            ..Default::default()
+        };
+        let fixes = check(&jobs, &world);
+        let lost: Vec<(i64, &str, &str)> = fixes
+            .iter()
+            .filter_map(|f| match f {
+                Fix::MemberLost {
+                    job_id, node, loss, ..
+                } => Some((*job_id, node.as_str(), loss.reason)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            lost,
+            [
+                (1, "gone", NODE_LOST),
+                (2, "gone", NODE_LOST),
+                (5, "dead", NODE_NOT_READY)
+            ]
+        );
+        assert!(
+            fixes
+                .iter()
+                .any(|f| matches!(f, Fix::DeletePod { name, .. } if name == "j-7-1-t")),
+            "{fixes:?}"
+        );
+        assert_eq!(fixes.len(), 4, "{fixes:?}");
+        let blind = World {
+            nodes: None,
+            ..world
+        };
+        assert_eq!(check(&jobs, &blind).len(), 1, "only the stray Pod");
     }
 
     /// Issue 30: a standby operator (another instance holds the claim on the namespace) never

@@ -60,6 +60,14 @@ impl RequestBudget {
         self.limiter.until_ready().await;
     }
 
+    /// Waits for a token for a status write that only tells a waiting job its new reason
+    /// (`store::jobs::REASON_ONLY`): as an Event does, one no other status write is waiting for.
+    /// Such writes come in thousands when a reason of a long queue changes; they share what
+    /// status writes leave with the Events.
+    pub async fn for_reason(&self) {
+        self.for_event().await
+    }
+
     /// Waits for a token for an Event: one no status write is waiting for.
     pub async fn for_event(&self) {
         loop {

@@ -58,6 +58,7 @@ pub fn pod_seen(pod: &Pod) -> Option<PodSeen> {
         owner_uid: owner.uid.clone(),
         alive: !matches!(phase, Some("Succeeded" | "Failed")),
         terminating: pod.metadata.deletion_timestamp.is_some(),
+        node: state::node_name(pod),
     })
 }
 
@@ -155,7 +156,16 @@ fn record(engine: &Engine, pod: &Pod, deleted: bool) -> Option<(i64, i32, u32)> 
         tracing::debug!(job_id = id, pod = ?pod.metadata.name, namespace = ?pod.metadata.namespace, "a labelled Pod that is not this job's: ignored");
         return None;
     }
-    let observation = state::observe(pod, id, attempt, deleted);
+    let seen = state::observe(pod, id, attempt, deleted);
+    // A Pod once lost (its node lost, say) stays lost: what it shows later is its aftermath.
+    let previous = match engine.store().pod_member(id, attempt, seen.rank) {
+        Ok(previous) => previous,
+        Err(e) => {
+            tracing::error!(job_id = id, error = %e, "reading a Pod observation failed");
+            None
+        }
+    };
+    let observation = state::keep_fate(previous, seen);
     let changed = engine.store().record_pod(&observation);
     match changed {
         Ok(true) => {
@@ -207,13 +217,58 @@ async fn mark_vanished(engine: &Engine, client: &kube::Client, listed: &HashSet<
     engine.wake_all();
 }
 
-/// Marks an observation deleted; a Pod that had not exited on its own is lost.
+/// Marks an observation deleted; a Pod that had not exited on its own is lost (one lost
+/// already keeps its cause: `state::keep_fate`).
 fn vanished(o: &mut PodObservation) {
     o.deleted = true;
-    if !o.state.is_final_exit() {
+    if !o.state.is_final_exit() && o.state != PodState::Lost {
         o.state = PodState::Lost;
         o.reason = "PodDeleted".into();
         o.message = "the Pod was deleted while the operator was not watching".into();
         o.ended_at_ms = Some(crate::lifecycle::now_ms());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(state: PodState, reason: &str) -> PodObservation {
+        PodObservation {
+            job_id: 1,
+            attempt: 1,
+            rank: 0,
+            pod_name: "p".into(),
+            state,
+            exit_code: None,
+            reason: reason.into(),
+            message: String::new(),
+            deleted: false,
+            node: "n1".into(),
+            terminating_since_ms: None,
+            grace_seconds: None,
+            evidence: Default::default(),
+            ended_at_ms: None,
+        }
+    }
+
+    /// A Pod gone while the watch was down: lost if it was running; one that had exited, or
+    /// was lost already (to its node, say), keeps its fate and its cause.
+    #[test]
+    fn a_pod_gone_unseen_is_lost_unless_its_fate_was_known() {
+        let mut running = seen(PodState::Running, "");
+        vanished(&mut running);
+        assert_eq!(
+            (running.state, running.reason.as_str(), running.deleted),
+            (PodState::Lost, "PodDeleted", true)
+        );
+        for (state, reason) in [(PodState::Succeeded, ""), (PodState::Lost, "NodeLost")] {
+            let mut o = seen(state, reason);
+            vanished(&mut o);
+            assert_eq!(
+                (o.state, o.reason.as_str(), o.deleted),
+                (state, reason, true)
+            );
+        }
     }
 }

@@ -55,7 +55,7 @@ impl QueueWatch {
             .map(|ns| (ns.name_any(), ns.labels().clone()))
             .collect();
         let objects: Vec<ManagedJobQueue> = self.objects().iter().map(|q| (**q).clone()).collect();
-        Queues::resolve(&objects, &namespaces)
+        Queues::resolve(&objects, &namespaces, &[])
     }
 }
 
@@ -201,6 +201,7 @@ pub fn queue_status(
             share: entry.share.clone(),
             observed_generation: generation,
             shards: vec![entry],
+            pools: Vec::new(),
         }
     } else {
         ManagedJobQueueStatus {

@@ -73,12 +73,9 @@ pub async fn rebuild_if_empty(
                 name: &name,
                 generation: mj.metadata.generation.unwrap_or(0),
                 spec: &mj.spec,
-                created_at_ms: mj
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.as_millisecond())
-                    .unwrap_or(now),
+                created_at_ms: created_ms(mj, now),
+                // A rebuilt job's place is its status's (`lifecycle::restore`).
+                resource_version: "",
             };
             lifecycle::restore(&object, mj.status.as_ref()?, now)
         })
@@ -203,12 +200,9 @@ pub async fn restore_one(
         name: &name,
         generation: mj.metadata.generation.unwrap_or(0),
         spec: &mj.spec,
-        created_at_ms: mj
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_millisecond())
-            .unwrap_or(now),
+        created_at_ms: created_ms(mj, now),
+        // A job taken over keeps the place its status shows (`lifecycle::restore`).
+        resource_version: "",
     };
     let Some(mut record) = lifecycle::restore(&object, status, now) else {
         return Ok(None);
@@ -241,4 +235,12 @@ pub async fn restore_one(
         adopt_pods(&mut engine.store(), &row, |rank| found.get(&rank))?;
     }
     Ok(Some(row))
+}
+
+/// `metadata.creationTimestamp` of `mj` in ms since the epoch, else `now`.
+pub(super) fn created_ms(mj: &ManagedJob, now: i64) -> i64 {
+    mj.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0.as_millisecond())
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 
+use super::nodes::NodeView;
 use super::pod_watch::PodCache;
 use super::shared::Operator;
 use crate::api::ManagedJob;
@@ -107,14 +108,25 @@ async fn list_object_uids(
     Ok(list.items.iter().filter_map(|o| o.uid()).collect())
 }
 
+/// The nodes the world check decides on (`nodes`, the Node watch's view) and the grace of a
+/// node that is not Ready (`--node-lost-grace-seconds`).
+pub(super) struct NodeCheck {
+    /// The Node watch's view.
+    pub view: Arc<NodeView>,
+    /// How long a node may stay not Ready before its members are lost.
+    pub grace: Duration,
+}
+
 /// The continuous world check: once the caches of objects (`reader`) and Pods (`pods`, None
-/// when the pod executor is off) hold a full list, every [`WORLD_CHECK_PERIOD`] and soon after
+/// when the pod executor is off) hold a full list, every [`WORLD_CHECK_PERIOD`], soon after
 /// a poke (the engine's `world_changed`: a full check; `objects_deleted`: rows against objects
-/// only).
+/// only), and when a node that is not Ready reaches the end of its grace (`nodes`: a live
+/// attempt's Pods are checked against them once the Node watch listed them all).
 pub(super) async fn world_loop(
     op: Arc<Operator>,
     reader: kube::runtime::reflector::Store<ManagedJob>,
     pods: Option<Arc<PodCache>>,
+    nodes: NodeCheck,
     objects_deleted: Arc<tokio::sync::Notify>,
     objects_listed: Arc<std::sync::atomic::AtomicBool>,
 ) {
@@ -140,6 +152,13 @@ pub(super) async fn world_loop(
         } else {
             None
         };
+        // The nodes after the Pods: a Pod bound to a node the watch had not seen yet would
+        // read as lost to a deleted node.
+        let all_nodes = nodes.view.nodes(nodes.grace, crate::lifecycle::now_ms());
+        let next_loss = all_nodes.as_ref().and_then(|n| {
+            crate::lifecycle::nodes::next_loss_at(n.seen.values(), n.grace, n.now_ms)
+        });
+        let nodes_seen = all_nodes.filter(|_| pods_seen.is_some());
         match op.engine.observe_world() {
             Ok(crate::engine::LocalWorld {
                 jobs,
@@ -155,9 +174,11 @@ pub(super) async fn world_loop(
                     pods: pods_seen,
                     processes: if full { processes } else { Vec::new() },
                     controllers: if full { controllers } else { Vec::new() },
+                    nodes: nodes_seen,
                 };
                 let fixes = world::check(&jobs, &world);
                 tracing::debug!(jobs = jobs.len(), fixes = fixes.len(), full, "world check");
+                let fixes = op.confirm_node_losses(fixes, nodes.grace).await;
                 for fix in op.engine.apply_fixes(fixes) {
                     if let Fix::DeletePod {
                         namespace,
@@ -172,8 +193,13 @@ pub(super) async fn world_loop(
             }
             Err(e) => tracing::error!(error = %e, "reading the store for the world check failed"),
         }
+        // A node not Ready loses its members when its grace ends: looked at then, not up to a
+        // period later.
+        let until_loss = next_loss.map_or(WORLD_CHECK_PERIOD, |at| {
+            Duration::from_millis((at - crate::lifecycle::now_ms()).max(0) as u64)
+        });
         tokio::select! {
-            _ = tokio::time::sleep(WORLD_CHECK_PERIOD) => full = true,
+            _ = tokio::time::sleep(WORLD_CHECK_PERIOD.min(until_loss)) => full = true,
             _ = op.engine.world_changed.notified() => full = true,
             _ = objects_deleted.notified() => full = false,
         }
@@ -182,6 +208,62 @@ pub(super) async fn world_loop(
 }
 
 impl Operator {
+    /// The world check's [`Fix::MemberLost`] decisions, each confirmed against the Node as the
+    /// API holds it now (one GET per node): the Node watch may lag behind the Pod watch (a
+    /// Pod bound to a node created a moment ago) or have missed its return while it could not
+    /// watch, and a loss costs the attempt. The rule is asked again on what the API answers
+    /// (a 404 is a deleted node); a loss it no longer finds, or a node that cannot be read,
+    /// is left to the next check. Other fixes pass unchanged.
+    async fn confirm_node_losses(&self, fixes: Vec<Fix>, grace: Duration) -> Vec<Fix> {
+        use crate::lifecycle::nodes::{NodeSeen, member_lost};
+        use k8s_openapi::api::core::v1::Node;
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut fresh: std::collections::HashMap<String, Option<NodeSeen>> = Default::default();
+        let mut out = Vec::with_capacity(fixes.len());
+        for fix in fixes {
+            let Fix::MemberLost {
+                job_id,
+                attempt,
+                pod,
+                node,
+                ..
+            } = fix
+            else {
+                out.push(fix);
+                continue;
+            };
+            if !fresh.contains_key(&node) {
+                let now = crate::lifecycle::now_ms();
+                self.engine.metrics.api_request("get");
+                let seen = match api.get_opt(&node).await {
+                    Ok(Some(n)) => Some(NodeSeen::of(&n, now)),
+                    Ok(None) => Some(NodeSeen::Absent),
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "reading a node its Pods seem lost to failed; the next world check looks again");
+                        None
+                    }
+                };
+                fresh.insert(node.clone(), seen);
+            }
+            let Some(seen) = fresh.get(&node).cloned().flatten() else {
+                continue;
+            };
+            match member_lost(&node, &seen, grace, crate::lifecycle::now_ms()) {
+                Some(loss) => out.push(Fix::MemberLost {
+                    job_id,
+                    attempt,
+                    pod,
+                    node,
+                    loss,
+                }),
+                None => {
+                    tracing::info!(node = %node, pod = %pod, "the Node watch saw the node lost, the API does not: nothing done")
+                }
+            }
+        }
+        out
+    }
+
     /// Deletes a Pod with our marks that no live attempt owns (its own grace period), only if
     /// it is still the Pod that was seen (uid precondition).
     async fn delete_orphan_pod(&self, namespace: &str, name: &str, uid: &str, why: &str) {

@@ -7,7 +7,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::history;
 use super::row::{self, from_row, select_list};
-use super::{Result, Store, StoreError};
+use super::{ADMISSION_ORDER, Result, Store, StoreError};
 use crate::api::{JobPhase, ManagedJobSpec, ManagedJobStatus, ScheduleState};
 use crate::capacity::SlotUsage;
 use crate::lifecycle::world::JobBrief;
@@ -33,9 +33,17 @@ impl Cas {
 }
 
 /// The order in which unwritten statuses go out (see [`Store::unsynced_brief`]), as SQL; verbatim in
-/// the partial index `jobs_unsynced_order` (schema step 13), which serves it.
-const UNSYNCED_ORDER: &str = "CASE schedule_state WHEN 'Done' THEN 0 WHEN 'Launching' THEN 3 \
-     WHEN 'Alive' THEN 2 WHEN 'AliveWaiting' THEN 2 ELSE 1 END";
+/// the partial index `jobs_unsynced_in_order` (schema step 14), which serves it. Rank 4: a
+/// waiting job whose only unwritten change is its reason ([`REASON_ONLY`]).
+const UNSYNCED_ORDER: &str = "CASE WHEN unsynced_since_seq = 9223372036854775807 THEN 4 \
+     WHEN schedule_state = 'Done' THEN 0 WHEN schedule_state = 'Launching' THEN 3 \
+     WHEN schedule_state IN ('Alive', 'AliveWaiting') THEN 2 ELSE 1 END";
+
+/// `unsynced_since_seq` of a job whose status the API has seen but for its waiting reason
+/// ([`Store::tell_waiting`]): no transition of it is unwritten, so its write releases no slot
+/// and holds no other write back (`operator::status_writer::writable`), and it goes after every
+/// other status. Any transition of the job replaces it ([`write_change`] keeps the minimum).
+pub const REASON_ONLY: i64 = i64::MAX;
 
 /// What the status writer orders an unwritten status by ([`Store::unsynced_brief`]): a few
 /// columns of the job's row, no spec.
@@ -140,6 +148,7 @@ impl Store {
             generation,
             spec,
             created_at_ms: now_ms(),
+            resource_version: "",
         };
         self.submit(&object, None)
     }
@@ -147,8 +156,9 @@ impl Store {
     /// Mirrors a ManagedJob. At first sight it is stored as [`lifecycle::submission`] decides
     /// (queued at once; kept Done with the final status `known` shows, when its object already
     /// carries one: the store lost the job; failed at once when its spec fails the checks the
-    /// API schema cannot express), with its position within its queue; otherwise its generation and
-    /// priority are updated.
+    /// API schema cannot express); otherwise its generation and priority are updated. (Its
+    /// position in its queue is not stored: it moves with every admission; the visibility API
+    /// computes it on request.)
     pub fn submit(
         &mut self,
         object: &Object<'_>,
@@ -173,7 +183,9 @@ impl Store {
                     tx.prepare_cached(
                         "UPDATE jobs SET generation = ?2, priority = ?3,
                             spec = json_set(spec, '$.cancel', json(?4), '$.suspend', json(?5)),
-                            status_version = status_version + 1 WHERE id = ?1",
+                            status_version = status_version + 1,
+                            unsynced_since_seq = min(unsynced_since_seq, changed_seq)
+                         WHERE id = ?1",
                     )?
                     .execute(params![
                         id,
@@ -189,26 +201,6 @@ impl Store {
                 let now = now_ms();
                 let submission = lifecycle::submission(object, known, now)?;
                 let id = insert(&tx, &submission.record, false, &submission.steps, now)?;
-                if submission.record.schedule_state == ScheduleState::Waiting {
-                    let position: i64 = tx
-                        .prepare_cached(
-                            "SELECT count(*) FROM jobs
-                            WHERE schedule_state = 'Waiting' AND queue = ?4
-                            AND (priority > ?1 OR (priority = ?1 AND (queued_at_ms < ?3
-                                OR (queued_at_ms = ?3 AND id <= ?2))))",
-                        )?
-                        .query_row(
-                            params![
-                                object.spec.priority,
-                                id,
-                                object.created_at_ms,
-                                submission.record.queue
-                            ],
-                            |r| r.get(0),
-                        )?;
-                    tx.prepare_cached("UPDATE jobs SET queue_position = ?2 WHERE id = ?1")?
-                        .execute(params![id, position])?;
-                }
                 (id, true)
             }
         };
@@ -340,15 +332,19 @@ fn write_change(
         )?;
         // Had the API seen every earlier change? Then this one starts the unsynced run.
         let was_synced = before.status_version <= before.synced_version;
+        // A status waiting only for its reason (REASON_ONLY) has no unwritten transition: this
+        // one starts the unsynced run too.
         tx.prepare_cached(
             "UPDATE jobs SET changed_seq = ?2,
-                    unsynced_since_seq = CASE WHEN ?3 THEN ?2 ELSE unsynced_since_seq END
+                    unsynced_since_seq = CASE WHEN ?3 THEN ?2 ELSE min(unsynced_since_seq, ?2) END
                  WHERE id = ?1",
         )?
         .execute(params![after.id, seq, was_synced])?;
         after.changed_seq = seq;
         if was_synced {
             after.unsynced_since_seq = seq;
+        } else {
+            after.unsynced_since_seq = after.unsynced_since_seq.min(seq);
         }
     }
     Ok(after)
@@ -406,7 +402,8 @@ impl Store {
         self.conn
             .prepare_cached(
                 "UPDATE jobs SET cancel_requested = 1, deleting = max(deleting, ?2),
-                status_version = status_version + (cancel_requested = 0)
+                status_version = status_version + (cancel_requested = 0),
+                unsynced_since_seq = min(unsynced_since_seq, changed_seq)
              WHERE id = ?1",
             )?
             .execute(params![id, deleting])?;
@@ -463,7 +460,7 @@ impl Store {
             }
         }
         usage.waiting = self.conn.query_row(
-            // The IN term, verbatim from the partial index jobs_queue, lets SQLite use it.
+            // The IN term, verbatim from the partial index jobs_queue_order, lets SQLite use it.
             "SELECT count(*) FROM jobs WHERE schedule_state IN ('Waiting', 'AliveWaiting')
                 AND schedule_state = 'Waiting'",
             [],
@@ -508,10 +505,12 @@ impl Store {
         self.select(
             // SQLite uses a partial index only when the query repeats its WHERE term: without the
             // IN term, every pass would read the whole table, finished jobs included.
-            "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
+            &format!(
+                "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
                 AND cancel_requested = 0
                 AND (?3 = 0 OR backoff_until_ms IS NULL OR backoff_until_ms <= ?3)
-             ORDER BY priority DESC, queued_at_ms, id LIMIT ?2",
+             ORDER BY {ADMISSION_ORDER} LIMIT ?2"
+            ),
             params![state.as_str(), limit as i64, now_ms],
         )
     }
@@ -708,7 +707,7 @@ mod tests {
                 "schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = ?1
                     AND cancel_requested = 0
                     AND (?3 = 0 OR backoff_until_ms IS NULL OR backoff_until_ms <= ?3)
-                    ORDER BY priority DESC, queued_at_ms, id LIMIT ?2",
+                    ORDER BY priority DESC, queued_at_ms, entry_version, id LIMIT ?2",
             ),
             select("schedule_state IN ('Launching', 'Alive', 'AliveWaiting') ORDER BY id"),
             select("cancel_requested = 1 AND schedule_state != 'Done' ORDER BY id"),
@@ -731,7 +730,7 @@ mod tests {
         }
     }
 
-    /// The status writer's read of the backlog walks `jobs_unsynced_order` in its order: no
+    /// The status writer's read of the backlog walks `jobs_unsynced_in_order` in its order: no
     /// sort of every unwritten status, however many a burst left.
     #[test]
     fn the_status_writers_read_walks_its_index_in_order() {
@@ -747,7 +746,7 @@ mod tests {
             .map(|r| r.unwrap())
             .collect();
         assert!(
-            steps.iter().any(|s| s.contains("jobs_unsynced_order"))
+            steps.iter().any(|s| s.contains("jobs_unsynced_in_order"))
                 && !steps.iter().any(|s| s.contains("TEMP B-TREE")),
             "{steps:?}"
         );
@@ -869,12 +868,12 @@ mod tests {
         assert!(a.inserted);
         assert_eq!(a.row.phase, JobPhase::Pending);
         assert_eq!(a.row.schedule_state, ScheduleState::Waiting);
-        assert_eq!(a.row.queue_position, Some(1));
+        assert_eq!(a.row.queue_position, None, "no position is stored");
         let again = store.upsert("u1", "ns", "a", 1, &spec()).unwrap();
         assert!(!again.inserted);
         assert_eq!(again.row.id, a.row.id);
         let b = store.upsert("u2", "ns", "b", 1, &spec()).unwrap();
-        assert_eq!(b.row.queue_position, Some(2));
+        assert_eq!(b.row.queue_position, None);
         let history = store.history(a.row.id).unwrap();
         let reasons: Vec<Reason> = history.iter().map(|h| h.reason).collect();
         assert_eq!(reasons, [Reason::Created, Reason::Submitted]);

@@ -13,6 +13,7 @@
 //! - [`history`]: each job's transitions;
 //! - [`pods`]: what the Pod watch saw of each attempt's Pod;
 //! - [`queues`]: the queues' queries (each queue's slots, head and counts);
+//! - [`resources`]: admission's reads in resources (quota used, jobs holding quota, demands);
 //! - [`settings`]: the configuration the operator shares with its job controllers;
 //! - [`claims`]: the store's identity and its operator's claims on namespaces (one owner per
 //!   job), which its job controllers read before launching.
@@ -27,10 +28,17 @@ pub mod history;
 pub mod jobs;
 pub mod pods;
 pub mod queues;
+pub mod resources;
 pub mod row;
 pub mod schema;
 pub mod settings;
 pub mod visibility;
+
+/// The admission order of a queue's jobs as SQL (`ORDER BY`): higher priority, then the earlier
+/// entry (its second, then the resourceVersion it was first seen at), then the lower id;
+/// [`crate::lifecycle::entry::admission_order`] is the same rule (a test holds them together).
+/// The indexes `jobs_queue_order` and `jobs_waiting_in_order` (schema step 14) serve it.
+pub const ADMISSION_ORDER: &str = "priority DESC, queued_at_ms, entry_version, id";
 
 pub use claims::ClaimRow;
 pub use jobs::{Cas, UnsyncedBrief, Upserted};

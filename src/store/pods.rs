@@ -212,6 +212,26 @@ impl Store {
             .optional()?)
     }
 
+    /// The latest observation of member `rank` of an attempt's Pods, if the watch saw it.
+    pub fn pod_member(
+        &self,
+        job_id: i64,
+        attempt: i32,
+        rank: u32,
+    ) -> Result<Option<PodObservation>> {
+        if rank == 0 {
+            return self.pod_observation(job_id, attempt);
+        }
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS}, rank FROM pod_members
+                 WHERE job_id = ?1 AND attempt = ?2 AND rank = ?3"
+            ))?
+            .query_row(params![job_id, attempt, rank], |r| read(job_id, r))
+            .optional()?)
+    }
+
     /// The latest observation of every member Pod of an attempt that the watch saw, by rank
     /// (rank 0 first, when seen).
     pub fn pod_members(&self, job_id: i64, attempt: i32) -> Result<Vec<PodObservation>> {

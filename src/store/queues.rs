@@ -1,12 +1,12 @@
 //! The queues' queries (`crate::queues`, `docs/design.md#queues`): each queue's slots held, the
 //! queues that have waiting jobs, a queue's head in admission order, its counts. Each is served
-//! by a partial index (`jobs_live_by_queue`, `jobs_waiting_by_queue`): none reads finished jobs.
+//! by a partial index (`jobs_live_by_queue`, `jobs_waiting_in_order`, `jobs_waiting_told`): none reads finished jobs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{Result, Store};
+use super::{ADMISSION_ORDER, Result, Store};
 use crate::api::WaitReason;
 use crate::queues::QueueLoad;
 
@@ -58,6 +58,26 @@ const USAGE_SQL: &str = "SELECT queue, schedule_state = 'Launching', count(*)
 const NEXT_WAITING_QUEUE_SQL: &str = "SELECT queue FROM jobs
      WHERE schedule_state = 'Waiting' AND queue > ?1 ORDER BY queue LIMIT 1";
 
+/// The next (queue, namespace, reason digest) of the Waiting jobs after `(?1, ?2, ?3)`: a loose
+/// index scan of `jobs_waiting_told`.
+const NEXT_TOLD_GROUP_SQL: &str = "SELECT queue, namespace, reason_key FROM jobs
+     WHERE schedule_state = 'Waiting' AND (queue, namespace, reason_key) > (?1, ?2, ?3)
+     ORDER BY queue, namespace, reason_key LIMIT 1";
+
+/// Tells the Waiting jobs of queue ?1 and namespace ?2 that were told ?3 the reason ?5 and
+/// message ?6 (digest ?7), unless in a back-off at ?4 or being cancelled; a status the API had
+/// seen whole waits only for its reason ([`super::jobs::REASON_ONLY`]). Every right-hand side
+/// reads the row as it was.
+const TELL_GROUP_SQL: &str = "UPDATE jobs SET
+        unsynced_since_seq = CASE
+            WHEN (wait_reason IS NOT ?5 OR message IS NOT ?6) AND status_version <= synced_version
+            THEN 9223372036854775807 ELSE unsynced_since_seq END,
+        status_version = status_version + (wait_reason IS NOT ?5 OR message IS NOT ?6),
+        wait_reason = ?5, message = ?6, reason_key = ?7
+     WHERE schedule_state = 'Waiting' AND queue = ?1 AND namespace = ?2 AND reason_key = ?3
+        AND phase = 'Pending' AND cancel_requested = 0
+        AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)";
+
 const WAITING_COUNTS_SQL: &str =
     "SELECT queue, count(*) FROM jobs WHERE schedule_state = 'Waiting' GROUP BY queue";
 
@@ -66,7 +86,7 @@ fn candidates_sql() -> String {
         "SELECT {QUEUED_COLUMNS} FROM jobs
          WHERE schedule_state = 'Waiting' AND queue = ?1 AND {}
             AND (?4 IS NULL OR namespace IN (SELECT value FROM json_each(?4)))
-         ORDER BY priority DESC, queued_at_ms, id LIMIT ?2",
+         ORDER BY {ADMISSION_ORDER} LIMIT ?2",
         admissible(3)
     )
 }
@@ -76,7 +96,7 @@ fn relaunches_sql() -> String {
         "SELECT {QUEUED_COLUMNS} FROM jobs
          WHERE schedule_state IN ('Waiting', 'AliveWaiting') AND schedule_state = 'AliveWaiting'
             AND {}
-         ORDER BY priority DESC, queued_at_ms, id",
+         ORDER BY {ADMISSION_ORDER}",
         admissible(1)
     )
 }
@@ -165,15 +185,88 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
-    /// The first `limit` Waiting jobs of `queue` a pass may admit at `now_ms`, whatever their
-    /// namespace: the ones whose message a pass keeps saying why they wait.
-    pub fn queue_head_briefly(
-        &self,
-        queue: &str,
-        limit: usize,
+    /// Tells every Waiting job why it waits, writing only where that changed: for each group of
+    /// Waiting jobs (its queue and namespace) the reason and message `why(queue, namespace)`
+    /// gives (the same for every job of the group), set on those of its jobs not already told
+    /// exactly that ([`crate::lifecycle::JobRow::reason_key`]), except jobs whose own reason
+    /// comes first (a back-off at `now_ms`, a cancel under way). It is
+    /// [`crate::lifecycle::queued`] for many jobs at once: Pending + Waiting only, no history
+    /// entry. A job whose reason or message changes gets its status written again: after
+    /// every other status when the API had seen the rest of it ([`super::jobs::REASON_ONLY`]).
+    ///
+    /// Cost: one index seek per distinct (queue, namespace, digest) of the Waiting jobs
+    /// (`jobs_waiting_told`, a loose index scan: a group already told is one seek however many
+    /// jobs it holds) and, per group told anew, one UPDATE of its jobs. Returns the jobs
+    /// updated.
+    pub fn tell_waiting(
+        &mut self,
         now_ms: i64,
-    ) -> Result<Vec<Queued>> {
-        self.queue_candidates(queue, None, limit, now_ms)
+        mut why: impl FnMut(&str, &str) -> (WaitReason, String),
+    ) -> Result<usize> {
+        // The groups told something else, found by reads alone (no write lock while every
+        // group is told already, the steady state).
+        let mut stale: Vec<(String, String, i64, WaitReason, String, i64)> = Vec::new();
+        {
+            let mut next = self.conn.prepare_cached(NEXT_TOLD_GROUP_SQL)?;
+            let mut after = (String::new(), String::new(), i64::MIN);
+            // The group last asked and what it is told (reason, message, digest).
+            type Said = ((String, String), (WaitReason, String, i64));
+            let mut said: Option<Said> = None;
+            while let Some((queue, namespace, key)) = next
+                .query_row(params![after.0, after.1, after.2], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .optional()?
+            {
+                let group = (queue, namespace);
+                if said.as_ref().is_none_or(|(g, _)| *g != group) {
+                    let (reason, message) = why(&group.0, &group.1);
+                    let message = crate::lifecycle::tasks::capped(&message);
+                    let digest = crate::lifecycle::said_key(reason, &message);
+                    said = Some((group.clone(), (reason, message, digest)));
+                }
+                let (reason, message, digest) = &said.as_ref().expect("set above").1;
+                if key != *digest {
+                    stale.push((
+                        group.0.clone(),
+                        group.1.clone(),
+                        key,
+                        *reason,
+                        message.clone(),
+                        *digest,
+                    ));
+                }
+                after = (group.0, group.1, key);
+            }
+        }
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        // Each UPDATE matches only the jobs still told what the scan saw.
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let mut told = 0;
+        {
+            let mut tell = tx.prepare_cached(TELL_GROUP_SQL)?;
+            for (queue, namespace, key, reason, message, digest) in &stale {
+                told += tell.execute(params![
+                    queue,
+                    namespace,
+                    key,
+                    now_ms,
+                    reason.as_str(),
+                    message,
+                    digest
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(told)
     }
 
     /// Every job holding a run slot, by queue, as the preemption planner sees it
@@ -241,6 +334,8 @@ mod tests {
             LIVE_SQL.to_string(),
             RECENT_PREEMPTIONS_SQL.to_string(),
             relaunches_sql(),
+            NEXT_TOLD_GROUP_SQL.to_string(),
+            TELL_GROUP_SQL.to_string(),
         ] {
             let mut stmt = store
                 .conn
@@ -276,5 +371,157 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn spec(queue: &str, priority: i32) -> crate::api::ManagedJobSpec {
+        crate::api::ManagedJobSpec {
+            run: Some("true".into()),
+            queue: Some(queue.into()),
+            priority,
+            ..Default::default()
+        }
+    }
+
+    /// Submits a job of `namespace` in `queue` created at `created_ms`, first seen at `version`.
+    fn submit(
+        store: &mut Store,
+        i: usize,
+        namespace: &str,
+        spec: &crate::api::ManagedJobSpec,
+        created_ms: i64,
+        version: &str,
+    ) -> crate::lifecycle::JobRow {
+        let (uid, name) = (format!("u{i}"), format!("j{i}"));
+        let object = crate::lifecycle::Object {
+            uid: &uid,
+            namespace,
+            name: &name,
+            generation: 1,
+            spec,
+            created_at_ms: created_ms,
+            resource_version: version,
+        };
+        store.submit(&object, None).unwrap().row
+    }
+
+    proptest::proptest! {
+        /// A queue's jobs come out of the store in the order `lifecycle::entry` declares:
+        /// priority, then the creation second, then the version first seen, then the id (jobs
+        /// submitted in any order, many in one second).
+        #[test]
+        fn the_store_orders_a_queue_as_the_lifecycle_rule(
+            jobs in proptest::collection::vec((0i32..2, 0i64..3, proptest::option::of(1u64..40)), 1..25),
+        ) {
+            let mut store = Store::in_memory().unwrap();
+            let mut rows = Vec::new();
+            for (i, (priority, second, version)) in jobs.iter().enumerate() {
+                let version = version.map(|v| v.to_string()).unwrap_or_default();
+                rows.push(submit(&mut store, i, "ns", &spec("q", *priority), second * 1000, &version));
+            }
+            let mut expected = rows.clone();
+            fn key(r: &crate::lifecycle::JobRow) -> crate::lifecycle::entry::Entry<'_> {
+                crate::lifecycle::entry::Entry {
+                    priority: r.priority,
+                    queued_at_ms: r.queued_at_ms,
+                    version: &r.entry_version,
+                    id: r.id,
+                }
+            }
+            expected.sort_by(|a, b| crate::lifecycle::entry::admission_order(&key(a), &key(b)));
+            let got: Vec<i64> = store
+                .queue_candidates("q", None, 100, 0)
+                .unwrap()
+                .iter()
+                .map(|q| q.id)
+                .collect();
+            let want: Vec<i64> = expected.iter().map(|r| r.id).collect();
+            proptest::prop_assert_eq!(&got, &want);
+            let brief: Vec<i64> = store.waiting_brief().unwrap().iter().map(|b| b.id).collect();
+            proptest::prop_assert_eq!(brief, want);
+        }
+    }
+
+    /// A pass tells every waiting job its group's reason, and writes only where it changed:
+    /// a job already told is not touched, a new one is, a job in a back-off keeps its own;
+    /// a status the API had seen whole waits for its reason after every other status.
+    #[test]
+    fn waiting_jobs_are_told_only_what_changed() {
+        use crate::api::ScheduleState;
+        let mut store = Store::in_memory().unwrap();
+        let mut rows = Vec::new();
+        for i in 0..30 {
+            let ns = if i < 25 { "a" } else { "b" };
+            rows.push(submit(&mut store, i, ns, &spec("q", 0), 1000, ""));
+        }
+        // The API has seen every first status.
+        for r in &rows {
+            store.mark_synced(r.id, r.status_version).unwrap();
+        }
+        // One of them holds a slot now, with its change unwritten.
+        let admitted = store
+            .transition(rows[0].id, &crate::lifecycle::admit(&rows[0]))
+            .unwrap()
+            .applied()
+            .unwrap();
+        let run_cap = |_: &str, _: &str| {
+            (
+                WaitReason::RunCapReached,
+                "waiting for a run slot: all 1 in use".to_string(),
+            )
+        };
+        assert_eq!(store.tell_waiting(0, run_cap).unwrap(), 29);
+        let all = store.all().unwrap();
+        for r in all
+            .iter()
+            .filter(|r| r.schedule_state == ScheduleState::Waiting)
+        {
+            assert_eq!(r.wait_reason, Some(WaitReason::RunCapReached));
+            assert_eq!(r.message, "waiting for a run slot: all 1 in use");
+            assert_eq!(r.unsynced_since_seq, super::super::jobs::REASON_ONLY);
+            assert!(r.status_version > r.synced_version);
+        }
+        // Unchanged: nothing written, however many wait.
+        assert_eq!(store.tell_waiting(0, run_cap).unwrap(), 0);
+        // The slot holder's status goes first; the reasons after it.
+        let order = store.unsynced_brief(100).unwrap();
+        assert_eq!(order.len(), 30);
+        assert_eq!(order[0].id, admitted.id);
+        // A new job is told; one namespace's reason changes alone.
+        let late = submit(&mut store, 99, "b", &spec("q", 0), 2000, "");
+        let refuse_b = |_: &str, ns: &str| {
+            if ns == "b" {
+                (
+                    WaitReason::NamespaceNotAdmitted,
+                    format!("queue q does not admit namespace {ns}"),
+                )
+            } else {
+                run_cap("", "")
+            }
+        };
+        assert_eq!(store.tell_waiting(0, refuse_b).unwrap(), 6);
+        assert_eq!(
+            store.get(late.id).unwrap().wait_reason,
+            Some(WaitReason::NamespaceNotAdmitted)
+        );
+        // A job in a back-off keeps its own message until the back-off ends.
+        store
+            .conn
+            .execute(
+                "UPDATE jobs SET backoff_until_ms = 5000, message = 'retrying', reason_key = 0 WHERE id = ?1",
+                [rows[1].id],
+            )
+            .unwrap();
+        assert_eq!(store.tell_waiting(4000, refuse_b).unwrap(), 0);
+        assert_eq!(store.get(rows[1].id).unwrap().message, "retrying");
+        assert_eq!(store.tell_waiting(5000, refuse_b).unwrap(), 1);
+        // A transition of a job told its reason writes its status as any other.
+        let row = store.get(rows[2].id).unwrap();
+        let moved = store
+            .transition(row.id, &crate::lifecycle::admit(&row))
+            .unwrap()
+            .applied()
+            .unwrap();
+        assert_eq!(moved.reason_key, 0);
+        assert_eq!(moved.unsynced_since_seq, moved.changed_seq);
     }
 }

@@ -265,4 +265,53 @@ const STEPS: &[M<'static>] = &[
             WHERE status_version > synced_version;
         "#,
     ),
+    // Step 14 (issue 43): FIFO in the order the API server accepted the jobs, and every waiting
+    // job told why it waits.
+    // - `entry_version`: the resourceVersion a job was first seen at (lifecycle::entry), which
+    //   breaks ties of `queued_at_ms` inside one second; rows of earlier releases have none
+    //   (''), so inside their second they keep their order by id. The indexes of the queues'
+    //   order are rebuilt with it.
+    // - `reason_key`: a digest of the reason a pass last told a waiting job
+    //   (scheduler::tell_waiting), indexed by queue and namespace: a pass finds the groups whose
+    //   jobs must be told again by an index seek each, at any queue length.
+    // - The status writer's order puts a waiting job whose only unwritten change is its reason
+    //   (`unsynced_since_seq` = i64::MAX, Store::tell_waiting) after every other status.
+    // The indexes these replace are dropped: an index holds nothing of its own, and no build
+    // that could read this store names them (job controllers of other builds are stopped
+    // before a migration; the CLI reads only a store of its own step).
+    M::up(
+        r#"
+        ALTER TABLE jobs ADD COLUMN entry_version TEXT NOT NULL DEFAULT '';
+        ALTER TABLE jobs ADD COLUMN reason_key INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX jobs_queue_order
+            ON jobs (schedule_state, priority DESC, queued_at_ms, entry_version, id)
+            WHERE schedule_state IN ('Waiting', 'AliveWaiting');
+        CREATE INDEX jobs_waiting_in_order
+            ON jobs (queue, priority DESC, queued_at_ms, entry_version, id)
+            WHERE schedule_state = 'Waiting';
+        CREATE INDEX jobs_waiting_told ON jobs (queue, namespace, reason_key)
+            WHERE schedule_state = 'Waiting';
+        CREATE INDEX jobs_unsynced_in_order ON jobs (
+            (CASE WHEN unsynced_since_seq = 9223372036854775807 THEN 4
+                WHEN schedule_state = 'Done' THEN 0 WHEN schedule_state = 'Launching' THEN 3
+                WHEN schedule_state IN ('Alive', 'AliveWaiting') THEN 2 ELSE 1 END), id)
+            WHERE status_version > synced_version;
+        DROP INDEX jobs_queue;
+        DROP INDEX jobs_waiting_by_queue;
+        DROP INDEX jobs_unsynced_order;
+        "#,
+    ),
+    // Step 15: resources (issue 44): what each task's attempt needs, computed at submission
+    // (filled for the jobs of earlier releases when the operator opens the store:
+    // `Store::fill_demands`), the pool an attempt was admitted onto and what it adds to its
+    // Pods; the live jobs by pool, for the quota a queue uses.
+    M::up(
+        r#"
+        ALTER TABLE jobs ADD COLUMN demands TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE jobs ADD COLUMN pool TEXT;
+        ALTER TABLE jobs ADD COLUMN placement TEXT;
+        CREATE INDEX jobs_live_by_pool ON jobs (queue, pool)
+            WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting') AND pool IS NOT NULL;
+        "#,
+    ),
 ];

@@ -1,13 +1,13 @@
 //! What the visibility API (`crate::visibility`) reads: the queued and live jobs in brief (no
 //! spec parsed), each queue's recent run times, and the sampled counts of the last hour
-//! ([`Sample`]). Every query is served by an index (`jobs_queue`, `jobs_live`,
+//! ([`Sample`]). Every query is served by an index (`jobs_queue_order`, `jobs_waiting_in_order`, `jobs_live`,
 //! `jobs_finished_by_queue`, `samples_by_time`): none reads finished jobs in bulk.
 
 use std::collections::BTreeSet;
 
 use rusqlite::params;
 
-use super::{Result, Store};
+use super::{ADMISSION_ORDER, Result, Store};
 use crate::api::{JobPhase, ScheduleState};
 
 /// A job not yet finished, as the visibility API shows it.
@@ -81,12 +81,12 @@ fn brief(r: &rusqlite::Row<'_>) -> rusqlite::Result<BriefJob> {
 impl Store {
     /// Every Waiting job (new jobs, not relaunches), in each queue's admission order (queue,
     /// then priority descending, then entry in the queue, then id), back-offs and cancels
-    /// included. Served by `jobs_waiting_by_queue`: O(waiting jobs).
+    /// included. Served by `jobs_waiting_in_order`: O(waiting jobs).
     pub fn waiting_brief(&self) -> Result<Vec<BriefJob>> {
         let sql = format!(
-            "SELECT {BRIEF_COLUMNS} FROM jobs INDEXED BY jobs_waiting_by_queue
+            "SELECT {BRIEF_COLUMNS} FROM jobs INDEXED BY jobs_waiting_in_order
              WHERE schedule_state = 'Waiting'
-             ORDER BY queue, priority DESC, queued_at_ms, id"
+             ORDER BY queue, {ADMISSION_ORDER}"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let rows = stmt.query_map([], brief)?;
@@ -144,7 +144,7 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(
             "SELECT namespace FROM jobs INDEXED BY jobs_inactive WHERE schedule_state = 'Inactive'
              UNION
-             SELECT namespace FROM jobs INDEXED BY jobs_waiting_by_queue
+             SELECT namespace FROM jobs INDEXED BY jobs_waiting_in_order
                  WHERE schedule_state = 'Waiting'
              UNION
              SELECT namespace FROM jobs INDEXED BY jobs_live
@@ -188,7 +188,7 @@ impl Store {
             "INSERT INTO samples (at_ms, namespace, queue, waiting, launching, running)
              SELECT ?1, namespace, queue, SUM(w), SUM(l), SUM(r) FROM (
                  SELECT namespace, queue, COUNT(*) AS w, 0 AS l, 0 AS r
-                 FROM jobs INDEXED BY jobs_waiting_by_queue WHERE schedule_state = 'Waiting'
+                 FROM jobs INDEXED BY jobs_waiting_in_order WHERE schedule_state = 'Waiting'
                  GROUP BY namespace, queue
                  UNION ALL
                  SELECT namespace, queue, 0, SUM(schedule_state = 'Launching'),

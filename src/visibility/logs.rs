@@ -28,6 +28,9 @@ pub struct Filter {
     pub container: Option<String>,
     /// At most the last this many bytes of each log (at most [`MAX_BYTES`], its default).
     pub limit_bytes: Option<u64>,
+    /// The job controller process's log instead of the workload's (`managed-jobs logs
+    /// --controller`): every job controller of the job, in order, as the state dir keeps it.
+    pub controller: bool,
 }
 
 /// Why there is no log to send.
@@ -88,6 +91,25 @@ pub fn read(
     filter: &Filter,
 ) -> anyhow::Result<Result<String, Missing>> {
     let limit = filter.limit_bytes.unwrap_or(MAX_BYTES).clamp(1, MAX_BYTES);
+    if filter.controller {
+        if filter.attempt.is_some()
+            || filter.task.is_some()
+            || filter.rank.is_some()
+            || filter.container.is_some()
+        {
+            return Ok(Err(Missing::BadRequest(format!(
+                "job {}: the job controller's log is one for the whole job (attempt, task, rank and container are the workload's)",
+                row.key()
+            ))));
+        }
+        return Ok(match tail(&dir.controller_log(row.id), limit)? {
+            Some((bytes, _)) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            None => Err(Missing::NotFound(format!(
+                "job {} has no job controller log yet (none was started)",
+                row.key()
+            ))),
+        });
+    }
     let task = match &filter.task {
         None => None,
         Some(t) => match task_index(row, t) {

@@ -13,13 +13,14 @@
 //! - `GET PREFIX/namespaces/{ns}/queue[?queue=Q&limit=N]`: that namespace's [`view::JobQueue`];
 //!   403 unless the caller may list ManagedJobs there.
 //! - `GET PREFIX/queue[?queue=Q&limit=N]`: the `JobQueue` of every namespace the caller may list
-//!   ManagedJobs in (for a caller of every namespace: all, with the operator's usage); 403
-//!   when none.
+//!   ManagedJobs in (for a caller of every namespace: all, with the operator's usage); for a
+//!   caller who may list them in none, an empty answer (no caps either), never a 403.
 //! - `GET PREFIX/namespaces/{ns}/managedjobs/{name}`: a job's detail (`JobDetail`: its status
 //!   as the operator renders it, its transitions and Events, its place in the queue, its kept
 //!   logs); 404 when the operator has no such job.
 //! - `GET PREFIX/namespaces/{ns}/managedjobs/{name}/log[?attempt=&task=&rank=&container=]`:
-//!   a kept log (text); it also needs `get` on `pods/log` in `ns`.
+//!   a kept log (text); with `?controller=true`, the job controller's log instead; it also
+//!   needs `get` on `pods/log` in `ns`.
 //! - `GET PREFIX/namespaces/{ns}/history[?minutes=M]` and `PREFIX/history`: the counts of
 //!   waiting, launching and running jobs sampled over the last `M` minutes (default 60).
 //! - `GET PREFIX/namespaces/{ns}/dashboard` and `PREFIX/dashboard`: the web dashboard (one
@@ -68,6 +69,9 @@ use auth::{Access, Caller, FrontProxy, Refused, Reviewer};
 
 /// The API group of the visibility API.
 pub const GROUP: &str = "visibility.managedjobs.dev";
+
+/// The API version of the visibility API, within [`GROUP`].
+pub const VERSION: &str = "v1alpha1";
 
 /// The path prefix of every answer: `/apis/<group>/<version>`.
 pub const PREFIX: &str = "/apis/visibility.managedjobs.dev/v1alpha1";
@@ -329,8 +333,8 @@ impl Server {
     }
 
     /// The namespaces a caller of every-namespace paths sees: None (all) when it may list
-    /// ManagedJobs in every namespace, else those of `candidates` it may list them in; 403
-    /// when none.
+    /// ManagedJobs in every namespace, else those of `candidates` it may list them in (none:
+    /// an empty set, and so an empty answer).
     async fn visible(
         self: &Arc<Self>,
         peer: &Peer,
@@ -349,7 +353,9 @@ impl Server {
         self.visible_among(&caller, namespaces).await.map(Some)
     }
 
-    /// Those of `namespaces` in which `caller` may list ManagedJobs; 403 when none.
+    /// Those of `namespaces` in which `caller` may list ManagedJobs; an empty set when none
+    /// (an every-namespace path lists what the caller may see: for a caller who may see no
+    /// namespace, nothing, never a refusal that would tell it apart from one who may).
     async fn visible_among(
         &self,
         caller: &Caller,
@@ -371,13 +377,6 @@ impl Server {
             if allowed? {
                 visible.insert(ns);
             }
-        }
-        if visible.is_empty() {
-            return Err(Refused::Forbidden(format!(
-                "{} may not list managedjobs.managedjobs.dev in any namespace that has jobs",
-                caller.username
-            ))
-            .into());
         }
         Ok(visible)
     }
@@ -695,8 +694,15 @@ async fn history_of(
     let now = crate::lifecycle::now_ms();
     let since = now - i64::from(minutes) * 60_000;
     let (shown, queue) = (visible.clone(), q.queue.clone());
+    // A caller who may see no namespace gets an empty answer: not even when samples were taken.
+    let sees_nothing = visible.as_ref().is_some_and(|v| v.is_empty());
     match server
-        .read(move |_, store| Ok(store.samples(since, shown.as_ref(), queue.as_deref())?))
+        .read(move |_, store| {
+            if sees_nothing {
+                return Ok(Vec::new());
+            }
+            Ok(store.samples(since, shown.as_ref(), queue.as_deref())?)
+        })
         .await
     {
         Ok(samples) => answer(&json!({
@@ -848,7 +854,7 @@ async fn job_detail(
     }))
 }
 
-/// `?attempt=&task=&rank=&container=&limitBytes=` of the log path.
+/// `?attempt=&task=&rank=&container=&limitBytes=&controller=` of the log path.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct LogQuery {
@@ -862,6 +868,8 @@ struct LogQuery {
     container: Option<String>,
     /// At most the last this many bytes of each log (default and most: [`logs::MAX_BYTES`]).
     limit_bytes: Option<u64>,
+    /// The job controller's log instead of the workload's.
+    controller: Option<bool>,
 }
 
 async fn job_log(
@@ -896,6 +904,7 @@ async fn job_log(
                 rank: q.rank,
                 container: q.container.clone(),
                 limit_bytes: q.limit_bytes,
+                controller: q.controller.unwrap_or(false),
             };
             logs::read(store, engine.state_dir(), &row, &filter)
         })
@@ -972,15 +981,22 @@ pub fn queue_from_store(store: &mut Store, queues: &Queues) -> anyhow::Result<vi
             .collect();
         let mut pace = std::collections::BTreeMap::new();
         for q in &waiting_queues {
-            let runs: Vec<i64> = store
+            let run_times_ms: Vec<i64> = store
                 .recent_run_times(q, now_ms - view::RUN_TIME_WINDOW_MS, view::RUN_TIME_SAMPLES)?
                 .into_iter()
                 .map(|(ms, _)| ms)
                 .collect();
-            let running = loads.get(q).map_or(0, |l| l.alive);
-            if let Some(t) = view::Throughput::of(running, &runs) {
-                pace.insert(q.clone(), t);
-            }
+            let ages_ms = live
+                .iter()
+                .filter(|j| j.queue == *q)
+                .map(|j| j.running_since_ms.map_or(0, |t| (now_ms - t).max(0)))
+                .collect();
+            let p = view::Pace {
+                queue: q.clone(),
+                run_times_ms,
+                ages_ms,
+            };
+            pace.insert(q.clone(), p);
         }
         let wait =
             crate::scheduler::wait_context(store, caps, queues, &loads, &waiting_queues, usage)?;

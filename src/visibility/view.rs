@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::ScheduleState;
+use crate::api::{ScheduleState, WaitReason};
 use crate::capacity::{Caps, SlotUsage};
 use crate::queues::{QueueLoad, Queues};
 use crate::scheduler::{self, Candidate, QueueView, WaitContext};
@@ -17,45 +17,46 @@ use crate::store::visibility::BriefJob;
 /// The API group and version of the visibility API.
 pub const API_VERSION: &str = "visibility.managedjobs.dev/v1alpha1";
 
-/// Finished jobs per queue whose run times give its throughput ([`Throughput`]).
+/// Finished jobs per queue whose run times give its pace ([`Pace`]).
 pub const RUN_TIME_SAMPLES: usize = 50;
 
 /// How far back those finished jobs may lie, ms: a queue idle for longer has no estimate.
 pub const RUN_TIME_WINDOW_MS: i64 = 3_600_000;
 
-/// A queue's recent pace, from which waiting jobs' starts are estimated.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Throughput {
-    /// Its jobs holding a run slot now.
-    pub running: usize,
-    /// The mean run time (first start to finish) of its recently finished jobs, ms.
-    pub mean_run_ms: f64,
-    /// How many finished jobs that mean is over (at most [`RUN_TIME_SAMPLES`]).
-    pub samples: usize,
+/// Finished jobs of a queue below which its run times give no estimate: their median is the
+/// run time used, and the median of three is the first that one job unlike the others (a
+/// quick test, a run of another kind in the same queue) cannot set. Issue 43: a figure from
+/// one unrelated job said 300 s against a true 100 s.
+pub const MIN_RUN_SAMPLES: usize = 3;
+
+/// What a queue's waiting jobs' starts are estimated from: its recent run times and how long
+/// each of its jobs holding a run slot has run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pace {
+    /// The queue's name (for the basis' sentence).
+    pub queue: String,
+    /// The run times (first start to finish, ms) of its last [`RUN_TIME_SAMPLES`] jobs that
+    /// finished in the last [`RUN_TIME_WINDOW_MS`].
+    pub run_times_ms: Vec<i64>,
+    /// For each run slot its jobs hold now, how long the job in it has run its current
+    /// attempt (ms; 0 while it launches or waits to relaunch).
+    pub ages_ms: Vec<i64>,
 }
 
-impl Throughput {
-    /// From a queue's jobs holding run slots and its recent run times (ms); None when nothing
-    /// finished recently.
-    pub fn of(running: usize, run_times_ms: &[i64]) -> Option<Throughput> {
-        if run_times_ms.is_empty() {
+impl Pace {
+    /// The median of the recent run times (ms), when there are at least [`MIN_RUN_SAMPLES`].
+    pub fn run_ms(&self) -> Option<i64> {
+        if self.run_times_ms.len() < MIN_RUN_SAMPLES {
             return None;
         }
-        let sum: i64 = run_times_ms.iter().map(|t| (*t).max(0)).sum();
-        Some(Throughput {
-            running,
-            mean_run_ms: sum as f64 / run_times_ms.len() as f64,
-            samples: run_times_ms.len(),
+        let mut t: Vec<i64> = self.run_times_ms.iter().map(|t| (*t).max(0)).collect();
+        t.sort_unstable();
+        let n = t.len();
+        Some(if n % 2 == 1 {
+            t[n / 2]
+        } else {
+            (t[n / 2 - 1] + t[n / 2]) / 2
         })
-    }
-
-    /// Jobs started per second by Little's law: the slots it holds turn over once per mean
-    /// run time (`running / mean run time`). 0 when it holds none.
-    pub fn starts_per_second(&self) -> f64 {
-        if self.mean_run_ms <= 0.0 {
-            return 0.0;
-        }
-        self.running as f64 * 1000.0 / self.mean_run_ms
     }
 }
 
@@ -69,56 +70,69 @@ pub struct Estimate {
     /// The start as an RFC 3339 time, when there is a figure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at: Option<String>,
-    /// What the figure rests on, or why there is none.
+    /// What the figure rests on, or why there is none ("unknown: ...").
     pub basis: String,
 }
 
-/// The estimated start of a waiting job that is `place`-th (1-based) among its queue's
-/// admissible waiting jobs in admission order, when `room` new jobs could be admitted at once
-/// (free launch and run slots) and `global_place` is its place among every queue's: within the
-/// room it starts at the next pass; beyond it, at its queue's pace, `place / starts per
-/// second` from now (Little's law over the queue's slots and recent run times,
-/// [`Throughput::starts_per_second`]). Without a pace (nothing finished in the last hour, or
-/// nothing of its queue runs), no figure.
-pub fn estimate(
-    place: usize,
-    global_place: usize,
-    room: usize,
-    pace: Option<Throughput>,
-) -> Estimate {
-    if global_place <= room {
+impl Estimate {
+    fn unknown(why: String) -> Estimate {
+        Estimate {
+            in_seconds: None,
+            at: None,
+            basis: format!("unknown: {why}"),
+        }
+    }
+}
+
+/// The estimated start of a waiting job that needs `k` (1-based) more of its queue's run slots
+/// to free before it is admitted (it is the `k`-th of its queue's jobs that wait for one): each
+/// slot its queue holds frees when its job has run the queue's median run time ([`Pace`]), then
+/// again one median later, and so on; the `k`-th slot to free is its. With `k` = 0 a free slot
+/// takes it at the next pass. No figure (`unknown`, with why) when fewer than
+/// [`MIN_RUN_SAMPLES`] of its queue's jobs finished in the last hour, or when its queue holds
+/// no run slot (it starts when a slot frees elsewhere, which its queue's pace cannot tell).
+/// Jobs held by their queue's `maxRunning` are estimated the same way: only their queue's own
+/// slots free for them.
+pub fn estimate(k: usize, pace: &Pace) -> Estimate {
+    if k == 0 {
         return Estimate {
             in_seconds: Some(0.0),
             at: None,
             basis: "slots are free: admitted at the next scheduling pass".into(),
         };
     }
-    let Some(pace) = pace else {
-        return Estimate {
-            in_seconds: None,
-            at: None,
-            basis: "no job of its queue finished in the last hour: no pace to estimate from".into(),
-        };
+    let Some(run_ms) = pace.run_ms() else {
+        let n = pace.run_times_ms.len();
+        return Estimate::unknown(format!(
+            "{n} job{} of queue {} finished in the last hour; an estimate needs the run times of at least {MIN_RUN_SAMPLES}",
+            if n == 1 { "" } else { "s" },
+            pace.queue
+        ));
     };
-    let rate = pace.starts_per_second();
-    if rate <= 0.0 {
-        return Estimate {
-            in_seconds: None,
-            at: None,
-            basis: "no job of its queue holds a run slot now: it starts once one frees elsewhere"
-                .into(),
-        };
+    let slots = pace.ages_ms.len();
+    if slots == 0 {
+        return Estimate::unknown(format!(
+            "no job of queue {} holds a run slot now: it starts once a slot frees elsewhere",
+            pace.queue
+        ));
     }
+    let mut free_at: Vec<i64> = pace
+        .ages_ms
+        .iter()
+        .map(|age| (run_ms - age).max(0))
+        .collect();
+    free_at.sort_unstable();
+    let rounds = ((k - 1) / slots) as i64;
+    let ms = free_at[(k - 1) % slots] + rounds * run_ms;
     Estimate {
-        in_seconds: Some((place as f64 / rate * 10.0).round() / 10.0),
+        in_seconds: Some((ms as f64 / 100.0).round() / 10.0),
         at: None,
         basis: format!(
-            "its place in its queue ({place}) at the queue's recent pace: {:.2} starts/s \
-             (its run slots turning over once per mean run time, {:.1} s over its last {} \
-             finished jobs); an estimate, not a promise",
-            rate,
-            pace.mean_run_ms / 1000.0,
-            pace.samples
+            "{k} of queue {}'s {slots} run slot{} to free first, each after the queue's median run time ({:.1} s over its last {} finished jobs) less what its job has run; an estimate, not a promise",
+            pace.queue,
+            if slots == 1 { "" } else { "s" },
+            run_ms as f64 / 1000.0,
+            pace.run_times_ms.len()
         ),
     }
 }
@@ -341,8 +355,10 @@ pub struct JobQueue {
     /// The one queue (ManagedJobQueue) shown, when the request named one (`?queue=`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
-    /// The operator's caps.
-    pub caps: CapsView,
+    /// The operator's caps; absent from an answer that shows no namespace (a caller of the
+    /// every-namespace paths who may see none learns nothing but an empty answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caps: Option<CapsView>,
     /// The slots in use in all, for a caller of every namespace only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageView>,
@@ -377,7 +393,7 @@ pub struct Snapshot<'a> {
     /// Every Inactive job not finished.
     pub inactive: &'a [BriefJob],
     /// Each queue's pace, for those with waiting jobs.
-    pub pace: &'a BTreeMap<String, Throughput>,
+    pub pace: &'a BTreeMap<String, Pace>,
     /// The context of each queue's reason ([`scheduler::why_waiting`]).
     pub wait: &'a WaitContext<'a>,
 }
@@ -410,17 +426,14 @@ pub fn queue(s: &Snapshot<'_>) -> JobQueue {
     let (order, lead) = admission_order(s.queues, s.loads, s.waiting, s.now_ms);
     let by_id: BTreeMap<i64, &BriefJob> = s.waiting.iter().map(|j| (j.id, j)).collect();
     let room = room(s.usage, s.caps);
-    let mut place_in_queue: BTreeMap<&str, usize> = BTreeMap::new();
+    // Per queue: its admissible jobs so far, and how many of them free slots take now.
+    let mut place_in_queue: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut waiting = Vec::with_capacity(order.len());
     // The reason a queue's admissible jobs wait is the same for all of them: asked once.
     let mut why: BTreeMap<(&str, &str), (String, String)> = BTreeMap::new();
     for (i, id) in order.iter().enumerate() {
         let j = by_id[id];
-        let admissible = i < lead;
-        let place = place_in_queue.entry(j.queue.as_str()).or_default();
-        if admissible {
-            *place += 1;
-        }
+        let lead = i < lead;
         let (reason, message) = if j.cancel_requested {
             ("Cancelling".to_string(), j.message.clone())
         } else if let Some(until) = j.backoff_until_ms.filter(|t| *t > s.now_ms) {
@@ -436,14 +449,29 @@ pub fn queue(s: &Snapshot<'_>) -> JobQueue {
                 })
                 .clone()
         };
-        let mut estimated_start = if admissible {
-            estimate(*place, i + 1, room, s.pace.get(&j.queue).copied())
-        } else {
-            Estimate {
-                in_seconds: None,
-                at: None,
-                basis: "it cannot be admitted now (see its reason)".into(),
+        // Waiting for its queue's own slots: admissible as far as it goes, or held by its
+        // queue's maxRunning (its place then counts after the queue's admissible jobs).
+        let held = !lead && reason == WaitReason::QueueMaxRunning.as_str();
+        let mut estimated_start = if lead || held {
+            let (place, in_room) = place_in_queue.entry(j.queue.as_str()).or_default();
+            *place += 1;
+            if lead && i < room {
+                *in_room += 1;
             }
+            let none;
+            let pace = match s.pace.get(&j.queue) {
+                Some(p) => p,
+                None => {
+                    none = Pace {
+                        queue: j.queue.clone(),
+                        ..Pace::default()
+                    };
+                    &none
+                }
+            };
+            estimate(*place - *in_room, pace)
+        } else {
+            Estimate::unknown("it cannot be admitted now (see its reason)".into())
         };
         if let Some(secs) = estimated_start.in_seconds {
             estimated_start.at = Some(rfc3339(s.now_ms + (secs * 1000.0) as i64));
@@ -497,11 +525,11 @@ pub fn queue(s: &Snapshot<'_>) -> JobQueue {
         namespaces: Vec::new(),
         all_namespaces: true,
         queue: None,
-        caps: CapsView {
+        caps: Some(CapsView {
             launch: s.caps.launch,
             run: s.caps.run,
             binding: binding_limit(s.usage, s.caps).map(str::to_string),
-        },
+        }),
         usage: Some(UsageView {
             launching: s.usage.launching,
             holding_run_slots: s.usage.alive,
@@ -573,7 +601,11 @@ pub fn restrict(
             .unwrap_or_default(),
         all_namespaces: visible.is_none(),
         queue: queue.map(str::to_string),
-        caps: all.caps.clone(),
+        caps: if visible.is_some_and(|v| v.is_empty()) {
+            None
+        } else {
+            all.caps.clone()
+        },
         usage: if visible.is_none() && queue.is_none() {
             all.usage.clone()
         } else {
@@ -650,11 +682,11 @@ mod tests {
             namespaces: Vec::new(),
             all_namespaces: true,
             queue: None,
-            caps: CapsView {
+            caps: Some(CapsView {
                 launch: 1,
                 run: 1,
                 binding: None,
-            },
+            }),
             usage: None,
             counts: Vec::new(),
             waiting_total: jobs.len(),
@@ -683,5 +715,172 @@ mod tests {
         }
         assert_eq!(waiting_in_namespace(&all, "a", 2), None);
         assert_eq!(waiting_in_namespace(&all, "a", 99), None);
+    }
+
+    #[test]
+    fn a_caller_who_sees_no_namespace_gets_an_empty_answer_without_caps() {
+        let all = queue_of(vec![waiting("a", 1), waiting("b", 2)]);
+        let none = restrict(&all, Some(&BTreeSet::new()), None, None);
+        assert_eq!(none.caps, None);
+        assert_eq!(none.usage, None);
+        assert!(none.waiting.is_empty() && none.live.is_empty() && none.inactive.is_empty());
+        assert!(none.counts.is_empty() && none.namespaces.is_empty());
+        assert_eq!((none.waiting_total, none.all_namespaces), (0, false));
+        let json = serde_json::to_value(&none).unwrap();
+        assert!(json.get("caps").is_none(), "{json}");
+        // A namespace of its own, even without jobs, shows the caps; so does every namespace.
+        let empty = restrict(&all, Some(&["c".to_string()].into()), None, None);
+        assert_eq!(empty.caps, all.caps);
+        assert_eq!(restrict(&all, None, None, None).caps, all.caps);
+    }
+
+    fn pace(run_s: &[i64], ages_s: &[i64]) -> Pace {
+        Pace {
+            queue: "q".into(),
+            run_times_ms: run_s.iter().map(|t| t * 1000).collect(),
+            ages_ms: ages_s.iter().map(|t| t * 1000).collect(),
+        }
+    }
+
+    /// No figure without a basis, and never one from a single job: fewer than three recent
+    /// run times say "unknown" with why; one job unlike the others does not move the median
+    /// (issue 43: 300 s said against a true 100 s).
+    #[test]
+    fn an_estimate_rests_on_three_run_times_at_least() {
+        for runs in [&[][..], &[300], &[300, 100]] {
+            let e = estimate(5, &pace(runs, &[0]));
+            assert_eq!(e.in_seconds, None);
+            assert!(e.basis.starts_with("unknown: "), "{}", e.basis);
+            assert!(
+                e.basis.contains(&format!("{} job", runs.len())),
+                "{}",
+                e.basis
+            );
+        }
+        let e = estimate(1, &pace(&[300, 100, 100], &[0]));
+        assert_eq!(e.in_seconds, Some(100.0), "{}", e.basis);
+        let e = estimate(1, &pace(&[100, 100, 100], &[]));
+        assert_eq!(e.in_seconds, None);
+        assert!(e.basis.contains("holds a run slot"), "{}", e.basis);
+        assert_eq!(estimate(0, &pace(&[], &[])).in_seconds, Some(0.0));
+    }
+
+    /// Each slot frees when its job has run the median, then once per median: the k-th to free
+    /// is the job's.
+    #[test]
+    fn slots_free_in_turn_from_what_their_jobs_have_run() {
+        let p = pace(&[100, 100, 100], &[90, 50, 0]);
+        let at = |k| estimate(k, &p).in_seconds.unwrap();
+        assert_eq!(
+            [at(1), at(2), at(3), at(4), at(7)],
+            [10.0, 50.0, 100.0, 110.0, 210.0]
+        );
+        // A job past the median frees its slot at once, as far as the estimate knows.
+        assert_eq!(
+            estimate(1, &pace(&[100, 100, 100], &[250])).in_seconds,
+            Some(0.0)
+        );
+    }
+
+    /// Jobs held by their queue's maxRunning get an estimate from their queue's own slots;
+    /// jobs that cannot be admitted (their queue refuses their namespace) get none.
+    #[test]
+    fn jobs_held_by_max_running_are_estimated_from_their_queues_slots() {
+        use crate::queues::{Admits, Preemption, QueuePolicy};
+        use crate::store::visibility::BriefJob;
+        let policy = |max_running| QueuePolicy {
+            weight: 1,
+            max_running,
+            max_launching: None,
+            admits: Admits::Only(["a".to_string()].into()),
+            preemption: Preemption::OFF,
+            quotas: Default::default(),
+            strategy: Default::default(),
+        };
+        let queues = Queues::new(
+            [
+                ("q".to_string(), policy(Some(1))),
+                ("r".to_string(), policy(None)),
+            ]
+            .into(),
+        );
+        let brief = |id: i64, ns: &str, queue: &str, state: ScheduleState| BriefJob {
+            id,
+            namespace: ns.into(),
+            name: format!("j{id}"),
+            queue: queue.into(),
+            priority: 0,
+            phase: crate::api::JobPhase::Pending,
+            schedule_state: state,
+            message: String::new(),
+            queued_at_ms: id,
+            cancel_requested: false,
+            backoff_until_ms: None,
+            attempt: 0,
+            task_index: 0,
+            workload: None,
+            started_at_ms: None,
+            running_since_ms: Some(0),
+            suspended: false,
+        };
+        let live = vec![brief(1, "a", "q", ScheduleState::Alive)];
+        let waiting = vec![
+            brief(2, "a", "q", ScheduleState::Waiting),
+            brief(3, "a", "q", ScheduleState::Waiting),
+            brief(4, "b", "r", ScheduleState::Waiting),
+        ];
+        let loads: BTreeMap<String, QueueLoad> = [(
+            "q".to_string(),
+            QueueLoad {
+                launching: 0,
+                alive: 1,
+            },
+        )]
+        .into();
+        let caps = Caps { launch: 4, run: 4 };
+        let usage = SlotUsage {
+            alive: 1,
+            waiting: 3,
+            ..Default::default()
+        };
+        let wait = WaitContext {
+            queues: &queues,
+            loads: &loads,
+            usage,
+            caps,
+            node_waits: 0,
+            backlogged: 0,
+            backlogged_weight: 0,
+        };
+        let p: BTreeMap<String, Pace> = [(
+            "q".to_string(),
+            Pace {
+                queue: "q".into(),
+                run_times_ms: vec![60_000; 3],
+                ages_ms: vec![20_000],
+            },
+        )]
+        .into();
+        let snapshot = Snapshot {
+            now_ms: 0,
+            caps,
+            usage,
+            queues: &queues,
+            loads: &loads,
+            waiting: &waiting,
+            live: &live,
+            inactive: &[],
+            pace: &p,
+            wait: &wait,
+        };
+        let q = queue(&snapshot);
+        let by_id = |id| q.waiting.iter().find(|j| j.job_id == id).unwrap();
+        assert_eq!(by_id(2).reason, "QueueMaxRunning");
+        assert_eq!(by_id(2).estimated_start.in_seconds, Some(40.0));
+        assert_eq!(by_id(3).estimated_start.in_seconds, Some(100.0));
+        assert_eq!(by_id(4).reason, "NamespaceNotAdmitted");
+        assert_eq!(by_id(4).estimated_start.in_seconds, None);
+        let positions: Vec<usize> = q.waiting.iter().map(|j| j.position).collect();
+        assert_eq!(positions, [1, 2, 3], "unique, in order");
     }
 }

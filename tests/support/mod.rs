@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod kwok;
 pub mod visibility;
 
 use std::path::{Path, PathBuf};
@@ -177,15 +178,7 @@ impl Drop for OwnControlPlane {
 /// Runs the control plane's own kubectl with `args` against `cp` (its kubeconfig, whatever
 /// instance `MJ_CACHE_DIR` names); returns (success, stdout+stderr).
 pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
-    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
-    let bin = KUBECTL.get_or_init(|| {
-        let out = Command::new(script())
-            .args(["bin-dir", "kubernetes"])
-            .output()
-            .expect("running hack/controlplane.sh bin-dir");
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl")
-    });
-    let out = Command::new(bin)
+    let out = Command::new(kubectl_binary())
         .arg("--kubeconfig")
         .arg(&cp.kubeconfig)
         .args(args)
@@ -194,6 +187,18 @@ pub fn kubectl(cp: &ControlPlane, args: &[&str]) -> (bool, String) {
     let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
+}
+
+/// The control plane's own kubectl (of its Kubernetes version).
+pub fn kubectl_binary() -> &'static Path {
+    static KUBECTL: OnceLock<PathBuf> = OnceLock::new();
+    KUBECTL.get_or_init(|| {
+        let out = Command::new(script())
+            .args(["bin-dir", "kubernetes"])
+            .output()
+            .expect("running hack/controlplane.sh bin-dir");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubectl")
+    })
 }
 
 fn install_crds(kubeconfig: &Path) {
@@ -727,7 +732,7 @@ impl Drop for OperatorProcess {
 
 /// SIGKILLs every process (and its process group) whose command line names `state_dir`:
 /// everything an operator on it started.
-fn kill_all_of(state_dir: &Path) {
+pub fn kill_all_of(state_dir: &Path) {
     {
         // Everything this operator started carries its state dir on its command line.
         let dir = state_dir.to_string_lossy().into_owned();

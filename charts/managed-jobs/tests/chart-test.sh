@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks of the managed-jobs chart, for CI and by hand:
 #   1. the chart's copies of crds/ match (tests/crd-in-sync.sh), and the rendered CRD and finalizer
-#      policy templates are those files plus only the chart's metadata labels/annotations;
+#      policy templates are those files plus only the chart's metadata labels/annotations, and
+#      the users' roles those files renamed for the release;
 #   2. `helm lint --strict` with the default values and with each ci/*-values.yaml;
 #   3. `helm template | kubectl apply --dry-run=server` with the default values and each
 #      ci/*-values.yaml, against the cluster in $KUBECONFIG (the API server validates every object,
@@ -86,12 +87,27 @@ check_rendered() { # template file
 }
 check_rendered templates/crd.yaml managedjobs.dev_managedjobs.yaml
 check_rendered templates/queue-crd.yaml managedjobs.dev_managedjobqueues.yaml
+check_rendered templates/pool-crd.yaml managedjobs.dev_managedjobpools.yaml
 check_rendered templates/shard-policy.yaml managedjobs.dev_shard-policy.yaml
 check_rendered templates/gitops-policy.yaml managedjobs.dev_gitops-policy.yaml
 if ((${#api_versions[@]} > 0)); then
   check_rendered templates/finalizer-policy.yaml managedjobs.dev_finalizer-policy.yaml
 else
   echo "NOTE: the cluster does not serve MutatingAdmissionPolicy: the finalizer policy is not rendered"
+fi
+
+# Users' roles: the two files of crds/, with the release's names and the chart's labels.
+step "rendered templates/user-roles.yaml = crds/managedjobs.dev_user-roles.yaml + crds/managedjobs.dev_visibility-access.yaml, renamed for the release + chart labels"
+prefix="$NAMESPACE-$RELEASE-managed-jobs-"
+if rendered="$("$HELM" template "$RELEASE" "$CHART" -n "$NAMESPACE" --show-only templates/user-roles.yaml)" &&
+  diff -u <(cat "$ROOT/crds/managedjobs.dev_user-roles.yaml" "$ROOT/crds/managedjobs.dev_visibility-access.yaml" | grep -v '^---$') \
+    <(printf '%s\n' "$rendered" | sed -e '/^---$/d' -e '/^# Source: /d' \
+      -e '/^    helm\.sh\/chart: /d' \
+      -e '/^    app\.kubernetes\.io\/\(name\|instance\|component\|version\|managed-by\): /d' \
+      -e "s/^  name: $prefix/  name: managed-jobs-/"); then
+  pass "rendered templates/user-roles.yaml"
+else
+  fail "rendered templates/user-roles.yaml differs from crds/"
 fi
 
 values_files=("")

@@ -205,7 +205,7 @@ pub fn containers_that_ran(pod: &Pod) -> Vec<String> {
 
 /// Keeps the end (at most `bound` bytes) of each container's log of `attempt`'s Pods of `job`
 /// in the state dir `dir`, under the job's current task: every member the operator's Pod watch
-/// saw and did not see deleted, if it still exists and is the attempt's
+/// saw and did not see deleted nor lost to its node, if it still exists and is the attempt's
 /// ([`super::is_attempt_pod`]); every container of it that ran ([`containers_that_ran`]). A
 /// container kept again replaces its earlier capture. Never fails: what cannot be kept is
 /// logged (a warning) and left; the whole takes at most [`KEEP_TIMEOUT`].
@@ -236,7 +236,17 @@ pub async fn keep(
     let api: Api<Pod> = Api::namespaced(client.clone(), &job.namespace);
     let task = job.task_index.max(0) as usize;
     let (mut containers, mut bytes) = (0, 0);
-    'members: for member in members.iter().filter(|m| !m.deleted) {
+    // A member lost to its node: its kubelet cannot answer (and the attempt's end must not
+    // wait on it).
+    let lost_to_node = |m: &&crate::store::pods::PodObservation| {
+        m.state == crate::store::pods::PodState::Lost
+            && crate::lifecycle::nodes::is_node_loss(&m.reason)
+    };
+    'members: for member in members
+        .iter()
+        .filter(|m| !m.deleted)
+        .filter(|m| !lost_to_node(m))
+    {
         let left = deadline.saturating_duration_since(Instant::now());
         let pod = match tokio::time::timeout(left, api.get_opt(&member.pod_name)).await {
             Ok(Ok(Some(pod))) if super::is_attempt_pod(&pod, job, attempt) => pod,

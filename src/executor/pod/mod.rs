@@ -476,7 +476,8 @@ impl Executor for PodExecutor {
     /// zero (a Pod that never started: nothing to stop, and no kubelet may ever confirm). A Pod
     /// that has been terminating for longer than its grace period plus
     /// [`state::TERMINATING_MARGIN`] on a node that is not Ready is force-deleted, as the pod GC
-    /// does for a node that is gone. Gone once none is left.
+    /// does for a node that is gone; a member the watch recorded lost to its node
+    /// ([`state::lost_to_node`]) at once. Gone once none is left.
     async fn stop(&mut self, store: &Store, job: &JobRow, grace: Duration) -> Result<Stop> {
         let client = self.client().await?;
         let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &job.namespace);
@@ -511,11 +512,22 @@ impl Executor for PodExecutor {
                 }
             })
             .collect();
+        let seen = store.pod_members(job.id, current)?;
+        // A member lost to its node is removed at once (`lifecycle::nodes::removes_at_once`):
+        // no kubelet will confirm a graceful deletion there.
+        let lost_to_node: Vec<(String, String)> = seen
+            .iter()
+            .filter(|o| {
+                o.state == PodState::Lost
+                    && !o.deleted
+                    && crate::lifecycle::nodes::removes_at_once(&o.reason)
+            })
+            .map(|o| (o.pod_name.clone(), o.node.clone()))
+            .collect();
         // A member of the current attempt that exited on its own is kept for its logs (a gang
         // stopped because one member failed keeps that member's, and every finished one's).
         if task.nodes.is_some() {
-            let exited: Vec<String> = store
-                .pod_members(job.id, current)?
+            let exited: Vec<String> = seen
                 .into_iter()
                 .filter(|o| {
                     matches!(
@@ -538,6 +550,22 @@ impl Executor for PodExecutor {
             names.push(seen.to_string());
         }
         for name in names {
+            if let Some((_, node)) = lost_to_node.iter().find(|(n, _)| *n == name) {
+                match api.delete(&name, &force).await {
+                    Ok(_) => {
+                        tracing::warn!(pod = %name, node, "removed a Pod whose node is lost, without its grace period");
+                        forced.push(format!(
+                            "Pod {name} on node {node}, which is lost, was removed without its grace period"
+                        ));
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => {
+                        tracing::warn!(pod = %name, error = %e, "removing the Pod failed");
+                        all_gone = false;
+                    }
+                }
+                continue;
+            }
             // The API answers with the Pod while it terminates, with a Status once deleted.
             match api.delete(&name, &params).await.map(|r| r.left()) {
                 Ok(None) => {}

@@ -176,6 +176,7 @@ mod tests {
             generation: 1,
             spec: &spec,
             created_at_ms: 0,
+            resource_version: "",
         };
         JobRow {
             id,

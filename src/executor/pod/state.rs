@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::lifecycle::nodes::NodeLoss;
 use crate::lifecycle::outcome::POD_DEADLINE_EXCEEDED;
 use crate::lifecycle::{Evidence, Member, MemberState, Outcome, PartExit, Workload};
 pub use crate::store::pods::{PodObservation, PodState, TERMINATING_MARGIN};
@@ -113,6 +114,51 @@ pub fn pod_deadline(
         POD_DEADLINE_EXCEEDED.to_string(),
         message,
     )
+}
+
+/// `o`, the observation of a member whose node lost it (`loss`: deleted, or not Ready past the
+/// grace; [`crate::lifecycle::nodes::member_lost`]), as the attempt must now read it: lost,
+/// with the node's reason (`NodeLost`, `NodeNotReady`, what failure rules' `onReasons` match)
+/// and since when, and the condition `DisruptionTarget` Kubernetes puts on a Pod it deletes
+/// for its node (the pod GC's `DeletionByPodGC`, the taint manager's
+/// `DeletionByTaintManager`), so that an `onPodConditions` rule written for disruptions
+/// matches it as it matched before the operator saw the loss first. None when nothing
+/// changes: the Pod had ended already (exited, refused, lost), so its own fate stands.
+pub fn lost_to_node(o: &PodObservation, loss: &NodeLoss) -> Option<PodObservation> {
+    if o.state.is_final_exit() || o.state == PodState::Lost {
+        return None;
+    }
+    Some(PodObservation {
+        state: PodState::Lost,
+        exit_code: None,
+        reason: loss.reason.to_string(),
+        message: loss.message.clone(),
+        terminating_since_ms: None,
+        grace_seconds: None,
+        evidence: Evidence {
+            conditions: vec![("DisruptionTarget".into(), "True".into())],
+            ..Evidence::reason(loss.reason)
+        },
+        ended_at_ms: Some(
+            o.ended_at_ms
+                .map_or(loss.since_ms, |e| e.min(loss.since_ms)),
+        ),
+        ..o.clone()
+    })
+}
+
+/// What the store keeps of a Pod seen again (`new`) after `previous`: a Pod once lost stays
+/// lost with its first cause (its node's loss is not undone by the node coming back, nor
+/// renamed by the pod GC's deletion that follows it); later news only says that it is gone
+/// (`deleted`). Anything else is replaced by what is seen now.
+pub fn keep_fate(previous: Option<PodObservation>, new: PodObservation) -> PodObservation {
+    match previous {
+        Some(p) if p.state == PodState::Lost && p.pod_name == new.pod_name => PodObservation {
+            deleted: p.deleted || new.deleted,
+            ..p
+        },
+        _ => new,
+    }
 }
 
 /// The node `pod` is bound to (`spec.nodeName`), empty before it is scheduled.
@@ -764,6 +810,91 @@ mod tests {
             };
             assert!(matches(&not_75, &failed), "{code}");
         }
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+    use crate::lifecycle::nodes::{NODE_LOST, NodeSeen, member_lost};
+    use crate::lifecycle::{Outcome, rules::matches};
+
+    fn running() -> PodObservation {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-1", "labels": {"managedjobs.dev/rank": "1"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        observe(&pod, 1, 1, false)
+    }
+
+    /// Issue 43, item 4: a running member whose node was deleted reads as lost, with the
+    /// node's reason (which `onReasons` matches) and since when; one that had ended keeps its
+    /// own fate; the loss is kept when the Pod is seen again (running, then deleted by the pod
+    /// GC), only its deletion added.
+    #[test]
+    fn a_member_lost_to_its_node_stays_lost_with_that_cause() {
+        let loss = member_lost("n1", &NodeSeen::Absent, std::time::Duration::ZERO, 5_000).unwrap();
+        let o = running();
+        let lost = lost_to_node(&o, &loss).unwrap();
+        assert_eq!(
+            (
+                lost.state,
+                lost.reason.as_str(),
+                lost.ended_at_ms,
+                lost.rank
+            ),
+            (PodState::Lost, NODE_LOST, Some(5_000), 1)
+        );
+        let MemberState::Ended(outcome @ Outcome::Lost { .. }) = member(&lost).state else {
+            panic!("{lost:?}")
+        };
+        assert_eq!(outcome.reason(), NODE_LOST);
+        assert_eq!(
+            crate::lifecycle::Verdict::default_for(&outcome),
+            crate::lifecycle::Verdict::Recover
+        );
+        let rule = crate::api::FailureRule {
+            action: crate::api::FailureAction::FailJob,
+            on_reasons: Some(vec![NODE_LOST.into()]),
+            ..Default::default()
+        };
+        assert!(matches(&rule, &outcome));
+        let disruption = crate::api::FailureRule {
+            action: crate::api::FailureAction::Ignore,
+            on_pod_conditions: Some(vec![crate::api::OnPodCondition {
+                type_: "DisruptionTarget".into(),
+                status: None,
+            }]),
+            ..Default::default()
+        };
+        assert!(
+            matches(&disruption, &outcome),
+            "a disruption, as the pod GC marks it"
+        );
+        // Ended on its own first: its fate stands.
+        let exited = PodObservation {
+            state: PodState::Failed,
+            exit_code: Some(3),
+            ..o.clone()
+        };
+        assert_eq!(lost_to_node(&exited, &loss), None);
+        assert_eq!(lost_to_node(&lost, &loss), None, "lost already");
+        // Seen again running (its node came back), then deleted by the pod GC: still lost to
+        // its node, now gone.
+        assert_eq!(keep_fate(Some(lost.clone()), o.clone()), lost);
+        let collected = PodObservation {
+            state: PodState::Lost,
+            reason: "DeletionByPodGC".into(),
+            deleted: true,
+            ..o.clone()
+        };
+        let kept = keep_fate(Some(lost.clone()), collected);
+        assert_eq!((kept.reason.as_str(), kept.deleted), (NODE_LOST, true));
+        // Anything not lost is replaced by what is seen.
+        assert_eq!(keep_fate(Some(o.clone()), lost.clone()), lost);
+        assert_eq!(keep_fate(None, o.clone()), o);
     }
 }
 

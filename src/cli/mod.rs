@@ -17,6 +17,8 @@ use crate::store::Store;
 use crate::telemetry::LogFormat;
 use crate::visibility::logs::{PodLogPiece, pod_logs};
 
+pub mod reach;
+
 /// Runs managed jobs on Kubernetes: admitted within launch and run caps, recovered after
 /// preemption, restarted after errors, cancelled on request.
 #[derive(Debug, Parser)]
@@ -61,18 +63,24 @@ pub enum Command {
     /// Print a CustomResourceDefinition (YAML): the ManagedJob's, or with `queue` the
     /// ManagedJobQueue's; with `--reference`, the API reference instead.
     Crd {
-        /// `job` (ManagedJob, the default) or `queue` (ManagedJobQueue).
-        #[arg(default_value = "job", value_parser = ["job", "queue"])]
+        /// `job` (ManagedJob, the default), `queue` (ManagedJobQueue) or `pool`
+        /// (ManagedJobPool).
+        #[arg(default_value = "job", value_parser = ["job", "queue", "pool"])]
         kind: String,
-        /// Print the API reference of both resources (Markdown, every field with its type,
+        /// Print the API reference of the three resources (Markdown, every field with its type,
         /// default, bounds and immutability, as committed in docs/reference/api.md) instead of
         /// a CRD.
         #[arg(long)]
         reference: bool,
     },
-    /// Show the jobs in the store, like `sky jobs queue`.
+    /// Show the queue, like `sky jobs queue`: the jobs waiting, in admission order (with why
+    /// each waits and when it may start), and the jobs holding slots, of the kubeconfig
+    /// context's namespace (`-n`, `-A`), through the installed operator's visibility API, or
+    /// from an operator's store (`--state-dir`; else, when the API server does not serve the
+    /// visibility API, the store of an operator run by hand on this machine).
     Queue(QueueArgs),
-    /// Print a job's workload log (or its job controller's log).
+    /// Print a job's workload log (or its job controller's log), through the installed
+    /// operator's visibility API or from an operator's store, as `queue` chooses.
     Logs(LogsArgs),
     /// Create a ManagedJob, wait until it finishes, delete it: exit 0 only if it Succeeded (the
     /// chart's `helm test`).
@@ -155,6 +163,11 @@ pub struct RunArgs {
     /// Launch timeouts in a row after which a job ends FailedNoResource.
     #[arg(long, env = "MJ_MAX_LAUNCH_TIMEOUTS", default_value_t = defaults::MAX_LAUNCH_TIMEOUTS)]
     pub max_launch_timeouts: i32,
+    /// Seconds the node of a running Pod may stay not Ready (its Ready condition False or
+    /// Unknown) before the Pod's attempt is lost and recovered (one recovery for a whole
+    /// gang); a deleted node loses it at once. Needs get, list and watch on nodes.
+    #[arg(long, env = "MJ_NODE_LOST_GRACE_SECONDS", default_value_t = defaults::NODE_LOST_GRACE_SECONDS)]
+    pub node_lost_grace_seconds: f64,
     /// Serve Prometheus `/metrics`, `/healthz` and `/readyz` on this address (`none` to disable).
     #[arg(long, env = "MJ_METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
     pub metrics_addr: String,
@@ -188,7 +201,7 @@ pub struct RunArgs {
     /// gone; kept as long as the job's record. 0 keeps none.
     #[arg(long, env = "MJ_KEPT_LOG_BYTES", default_value_t = defaults::KEPT_LOG_BYTES)]
     pub kept_log_bytes: u64,
-    /// Publish Kubernetes Events (events.k8s.io) on each ManagedJob's transitions.
+    /// Publish Kubernetes Events on each ManagedJob's transitions.
     #[arg(long, env = "MJ_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub events: bool,
     /// Serve the visibility API and dashboard (HTTPS) on this address, e.g. `0.0.0.0:8443`
@@ -215,27 +228,31 @@ pub struct RunArgs {
 
 /// Flags of `managed-jobs queue`.
 ///
-/// Without `--state-dir` (and `MJ_STATE_DIR`) it asks the installed operator's visibility API
-/// through the API server with the caller's kubeconfig (no exec into the operator): the jobs
-/// of the namespaces the caller may list ManagedJobs in, the waiting ones in admission order
-/// with why each waits and when it may start. With `--state-dir` it reads an operator's store
-/// directly (every job, finished ones too with `--all`).
+/// Where it reads from (`cli::reach`): with `--state-dir DIR` (or `MJ_STATE_DIR`), that
+/// operator's store; else, when the API server's discovery lists the visibility API (the
+/// chart's APIService), that API through the API server with the caller's kubeconfig (no
+/// exec into the operator), which shows only the namespaces the caller may list ManagedJobs
+/// in; else the store in the default state dir of an operator run by hand on this machine,
+/// saying so on stderr. Either way the answer is the same `JobQueue`: the waiting jobs in
+/// admission order with why each waits and when it may start, and the jobs holding slots.
 #[derive(Debug, clap::Args)]
 pub struct QueueArgs {
-    /// Read this operator's state dir instead of asking the API.
+    /// Read this operator's state dir instead of asking the API (every namespace unless
+    /// `-n`).
     #[arg(long, env = "MJ_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
-    /// With `--state-dir`: also show finished jobs.
+    /// From a store: print its table of every job, finished ones too.
     #[arg(long, short)]
     pub all: bool,
-    /// With `--state-dir`: also show one line per task of each pipeline.
+    /// From a store: print its table of jobs with one line per task of each pipeline.
     #[arg(long)]
     pub tasks: bool,
     /// Read every shard's jobs through the Kubernetes API (KUBECONFIG) instead of one
     /// operator's store: per shard, its slots in use and its jobs, as their status shows them.
     #[arg(long)]
     pub all_shards: bool,
-    /// The namespace (default: the kubeconfig context's; with `--all-shards`: all).
+    /// The namespace (default: the kubeconfig context's, `default` when it names none; with
+    /// `--state-dir` or `--all-shards`: all).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
     /// Every namespace the caller may list ManagedJobs in.
@@ -255,8 +272,12 @@ pub struct QueueArgs {
 /// Flags of `managed-jobs logs`.
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
-    /// Job id, `namespace/name`, or `name` (namespace `default`).
+    /// The job: `NAME` (in `-n NS`, else the kubeconfig context's namespace, else `default`,
+    /// as kubectl), `NAMESPACE/NAME`, or a store's job id (`status.jobId`, with a store only).
     pub job: String,
+    /// The namespace of a job given by `NAME` (default: the kubeconfig context's).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
     /// Print the job controller process's log instead of the workload's.
     #[arg(long)]
     pub controller: bool,
@@ -272,9 +293,10 @@ pub struct LogsArgs {
     /// each task of a pipeline).
     #[arg(long)]
     pub attempt: Option<i32>,
-    /// Read this operator's state dir instead of asking the API (needed for `--controller`
-    /// and for job ids). Without it, the installed operator's visibility API is asked through
-    /// the API server with the caller's kubeconfig, as the caller.
+    /// Read this operator's state dir instead of asking the API (needed for job ids).
+    /// Without it, the installed operator's visibility API is asked through the API server
+    /// with the caller's kubeconfig, as the caller; where the API server does not serve it,
+    /// the store of an operator run by hand on this machine is read, saying so.
     #[arg(long, env = "MJ_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 }
@@ -429,8 +451,16 @@ fn human_duration(ms: i64) -> String {
     }
 }
 
-/// Renders the `queue` table; `tasks` adds a line per task of each pipeline.
-pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<String> {
+/// Renders the store's table of jobs of `scope` (and of ManagedJobQueue `queue` only, when
+/// given): those not finished (`all`: every one); `tasks` adds a line per task of each
+/// pipeline. The caps and the slots in use are the operator's, over every namespace.
+pub fn queue_table(
+    store: &Store,
+    all: bool,
+    tasks: bool,
+    scope: &reach::Scope,
+    queue: Option<&str>,
+) -> anyhow::Result<String> {
     let usage = store.slot_usage()?;
     let settings = store.settings()?;
     let caps = match settings.caps {
@@ -462,6 +492,11 @@ pub fn queue_table(store: &Store, all: bool, tasks: bool) -> anyhow::Result<Stri
         .all()?
         .into_iter()
         .filter(|r| all || !r.phase.is_terminal())
+        .filter(|r| match scope {
+            reach::Scope::All => true,
+            reach::Scope::Namespace(ns) => r.namespace == *ns,
+        })
+        .filter(|r| queue.is_none_or(|q| r.queue == q))
         .collect();
     for r in rows {
         let submitted = jiff::Timestamp::from_millisecond(r.submitted_at_ms)
@@ -594,56 +629,232 @@ async fn queue_all_shards(args: &QueueArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `managed-jobs queue`.
-pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    };
-    if args.all_shards {
-        return runtime()?.block_on(queue_all_shards(args));
-    }
-    let Some(state_dir) = &args.state_dir else {
-        let asked = runtime()?.block_on(queue_through_api(args));
-        return match local_fallback(asked)? {
-            None => Ok(()),
-            Some(dir) => {
-                let store = open_existing(&dir)?;
-                print!("{}", queue_table(&store, args.all, args.tasks)?);
-                Ok(())
+/// What the command line knows of the cluster before it reads anything: a client for the
+/// API server (None without a kubeconfig or in-cluster configuration), the kubeconfig
+/// context's namespace, and what discovery says of the visibility API.
+struct Cluster {
+    client: Option<kube::Client>,
+    context: Option<String>,
+    discovery: reach::Discovery,
+}
+
+/// How long discovery may take before the API server counts as unreachable: a kubeconfig
+/// naming a cluster that is down must not hold the command for kube's 30 s connect timeout.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Cluster {
+    /// Reads the kubeconfig (`KUBECONFIG`, `~/.kube/config`, or in-cluster configuration)
+    /// and, with `discover`, asks the API server's discovery whether it serves the
+    /// visibility API ([`reach::served`]). Never fails: what is missing is in `discovery`.
+    async fn find(discover: bool) -> Cluster {
+        use reach::Discovery;
+        let config = match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                return Cluster {
+                    client: None,
+                    context: None,
+                    discovery: Discovery::NoApiServer(format!("no kubeconfig: {e}")),
+                };
             }
         };
+        let context = Some(config.default_namespace.clone());
+        let client = match kube::Client::try_from(config) {
+            Ok(c) => c,
+            Err(e) => {
+                return Cluster {
+                    client: None,
+                    context,
+                    discovery: Discovery::NoApiServer(format!("the kubeconfig: {e}")),
+                };
+            }
+        };
+        let discovery = if !discover {
+            Discovery::NoApiServer("not asked: --state-dir names the store".into())
+        } else {
+            match tokio::time::timeout(DISCOVERY_TIMEOUT, client.list_api_groups()).await {
+                Ok(Ok(groups))
+                    if reach::served(
+                        &groups,
+                        crate::visibility::GROUP,
+                        crate::visibility::VERSION,
+                    ) =>
+                {
+                    Discovery::Served
+                }
+                Ok(Ok(_)) => Discovery::NotServed,
+                Ok(Err(e)) => {
+                    Discovery::NoApiServer(format!("its discovery (GET /apis) failed: {e}"))
+                }
+                Err(_) => Discovery::NoApiServer(format!(
+                    "its discovery (GET /apis) did not answer within {} s",
+                    DISCOVERY_TIMEOUT.as_secs()
+                )),
+            }
+        };
+        Cluster {
+            client: Some(client),
+            context,
+            discovery,
+        }
+    }
+
+    /// Where to read from ([`reach::choose`]): `state_dir`, the visibility API, or the
+    /// default state dir of an operator run by hand here (its note printed on stderr).
+    fn source(&self, state_dir: Option<&Path>) -> anyhow::Result<reach::Source> {
+        let here = default_state_dir();
+        let has_store = StateDir::new(&here).store().exists();
+        let source = reach::choose(
+            state_dir.map(Path::to_path_buf),
+            &self.discovery,
+            here,
+            has_store,
+        )
+        .map_err(anyhow::Error::msg)?;
+        if let reach::Source::Store { note: Some(n), .. } = &source {
+            eprintln!("{n}");
+        }
+        Ok(source)
+    }
+
+    /// The client, which [`reach::Source::Api`] implies.
+    fn client(&self) -> anyhow::Result<kube::Client> {
+        self.client
+            .clone()
+            .context("no API server to ask (no kubeconfig)")
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// `managed-jobs queue`: the visibility API's `JobQueue` of the namespaces [`reach::scope`]
+/// names, through the API server or computed from an operator's store by the same code
+/// ([`crate::visibility::queue_from_store`]), as a table or as JSON; from a store, `--all`
+/// and `--tasks` print its table of every job instead ([`queue_table`]).
+pub fn queue(args: &QueueArgs) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    if args.all_shards {
+        return rt.block_on(queue_all_shards(args));
+    }
+    rt.block_on(async {
+        let cluster = Cluster::find(args.state_dir.is_none()).await;
+        let source = cluster.source(args.state_dir.as_deref())?;
+        let scope = reach::scope(
+            args.namespace.as_deref(),
+            args.all_namespaces,
+            args.state_dir.is_some(),
+            cluster.context.as_deref(),
+        );
+        match source {
+            reach::Source::Api => {
+                anyhow::ensure!(
+                    !args.all && !args.tasks,
+                    "--all and --tasks print an operator's table of every job, finished ones too, from its store: \
+                     give --state-dir DIR (the visibility API shows the jobs that wait and hold slots)"
+                );
+                queue_through_api(&cluster.client()?, &scope, args).await
+            }
+            reach::Source::Store { dir, .. } => {
+                queue_in_store(&dir, &scope, args, cluster.client.as_ref()).await
+            }
+        }
+    })
+}
+
+/// `managed-jobs queue` from the store in `dir`: the `JobQueue` the visibility API would
+/// answer a caller of every namespace, cut to `scope` (or, with `--all`/`--tasks`, the
+/// store's table of jobs).
+async fn queue_in_store(
+    dir: &Path,
+    scope: &reach::Scope,
+    args: &QueueArgs,
+    client: Option<&kube::Client>,
+) -> anyhow::Result<()> {
+    let mut store = open_existing(dir)?;
+    if args.all || args.tasks {
+        anyhow::ensure!(
+            args.output == "table" && args.limit.is_none(),
+            "--all and --tasks print the store's table of jobs; -o json and --limit are the queue's (without --all and --tasks)"
+        );
+        print!(
+            "{}",
+            queue_table(&store, args.all, args.tasks, scope, args.queue.as_deref())?
+        );
+        return Ok(());
+    }
+    let queues = queues_in_force(client).await;
+    let all = crate::visibility::queue_from_store(&mut store, &queues)?;
+    let visible = match scope {
+        reach::Scope::All => None,
+        reach::Scope::Namespace(ns) => Some(std::collections::BTreeSet::from([ns.clone()])),
     };
-    let store = open_existing(state_dir)?;
-    print!("{}", queue_table(&store, args.all, args.tasks)?);
+    let shown = crate::visibility::view::restrict(
+        &all,
+        visible.as_ref(),
+        args.queue.as_deref(),
+        args.limit,
+    );
+    if args.output == "json" {
+        println!("{}", serde_json::to_string(&shown)?);
+    } else {
+        print!("{}", render_job_queue(&shown, now_ms()));
+    }
     Ok(())
 }
 
-/// The visibility API is not there to ask: no kubeconfig, or no APIService serves its group.
-/// `managed-jobs queue` and `logs` then read the default state dir when it holds a store (an
-/// operator run by hand on this machine), saying so.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct NotServed(String);
+/// The ManagedJobQueues in force, as the operator resolves them against the namespaces'
+/// labels, listed with `client`; without a client, or when they cannot be listed, one pool
+/// (what an operator without queue objects does), said on stderr: the reasons and the order
+/// then assume no ManagedJobQueue.
+async fn queues_in_force(client: Option<&kube::Client>) -> crate::queues::Queues {
+    use crate::queues::Queues;
+    let Some(client) = client else {
+        return Queues::single_pool();
+    };
+    let listed = async {
+        let objects = kube::Api::<crate::api::ManagedJobQueue>::all(client.clone())
+            .list(&Default::default())
+            .await?
+            .items;
+        if objects.is_empty() {
+            return Ok::<_, kube::Error>(Queues::single_pool());
+        }
+        let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|n| Some((n.metadata.name?, n.metadata.labels.unwrap_or_default())))
+            .collect();
+        Ok(Queues::resolve(&objects, &namespaces, &[]))
+    };
+    match tokio::time::timeout(DISCOVERY_TIMEOUT, listed).await {
+        Ok(Ok(queues)) => queues,
+        Ok(Err(e)) => {
+            eprintln!(
+                "note: the ManagedJobQueues and namespaces could not be listed ({e}): the reasons and the order assume no ManagedJobQueue"
+            );
+            Queues::single_pool()
+        }
+        Err(_) => {
+            eprintln!(
+                "note: listing the ManagedJobQueues took over {} s: the reasons and the order assume no ManagedJobQueue",
+                DISCOVERY_TIMEOUT.as_secs()
+            );
+            Queues::single_pool()
+        }
+    }
+}
 
-/// What a visibility API request's failure means to a user: the API not served (no APIService:
-/// [`NotServed`]), unavailable (the operator not running), refused (401/403, the API's own
-/// sentence), or other.
+/// What a visibility API request's failure means to a user: unavailable (the operator not
+/// running: 503), refused (401/403, the operator's own sentence), or other. Whether the API
+/// is served at all was decided before, from discovery ([`reach::served`]).
 pub fn visibility_error(e: kube::Error) -> anyhow::Error {
     match e {
-        // The API server's own 404: nothing serves the group (no APIService).
-        kube::Error::Api(s)
-            if s.code == 404 && s.message.contains("could not find the requested resource") =>
-        {
-            NotServed(format!(
-                "the visibility API ({}) is not served by this cluster: install the chart with visibility.enabled (the default), \
-                 or read an operator's store with --state-dir DIR ({})",
-                crate::visibility::view::API_VERSION,
-                s.message
-            ))
-            .into()
-        }
         kube::Error::Api(s) if s.code == 503 => anyhow::anyhow!(
             "the visibility API is unavailable (is the operator running and Ready?): {}",
             s.message
@@ -653,39 +864,17 @@ pub fn visibility_error(e: kube::Error) -> anyhow::Error {
     }
 }
 
-/// After asking the API: done (None), or, when it is not served ([`NotServed`]) and the
-/// default state dir ([`default_state_dir`]) holds a store, that dir to read instead (said on
-/// stderr); any other failure as it came.
-fn local_fallback(asked: anyhow::Result<()>) -> anyhow::Result<Option<PathBuf>> {
-    let Err(e) = asked else {
-        return Ok(None);
-    };
-    let dir = default_state_dir();
-    if e.downcast_ref::<NotServed>().is_some() && StateDir::new(&dir).store().exists() {
-        eprintln!(
-            "note: {e}; reading the store of an operator on this machine at {} instead",
-            dir.display()
-        );
-        return Ok(Some(dir));
-    }
-    Err(e)
-}
-
-/// `managed-jobs queue` without a state dir: the visibility API through the API server.
-async fn queue_through_api(args: &QueueArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await.map_err(|e| {
-        NotServed(format!(
-            "managed-jobs queue asks the API server (KUBECONFIG), and there is none to ask ({e}); or read an operator's store with --state-dir DIR"
-        ))
-    })?;
-    let path = if args.all_namespaces {
-        format!("{}/queue", crate::visibility::PREFIX)
-    } else {
-        let ns = args
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_string());
-        format!("{}/namespaces/{ns}/queue", crate::visibility::PREFIX)
+/// `managed-jobs queue` through the API server: the visibility API's `JobQueue` of `scope`.
+async fn queue_through_api(
+    client: &kube::Client,
+    scope: &reach::Scope,
+    args: &QueueArgs,
+) -> anyhow::Result<()> {
+    let path = match scope {
+        reach::Scope::All => format!("{}/queue", crate::visibility::PREFIX),
+        reach::Scope::Namespace(ns) => {
+            format!("{}/namespaces/{ns}/queue", crate::visibility::PREFIX)
+        }
     };
     let mut query = Vec::new();
     if let Some(q) = &args.queue {
@@ -722,22 +911,26 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
             .map(|t| human_duration(now - t.as_millisecond()))
             .unwrap_or_else(|_| "-".into())
     };
-    let mut out = format!(
-        "caps: launch={},run={}{}",
-        q.caps.launch,
-        q.caps.run,
-        match &q.caps.binding {
-            Some(b) => format!(" ({b} binds: new jobs wait)"),
-            None => String::new(),
-        }
-    );
-    if let Some(u) = &q.usage {
+    let mut out = String::new();
+    // An answer that shows no namespace has no caps: it is empty.
+    if let Some(caps) = &q.caps {
         out.push_str(&format!(
-            "; in use: launching {}, alive {}; queued {}",
-            u.launching, u.holding_run_slots, u.waiting
+            "caps: launch={},run={}{}",
+            caps.launch,
+            caps.run,
+            match &caps.binding {
+                Some(b) => format!(" ({b} binds: new jobs wait)"),
+                None => String::new(),
+            }
         ));
+        if let Some(u) = &q.usage {
+            out.push_str(&format!(
+                "; in use: launching {}, alive {}; queued {}",
+                u.launching, u.holding_run_slots, u.waiting
+            ));
+        }
+        out.push('\n');
     }
-    out.push('\n');
     for c in &q.counts {
         out.push_str(&format!(
             "namespace {}: waiting {}, launching {}, holding run slots {}, suspended {}\n",
@@ -753,7 +946,7 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
             let est = match j.estimated_start.in_seconds {
                 Some(s) if s <= 0.0 => "next pass".to_string(),
                 Some(s) => format!("~{}", human_duration((s * 1000.0) as i64)),
-                None => "-".to_string(),
+                None => "unknown".to_string(),
             };
             out.push_str(&format!(
                 "{:>5}  {:<40} {:<12} {:>5}  {:<20} {:<16} {:>8}  {}\n",
@@ -814,36 +1007,45 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
     out
 }
 
-/// `managed-jobs logs`.
+/// `managed-jobs logs`: the job [`reach::job_ref`] names, read from the source
+/// [`reach::choose`] picks: its logs through the visibility API as the caller, or from an
+/// operator's store.
 pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
-    let local;
-    let state_dir = match &args.state_dir {
-        Some(dir) => dir,
-        None => {
-            let asked = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-                .block_on(logs_through_api(args));
-            match local_fallback(asked)? {
-                None => return Ok(()),
-                Some(dir) => {
-                    local = dir;
-                    &local
-                }
-            }
+    let (source, job) = runtime()?.block_on(async {
+        let cluster = Cluster::find(args.state_dir.is_none()).await;
+        let job = reach::job_ref(
+            &args.job,
+            args.namespace.as_deref(),
+            cluster.context.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?;
+        let source = cluster.source(args.state_dir.as_deref())?;
+        if source == reach::Source::Api {
+            logs_through_api(&cluster.client()?, &job, args).await?;
         }
+        anyhow::Ok((source, job))
+    })?;
+    let reach::Source::Store { dir, .. } = source else {
+        return Ok(());
     };
+    logs_in_store(&dir, &job, args)
+}
+
+/// `managed-jobs logs` from the operator's store in `state_dir`.
+fn logs_in_store(state_dir: &Path, job: &reach::JobRef, args: &LogsArgs) -> anyhow::Result<()> {
     let store = open_existing(state_dir)?;
-    let row = match args.job.parse::<i64>() {
-        Ok(id) => store.get(id)?,
-        Err(_) => {
-            let (ns, name) = args.job.split_once('/').unwrap_or(("default", &args.job));
-            store
-                .find_by_name(ns, name)?
-                .into_iter()
-                .next()
-                .with_context(|| format!("no job {ns}/{name} in the store"))?
-        }
+    let row = match job {
+        reach::JobRef::Id(id) => store.get(*id)?,
+        reach::JobRef::Name { namespace, name } => store
+            .find_by_name(namespace, name)?
+            .into_iter()
+            .max_by_key(|r| r.id)
+            .with_context(|| {
+                format!(
+                    "no job {namespace}/{name} in the store at {}",
+                    state_dir.display()
+                )
+            })?,
     };
     let dir = StateDir::new(state_dir);
     use std::io::Write as _;
@@ -923,38 +1125,31 @@ pub fn logs(args: &LogsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `managed-jobs logs` without a state dir: what the operator kept, through the visibility
-/// API as the caller; for an attempt that still runs (nothing kept yet), its Pods' logs read
-/// from the API with the caller's own permissions.
-async fn logs_through_api(args: &LogsArgs) -> anyhow::Result<()> {
+/// `managed-jobs logs` through the API server: what the operator kept (or its job
+/// controller's log, `--controller`), through the visibility API as the caller; for an
+/// attempt that still runs (nothing kept yet), its Pods' logs read from the API with the
+/// caller's own permissions.
+async fn logs_through_api(
+    client: &kube::Client,
+    job: &reach::JobRef,
+    args: &LogsArgs,
+) -> anyhow::Result<()> {
     use futures::AsyncBufReadExt as _;
     use futures::AsyncReadExt as _;
-    if args.controller {
-        return Err(NotServed(
-            "--controller reads the job controller's log in the operator's state dir: give --state-dir DIR".into(),
-        )
-        .into());
-    }
-    let client = kube::Client::try_default().await.map_err(|e| {
-        NotServed(format!(
-            "managed-jobs logs asks the API server (KUBECONFIG), and there is none to ask ({e}); or read an operator's store with --state-dir DIR"
-        ))
-    })?;
-    if args.job.parse::<i64>().is_ok() {
-        return Err(NotServed(
-            "a job id is the store's: give NAMESPACE/NAME (or NAME in the kubeconfig's namespace), or --state-dir DIR".into(),
-        )
-        .into());
-    }
-    let (ns, name) = match args.job.split_once('/') {
-        Some((ns, name)) => (ns.to_string(), name.to_string()),
-        None => (client.default_namespace().to_string(), args.job.clone()),
+    let (ns, name) = match job {
+        reach::JobRef::Name { namespace, name } => (namespace.clone(), name.clone()),
+        reach::JobRef::Id(id) => anyhow::bail!(
+            "job id {id} is the operator's store's: give NAME (in the kubeconfig context's namespace, or -n NS) or NAMESPACE/NAME, or read the store with --state-dir DIR"
+        ),
     };
     let base = format!(
         "{}/namespaces/{ns}/managedjobs/{name}",
         crate::visibility::PREFIX
     );
     let mut query = Vec::new();
+    if args.controller {
+        query.push("controller=true".to_string());
+    }
     if let Some(a) = args.attempt {
         query.push(format!("attempt={a}"));
     }
@@ -976,7 +1171,7 @@ async fn logs_through_api(args: &LogsArgs) -> anyhow::Result<()> {
             std::io::stdout().write_all(&out)?;
             Ok(())
         }
-        Err(kube::Error::Api(s)) if s.code == 404 && args.attempt.is_none() => {
+        Err(kube::Error::Api(s)) if s.code == 404 && args.attempt.is_none() && !args.controller => {
             // Nothing kept of the attempt asked for: it may still run; its Pods say.
             let detail: serde_json::Value = client
                 .request(http::Request::get(base.clone()).body(Vec::new())?)

@@ -1,0 +1,558 @@
+//! Quotas in resources (docs/design.md#resources), pure: each queue's nominal quota per pool
+//! and resource, the lending within a cohort, and the weighted dominant resource share that
+//! orders queues that borrow.
+//!
+//! The rules are Kueue's for a flat cohort (<https://kueue.sigs.k8s.io/docs/concepts/cluster_queue/>,
+//! "Cohort", `borrowingLimit`, `lendingLimit`). For a queue `q`, pool `f` and resource `r`:
+//! nominal `N`, lendable `L = min(N, lendingLimit)` (all of `N` without a limit), guaranteed
+//! `G = N - L` (never lent), borrowing limit `B` (None: unlimited), usage `U` (what q's jobs
+//! that hold a run slot on `f` ask for). The cohort's pool is the sum of its queues' `L`; a
+//! queue draws `D = max(0, U - G)` from it; what is free is the pool less every draw. A demand
+//! `d` fits when `U + d <= N + B` (when `B` is set) and the extra draw
+//! `max(0, U + d - G) - D` is free; without a cohort, when `U + d <= N`. A resource a queue's
+//! pool does not list is not limited by quota there.
+//!
+//! Fair sharing (<https://kueue.sigs.k8s.io/docs/concepts/fair_sharing/>): a queue's share is
+//! the largest, over its pools and resources, of what it borrows (`max(0, U - N)`) divided by
+//! its cohort's pool of that resource, divided by its weight; the queue with the lower share
+//! after an admission borrows first. Shares are compared exactly, as fractions.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use super::amount::{Amount, Resources, show};
+
+/// One queue's quota of one resource in one pool, in milli-units.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// What the queue is promised.
+    pub nominal: Amount,
+    /// Most it may use above `nominal`, borrowing from its cohort; None: no limit but the
+    /// cohort's.
+    pub borrowing_limit: Option<Amount>,
+    /// Most of `nominal` the cohort may borrow; None: all of it.
+    pub lending_limit: Option<Amount>,
+}
+
+impl Quota {
+    /// What of `nominal` the cohort may borrow.
+    pub fn lendable(&self) -> Amount {
+        self.lending_limit
+            .map_or(self.nominal, |l| l.min(self.nominal))
+    }
+
+    /// What of `nominal` is never lent.
+    pub fn guaranteed(&self) -> Amount {
+        self.nominal - self.lendable()
+    }
+}
+
+/// A queue's quotas: its cohort, its weight and, per pool in the order the queue lists them, a
+/// quota per resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueQuotas {
+    /// The cohort it lends to and borrows from; None: neither.
+    pub cohort: Option<String>,
+    /// Its weight (at least 1).
+    pub weight: u32,
+    /// Its pools in order of preference, each with its quota per resource.
+    pub pools: Vec<(String, BTreeMap<String, Quota>)>,
+}
+
+impl QueueQuotas {
+    /// The quotas of `pool`, if the queue lists it.
+    pub fn pool(&self, pool: &str) -> Option<&BTreeMap<String, Quota>> {
+        self.pools.iter().find(|(p, _)| p == pool).map(|(_, q)| q)
+    }
+}
+
+/// A (pool, resource) pair.
+pub type Dim = (String, String);
+
+/// Why a demand does not fit a queue's quota on a pool, in numbers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaShortfall {
+    /// The pool.
+    pub pool: String,
+    /// The resource that does not fit.
+    pub resource: String,
+    /// What the demand asks of it.
+    pub need: Amount,
+    /// What the queue uses now.
+    pub used: Amount,
+    /// Its nominal quota.
+    pub nominal: Amount,
+    /// Its borrowing limit, when that is what stops it.
+    pub borrowing_limit: Option<Amount>,
+    /// What its cohort could lend it now (None: no cohort).
+    pub cohort_free: Option<Amount>,
+    /// Who borrows in the cohort, and how much.
+    pub borrowers: Vec<(String, Amount)>,
+}
+
+impl QuotaShortfall {
+    /// "needs 8 nvidia.com/gpu on pool a100: team-b uses 16 of 16, cohort has 0 to lend
+    /// (team-a borrows 16)".
+    pub fn sentence(&self, queue: &str) -> String {
+        let s = |a: Amount| show(&self.resource, a);
+        let mut out = format!(
+            "needs {} {} on pool {}: {queue} uses {} of {}",
+            s(self.need),
+            self.resource,
+            self.pool,
+            s(self.used),
+            s(self.nominal)
+        );
+        if let Some(b) = self.borrowing_limit {
+            out.push_str(&format!(" and may borrow at most {}", s(b)));
+        }
+        match self.cohort_free {
+            Some(free) => {
+                out.push_str(&format!(", cohort has {} to lend", s(free)));
+                if !self.borrowers.is_empty() {
+                    let who: Vec<String> = self
+                        .borrowers
+                        .iter()
+                        .map(|(q, a)| format!("{q} borrows {}", s(*a)))
+                        .collect();
+                    out.push_str(&format!(" ({})", who.join(", ")));
+                }
+            }
+            None => out.push_str(" (no cohort to borrow from)"),
+        }
+        out
+    }
+}
+
+/// A queue's weighted dominant resource share: `num / den`, compared exactly. Zero for a queue
+/// that borrows nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    num: i128,
+    den: i128,
+}
+
+impl Share {
+    /// No share.
+    pub const ZERO: Share = Share { num: 0, den: 1 };
+
+    /// The share in thousandths (for messages and status).
+    pub fn per_mille(&self) -> i64 {
+        (self.num * 1000 / self.den.max(1)) as i64
+    }
+}
+
+impl Ord for Share {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.num * other.den).cmp(&(other.num * self.den))
+    }
+}
+
+impl PartialOrd for Share {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One queue's quota of one resource, as its status shows it (milli-units).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QuotaUse {
+    /// The resource.
+    pub resource: String,
+    /// Its nominal quota.
+    pub nominal: Amount,
+    /// What its jobs use.
+    pub used: Amount,
+    /// What it uses above its nominal quota.
+    pub borrowed: Amount,
+    /// What of its nominal quota other queues of its cohort use.
+    pub lent: Amount,
+}
+
+/// Every queue's quotas and usage, as one scheduling pass sees them: what each may take now.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    quotas: BTreeMap<String, QueueQuotas>,
+    usage: BTreeMap<String, BTreeMap<Dim, Amount>>,
+}
+
+impl Ledger {
+    /// The ledger of `quotas` (queues without quotas need not be there) with `usage`: what each
+    /// queue's jobs holding a run slot ask for, per pool and resource.
+    pub fn new(
+        quotas: BTreeMap<String, QueueQuotas>,
+        usage: BTreeMap<String, BTreeMap<Dim, Amount>>,
+    ) -> Ledger {
+        Ledger { quotas, usage }
+    }
+
+    /// The queues with quotas.
+    pub fn quotas(&self) -> &BTreeMap<String, QueueQuotas> {
+        &self.quotas
+    }
+
+    /// True when `queue` has quotas (it admits only onto its pools).
+    pub fn has_quotas(&self, queue: &str) -> bool {
+        self.quotas.get(queue).is_some_and(|q| !q.pools.is_empty())
+    }
+
+    /// What `queue` uses of `resource` on `pool`.
+    pub fn used(&self, queue: &str, pool: &str, resource: &str) -> Amount {
+        self.usage
+            .get(queue)
+            .and_then(|u| u.get(&(pool.to_string(), resource.to_string())))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn quota(&self, queue: &str, pool: &str, resource: &str) -> Option<Quota> {
+        self.quotas.get(queue)?.pool(pool)?.get(resource).copied()
+    }
+
+    fn cohort_members<'a>(&'a self, cohort: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.quotas
+            .iter()
+            .filter(move |(_, q)| q.cohort.as_deref() == Some(cohort))
+            .map(|(n, _)| n.as_str())
+    }
+
+    /// The cohort's pool of `resource` on `pool` and what is free of it.
+    fn cohort_pool(&self, cohort: &str, pool: &str, resource: &str) -> (Amount, Amount) {
+        let (mut total, mut drawn) = (0, 0);
+        for q in self.cohort_members(cohort) {
+            if let Some(quota) = self.quota(q, pool, resource) {
+                total += quota.lendable();
+                drawn += (self.used(q, pool, resource) - quota.guaranteed()).max(0);
+            } else {
+                // A queue without this quota draws all it uses from the cohort.
+                drawn += self.used(q, pool, resource);
+            }
+        }
+        (total, total - drawn)
+    }
+
+    /// Whether `queue` may take `demand` (the whole attempt's) on `pool` now: Ok(true) when it
+    /// would borrow, Ok(false) when within its nominal quota; the first resource that does not
+    /// fit otherwise.
+    pub fn admits(
+        &self,
+        queue: &str,
+        pool: &str,
+        demand: &Resources,
+    ) -> Result<bool, Box<QuotaShortfall>> {
+        let Some(q) = self.quotas.get(queue) else {
+            return Ok(false);
+        };
+        let Some(quotas) = q.pool(pool) else {
+            return Ok(false);
+        };
+        let mut borrows = false;
+        for (resource, need) in demand.iter() {
+            let Some(quota) = quotas.get(resource).copied() else {
+                continue;
+            };
+            let used = self.used(queue, pool, resource);
+            let new = used.saturating_add(need);
+            let short = |borrowing_limit, cohort_free| {
+                Box::new(QuotaShortfall {
+                    pool: pool.to_string(),
+                    resource: resource.to_string(),
+                    need,
+                    used,
+                    nominal: quota.nominal,
+                    borrowing_limit,
+                    cohort_free,
+                    borrowers: q
+                        .cohort
+                        .as_deref()
+                        .map(|c| self.borrowers(c, pool, resource))
+                        .unwrap_or_default(),
+                })
+            };
+            if new > quota.nominal {
+                borrows = true;
+            }
+            if let Some(b) = quota.borrowing_limit
+                && new > quota.nominal.saturating_add(b)
+            {
+                return Err(short(Some(b), None));
+            }
+            match &q.cohort {
+                None => {
+                    if new > quota.nominal {
+                        return Err(short(None, None));
+                    }
+                }
+                Some(cohort) => {
+                    let g = quota.guaranteed();
+                    let extra = (new - g).max(0) - (used - g).max(0);
+                    let (_, free) = self.cohort_pool(cohort, pool, resource);
+                    if extra > free {
+                        return Err(short(None, Some(free.max(0))));
+                    }
+                }
+            }
+        }
+        Ok(borrows)
+    }
+
+    /// True when `demand` on `pool` stays within `queue`'s nominal quota (a reclaim may take
+    /// back what others borrowed for it).
+    pub fn within_nominal(&self, queue: &str, pool: &str, demand: &Resources) -> bool {
+        let Some(quotas) = self.quotas.get(queue).and_then(|q| q.pool(pool)) else {
+            return false;
+        };
+        demand.iter().all(|(resource, need)| {
+            quotas
+                .get(resource)
+                .is_none_or(|q| self.used(queue, pool, resource).saturating_add(need) <= q.nominal)
+        })
+    }
+
+    /// Counts `demand` on `pool` as used by `queue` (an admission).
+    pub fn take(&mut self, queue: &str, pool: &str, demand: &Resources) {
+        let u = self.usage.entry(queue.to_string()).or_default();
+        for (resource, a) in demand.iter() {
+            *u.entry((pool.to_string(), resource.to_string()))
+                .or_default() += a;
+        }
+    }
+
+    /// Gives `demand` on `pool` back from `queue` (a job stopped, in a plan).
+    pub fn give(&mut self, queue: &str, pool: &str, demand: &Resources) {
+        let u = self.usage.entry(queue.to_string()).or_default();
+        for (resource, a) in demand.iter() {
+            *u.entry((pool.to_string(), resource.to_string()))
+                .or_default() -= a;
+        }
+    }
+
+    /// What `queue` borrows of `resource` on `pool`.
+    pub fn borrowed(&self, queue: &str, pool: &str, resource: &str) -> Amount {
+        self.quota(queue, pool, resource)
+            .map_or(0, |q| (self.used(queue, pool, resource) - q.nominal).max(0))
+    }
+
+    /// The queues of `cohort` that borrow `resource` on `pool`, and how much, by name.
+    pub fn borrowers(&self, cohort: &str, pool: &str, resource: &str) -> Vec<(String, Amount)> {
+        self.cohort_members(cohort)
+            .filter_map(|q| {
+                let b = self.borrowed(q, pool, resource);
+                (b > 0).then(|| (q.to_string(), b))
+            })
+            .collect()
+    }
+
+    /// `queue`'s weighted dominant resource share now.
+    pub fn share(&self, queue: &str) -> Share {
+        let Some(q) = self.quotas.get(queue) else {
+            return Share::ZERO;
+        };
+        let Some(cohort) = &q.cohort else {
+            return Share::ZERO;
+        };
+        let mut best = Share::ZERO;
+        for (pool, quotas) in &q.pools {
+            for resource in quotas.keys() {
+                let borrowed = self.borrowed(queue, pool, resource);
+                if borrowed == 0 {
+                    continue;
+                }
+                let (total, _) = self.cohort_pool(cohort, pool, resource);
+                let s = Share {
+                    num: i128::from(borrowed),
+                    den: i128::from(total.max(1)) * i128::from(q.weight.max(1)),
+                };
+                best = best.max(s);
+            }
+        }
+        best
+    }
+
+    /// `queue`'s share were it to take `demand` on `pool`.
+    pub fn share_with(&self, queue: &str, pool: &str, demand: &Resources) -> Share {
+        let mut after = self.clone();
+        after.take(queue, pool, demand);
+        after.share(queue)
+    }
+
+    /// `queue`'s quotas as its status shows them: per pool in its order, per resource, the
+    /// nominal quota, what it uses, borrows and lends (the cohort's borrowing attributed to the
+    /// queues with unused lendable quota, in name order).
+    pub fn status(&self, queue: &str) -> Vec<(String, Vec<QuotaUse>)> {
+        let Some(q) = self.quotas.get(queue) else {
+            return Vec::new();
+        };
+        q.pools
+            .iter()
+            .map(|(pool, quotas)| {
+                let uses = quotas
+                    .iter()
+                    .map(|(resource, quota)| QuotaUse {
+                        resource: resource.clone(),
+                        nominal: quota.nominal,
+                        used: self.used(queue, pool, resource),
+                        borrowed: self.borrowed(queue, pool, resource),
+                        lent: self.lent(queue, pool, resource),
+                    })
+                    .collect();
+                (pool.clone(), uses)
+            })
+            .collect()
+    }
+
+    fn lent(&self, queue: &str, pool: &str, resource: &str) -> Amount {
+        let Some(cohort) = self.quotas.get(queue).and_then(|q| q.cohort.as_deref()) else {
+            return 0;
+        };
+        let mut owed: Amount = self
+            .cohort_members(cohort)
+            .map(|q| {
+                self.quota(q, pool, resource)
+                    .map_or(self.used(q, pool, resource), |quota| {
+                        (self.used(q, pool, resource) - quota.nominal).max(0)
+                    })
+            })
+            .sum();
+        for q in self.cohort_members(cohort) {
+            let Some(quota) = self.quota(q, pool, resource) else {
+                continue;
+            };
+            let unused = (quota.nominal - self.used(q, pool, resource)).max(0);
+            let lends = unused.min(quota.lendable()).min(owed);
+            if q == queue {
+                return lends;
+            }
+            owed -= lends;
+        }
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::amount::ONE;
+
+    fn gpus(n: i64) -> Resources {
+        let mut r = Resources::new();
+        r.set("nvidia.com/gpu", n * ONE);
+        r
+    }
+
+    fn team(
+        cohort: Option<&str>,
+        nominal: i64,
+        borrowing: Option<i64>,
+        lending: Option<i64>,
+    ) -> QueueQuotas {
+        QueueQuotas {
+            cohort: cohort.map(String::from),
+            weight: 1,
+            pools: vec![(
+                "gpu".into(),
+                [(
+                    "nvidia.com/gpu".to_string(),
+                    Quota {
+                        nominal: nominal * ONE,
+                        borrowing_limit: borrowing.map(|b| b * ONE),
+                        lending_limit: lending.map(|l| l * ONE),
+                    },
+                )]
+                .into(),
+            )],
+        }
+    }
+
+    fn ledger(a: QueueQuotas, b: QueueQuotas) -> Ledger {
+        Ledger::new(
+            [("team-a".to_string(), a), ("team-b".to_string(), b)].into(),
+            BTreeMap::new(),
+        )
+    }
+
+    /// The issue's table: 16 + 16 GPUs in one cohort; team-a alone borrows team-b's idle 16,
+    /// then team-b may take nothing until team-a gives back (without preemption), and says why.
+    #[test]
+    fn a_cohort_lends_what_a_queue_does_not_use() {
+        let mut l = ledger(
+            team(Some("c"), 16, None, None),
+            team(Some("c"), 16, None, None),
+        );
+        for borrows in [false, false, true, true] {
+            assert_eq!(l.admits("team-a", "gpu", &gpus(8)), Ok(borrows));
+            l.take("team-a", "gpu", &gpus(8));
+        }
+        assert_eq!(l.borrowed("team-a", "gpu", "nvidia.com/gpu"), 16 * ONE);
+        let err = l.admits("team-b", "gpu", &gpus(1)).unwrap_err();
+        assert_eq!(err.cohort_free, Some(0));
+        assert_eq!(
+            err.sentence("team-b"),
+            "needs 1 nvidia.com/gpu on pool gpu: team-b uses 0 of 16, cohort has 0 to lend (team-a borrows 16)"
+        );
+        assert!(l.within_nominal("team-b", "gpu", &gpus(1)));
+        let status = l.status("team-b");
+        assert_eq!(status[0].1[0].lent, 16 * ONE);
+        assert!(l.share("team-a") > l.share("team-b"));
+        // team-a gives back one job: team-b may take 8.
+        l.give("team-a", "gpu", &gpus(8));
+        assert_eq!(l.admits("team-b", "gpu", &gpus(8)), Ok(false));
+    }
+
+    #[test]
+    fn borrowing_and_lending_limits_bound_what_moves() {
+        // team-b lends at most 4 of its 16; team-a may borrow at most 8.
+        let mut l = ledger(
+            team(Some("c"), 16, Some(8), None),
+            team(Some("c"), 16, None, Some(4)),
+        );
+        l.take("team-a", "gpu", &gpus(16));
+        assert_eq!(l.admits("team-a", "gpu", &gpus(4)), Ok(true));
+        assert_eq!(
+            l.admits("team-a", "gpu", &gpus(5)).unwrap_err().cohort_free,
+            Some(4 * ONE)
+        );
+        // team-b's guaranteed 12 are its own whatever team-a does.
+        l.take("team-a", "gpu", &gpus(4));
+        assert_eq!(l.admits("team-b", "gpu", &gpus(12)), Ok(false));
+        assert!(l.admits("team-b", "gpu", &gpus(13)).is_err());
+        // Without a cohort, nominal is the limit.
+        let lone = ledger(team(None, 16, None, None), team(None, 16, None, None));
+        assert_eq!(lone.admits("team-a", "gpu", &gpus(16)), Ok(false));
+        assert!(lone.admits("team-a", "gpu", &gpus(17)).is_err());
+    }
+
+    /// Resources and pools a queue does not list are not limited by its quota.
+    #[test]
+    fn what_a_queue_does_not_list_is_not_limited() {
+        let l = ledger(team(Some("c"), 0, None, None), team(None, 0, None, None));
+        let mut d = gpus(0);
+        d.set("cpu", 64 * ONE);
+        assert_eq!(l.admits("team-a", "gpu", &d), Ok(false));
+        assert_eq!(l.admits("team-a", "other", &gpus(100)), Ok(false));
+        assert_eq!(l.admits("nobody", "gpu", &gpus(100)), Ok(false));
+    }
+
+    #[test]
+    fn shares_follow_weights() {
+        let mut a = team(Some("c"), 8, None, None);
+        a.weight = 3;
+        let b = team(Some("c"), 8, None, None);
+        let mut c = team(Some("c"), 16, None, None);
+        c.pools[0].1.get_mut("nvidia.com/gpu").unwrap().nominal = 16 * ONE;
+        let mut l = Ledger::new(
+            [
+                ("a".to_string(), a),
+                ("b".to_string(), b),
+                ("c".to_string(), c),
+            ]
+            .into(),
+            BTreeMap::new(),
+        );
+        l.take("a", "gpu", &gpus(14));
+        l.take("b", "gpu", &gpus(10));
+        // a borrows 6 with weight 3, b borrows 2 with weight 1: 6/3 = 2 = 2/1.
+        assert_eq!(l.share("a").cmp(&l.share("b")), Ordering::Equal);
+        assert!(l.share_with("a", "gpu", &gpus(1)) > l.share("b"));
+    }
+}

@@ -1,0 +1,261 @@
+//! The store's reads for admission in resources (`crate::admission`, issue 44): what each queue
+//! uses of its quotas, the jobs holding quota (for reservations and reclaim), a candidate's
+//! demand; and the demands of jobs recorded by an earlier release, filled in once.
+//!
+//! Which jobs hold quota is declared once ([`crate::admission::HOLDS_RUN_SLOT`]: the states
+//! that hold a run slot hold their demand on their pool) and rendered into the SQL here; each
+//! query is served by the partial index `jobs_live_by_pool` (store step 14), so none reads
+//! finished or waiting jobs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rusqlite::params;
+
+use super::{Result, Store};
+use crate::admission::{HOLDS_RUN_SLOT, states_sql};
+use crate::api::ScheduleState;
+use crate::resources::quota::Dim;
+use crate::resources::{Amount, Demand, Placement};
+
+fn usage_sql() -> String {
+    format!(
+        "SELECT j.queue, j.pool, r.key,
+                SUM(r.value * json_extract(j.demands, '$[' || j.task_index || '].m'))
+         FROM jobs j INDEXED BY jobs_live_by_pool,
+              json_each(j.demands, '$[' || j.task_index || '].r') r
+         WHERE j.schedule_state IN ({}) AND j.pool IS NOT NULL
+         GROUP BY j.queue, j.pool, r.key",
+        states_sql(HOLDS_RUN_SLOT)
+    )
+}
+
+fn pooled_sql() -> String {
+    format!(
+        "SELECT id, uid, queue, attempt, priority, schedule_state, pool, placement,
+                json_extract(demands, '$[' || task_index || ']'),
+                CASE WHEN phase = 'Running' AND schedule_state = 'Alive' AND cancel_requested = 0
+                    AND json_extract(spec, '$.suspend') IS NOT 1 THEN running_since_ms END,
+                CASE WHEN preempt_requested = 1 THEN preempted_by END
+         FROM jobs INDEXED BY jobs_live_by_pool
+         WHERE schedule_state IN ({}) AND pool IS NOT NULL",
+        states_sql(HOLDS_RUN_SLOT)
+    )
+}
+
+/// A job holding quota on a pool (a run slot and its demand there).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pooled {
+    /// Store id.
+    pub id: i64,
+    /// The ManagedJob's uid (its Pods' owner).
+    pub uid: String,
+    /// Its queue.
+    pub queue: String,
+    /// Its current attempt (its Pods' attempt label).
+    pub attempt: i32,
+    /// Its priority.
+    pub priority: i32,
+    /// Its schedule state.
+    pub schedule_state: ScheduleState,
+    /// The pool.
+    pub pool: String,
+    /// What the pool adds to its Pods.
+    pub placement: Option<Placement>,
+    /// What its current task's attempt needs.
+    pub demand: Demand,
+    /// When its current attempt began to run (only a running job, not being stopped).
+    pub running_since_ms: Option<i64>,
+    /// The queue it is stopping for, when a preemption is under way.
+    pub leaving_for: Option<String>,
+}
+
+/// A job's current demand and the pool it holds quota on.
+pub type DemandAndPool = (Option<Demand>, Option<String>);
+
+impl Store {
+    /// What each queue's jobs holding a run slot ask for, per pool and resource (milli-units):
+    /// one pass over the pooled live jobs' index, summed in SQL.
+    pub fn quota_usage(&self) -> Result<BTreeMap<String, BTreeMap<Dim, Amount>>> {
+        let mut stmt = self.conn.prepare_cached(&usage_sql())?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, f64>(3)?,
+            ))
+        })?;
+        let mut out: BTreeMap<String, BTreeMap<Dim, Amount>> = BTreeMap::new();
+        for row in rows {
+            let (queue, pool, resource, amount) = row?;
+            out.entry(queue)
+                .or_default()
+                .insert((pool, resource), amount.round() as Amount);
+        }
+        Ok(out)
+    }
+
+    /// Every job holding quota on a pool, with its demand and placement.
+    pub fn pooled_jobs(&self) -> Result<Vec<Pooled>> {
+        let mut stmt = self.conn.prepare_cached(&pooled_sql())?;
+        let rows = stmt.query_map([], |r| {
+            let state: String = r.get(5)?;
+            let placement: Option<String> = r.get(7)?;
+            let demand: Option<String> = r.get(8)?;
+            Ok(Pooled {
+                id: r.get(0)?,
+                uid: r.get(1)?,
+                queue: r.get(2)?,
+                attempt: r.get(3)?,
+                priority: r.get(4)?,
+                schedule_state: ScheduleState::parse(&state).unwrap_or(ScheduleState::Alive),
+                pool: r.get(6)?,
+                placement: placement.and_then(|p| serde_json::from_str(&p).ok()),
+                demand: demand
+                    .and_then(|d| serde_json::from_str(&d).ok())
+                    .unwrap_or_default(),
+                running_since_ms: r.get(9)?,
+                leaving_for: r.get(10)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The current task's demand and the pool of each job of `ids` (those that exist).
+    pub fn demands_of(&self, ids: &[i64]) -> Result<HashMap<i64, DemandAndPool>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, json_extract(demands, '$[' || task_index || ']'), pool FROM jobs
+             WHERE id IN (SELECT value FROM json_each(?1))",
+        )?;
+        let list = serde_json::to_string(ids).expect("ids serialize");
+        let rows = stmt.query_map([list], |r| {
+            let demand: Option<String> = r.get(1)?;
+            Ok((
+                r.get::<_, i64>(0)?,
+                (
+                    demand.and_then(|d| serde_json::from_str(&d).ok()),
+                    r.get::<_, Option<String>>(2)?,
+                ),
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Computes the demands of the jobs an earlier release recorded (none then: `[]`) that are
+    /// not finished, from their specs ([`crate::resources::demand::of_job`]); a spec whose
+    /// quantities cannot be read keeps none (its job needs slots only, as before). Run by the
+    /// operator at start, after the migrations. Returns the jobs filled in.
+    pub fn fill_demands(&mut self) -> Result<usize> {
+        let todo: Vec<(i64, String)> = {
+            let mut stmt = self.conn.prepare(
+                "SELECT id, spec FROM jobs WHERE demands = '[]' AND schedule_state != 'Done'",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        let tx = self.conn.transaction()?;
+        let mut filled = 0;
+        for (id, spec) in todo {
+            let Ok(spec) = serde_json::from_str::<crate::api::ManagedJobSpec>(&spec) else {
+                continue;
+            };
+            let Ok(demands) = crate::resources::demand::of_job(
+                &spec,
+                spec.resources.as_ref().map(|r| &r.requests),
+            ) else {
+                continue;
+            };
+            let json = serde_json::to_string(&demands).expect("demands serialize");
+            filled += tx.execute(
+                "UPDATE jobs SET demands = ?2 WHERE id = ?1",
+                params![id, json],
+            )?;
+        }
+        tx.commit()?;
+        Ok(filled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every query of this module is served by an index: none reads the whole jobs table.
+    #[test]
+    fn the_resource_queries_read_indexes_only() {
+        let store = Store::in_memory().unwrap();
+        for sql in [usage_sql(), pooled_sql()] {
+            let mut stmt = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let steps: Vec<String> = stmt
+                .query_map([], |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect();
+            assert!(
+                steps
+                    .iter()
+                    .all(|s| !s.starts_with("SCAN jobs") && !s.starts_with("SCAN j ")
+                        || s.contains("INDEX")),
+                "{sql}\nreads the whole table: {steps:?}"
+            );
+        }
+    }
+
+    /// A gang of 4 x 8 GPUs admitted onto pool `gpu` counts 32 GPUs and 4 Pods in its queue's
+    /// usage while it holds its run slot, none once it is done; a job of a queue without pools
+    /// counts nowhere.
+    #[test]
+    fn quota_usage_follows_admission_and_release() {
+        let mut store = Store::in_memory().unwrap();
+        let spec: crate::api::ManagedJobSpec = serde_json::from_value(serde_json::json!({
+            "nodes": 4,
+            "queue": "team-a",
+            "template": {"spec": {"containers": [
+                {"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+        }))
+        .unwrap();
+        let object = |uid: &'static str, name: &'static str| crate::lifecycle::Object {
+            uid,
+            namespace: "n",
+            name,
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+            resource_version: "",
+        };
+        let gang = store.submit(&object("u1", "gang"), None).unwrap().row;
+        let plain = store.submit(&object("u2", "plain"), None).unwrap().row;
+        assert_eq!(gang.demands[0].total().get("nvidia.com/gpu"), 32_000);
+        let placement = Placement {
+            pool: "gpu".into(),
+            ..Default::default()
+        };
+        store
+            .transition(
+                gang.id,
+                &crate::lifecycle::admit_onto(&gang, Some(placement.clone())),
+            )
+            .unwrap();
+        store
+            .transition(plain.id, &crate::lifecycle::admit(&plain))
+            .unwrap();
+        let usage = store.quota_usage().unwrap();
+        let a = &usage["team-a"];
+        assert_eq!(
+            a[&("gpu".to_string(), "nvidia.com/gpu".to_string())],
+            32_000
+        );
+        assert_eq!(a[&("gpu".to_string(), "pods".to_string())], 4_000);
+        assert_eq!(usage.len(), 1);
+        let pooled = store.pooled_jobs().unwrap();
+        assert_eq!(pooled.len(), 1);
+        assert_eq!(pooled[0].placement.as_ref(), Some(&placement));
+        assert_eq!(pooled[0].demand.members, 4);
+        let of = store.demands_of(&[gang.id, plain.id]).unwrap();
+        assert_eq!(of[&gang.id].1.as_deref(), Some("gpu"));
+        assert_eq!(of[&plain.id].1, None);
+    }
+}
