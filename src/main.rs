@@ -23,6 +23,9 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
             .block_on(smoke_test::run(args)),
+        Command::OutputSink { file, .. } => {
+            std::process::exit(managed_jobs::executor::output::run(&file))
+        }
         Command::JobController(args) => {
             telemetry::init(cli.log_format);
             // A small single-threaded runtime: there are many of these processes.

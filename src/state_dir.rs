@@ -6,7 +6,8 @@
 //!   operator.lock          held (flock) by the one operator driving this dir
 //!   operator.sock          datagram socket: job controllers wake the operator
 //!   logs/ID.log            job controller process log
-//!   logs/ID.workload.log   local workload output (every attempt, appended)
+//!   logs/ID.workload.log   local workload output (every attempt, appended by its output sink:
+//!                          executor::output)
 //!   logs/ID.task-T.workload.log  a local pipeline's task T output (every attempt, appended)
 //!   logs/ID.kept/          the end of each container's log of a pod job's attempts, kept by
 //!                          its job controller once the attempt ended or before it stopped it:

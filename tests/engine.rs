@@ -1108,6 +1108,119 @@ fn a_full_disk_holds_a_finished_jobs_outcome_and_never_runs_it_again() {
     assert_eq!(std::fs::read_to_string(&finished).unwrap(), "done\n");
 }
 
+/// Issue 43, class 3 (a full state dir fails the users' jobs): the state dir is a 30 MiB
+/// tmpfs; 20 local jobs each print 30 lines of 1,500 bytes, the middle 10 while another writer
+/// has filled the file system. Their output goes through a pipe to a sink the operator owns, so
+/// every job ends Succeeded on its only attempt, no restart spent, each workload started once;
+/// its log keeps the first and last 10 lines with a note between them saying what was dropped,
+/// and its message counts the dropped bytes ("output truncated: the state dir was full").
+#[test]
+fn a_full_state_dir_drops_and_counts_output_and_fails_no_job() {
+    let Some(fs) = Tmpfs::mount(30) else {
+        return;
+    };
+    const JOBS: usize = 20;
+    const LINE: usize = 1_501; // 1,500 bytes and the newline
+    let out = tempfile::tempdir().unwrap();
+    let (full, room) = (out.path().join("full"), out.path().join("room"));
+    let wait = |gate: &Path| format!("while [ ! -e {} ]; do sleep 0.1; done", gate.display());
+    let lines = |label: &str| {
+        format!("i=0; while [ $i -lt 10 ]; do printf '%1500s\\n' {label}$i; i=$((i+1)); done")
+    };
+    let counted = out.path().join("counted");
+    std::fs::create_dir(&counted).unwrap();
+    let caps = Caps {
+        launch: JOBS,
+        run: JOBS,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let engine = start(fs.path(), caps);
+        let ids: Vec<i64> = (0..JOBS)
+            .map(|n| {
+                let run = format!(
+                    "echo $MANAGEDJOB_NAME >> {counted}/starts; {first}; touch {counted}/$MANAGEDJOB_NAME; {w1}; {middle}; {w2}; {last}",
+                    counted = counted.display(),
+                    first = lines("a"),
+                    w1 = wait(&full),
+                    middle = lines("b"),
+                    w2 = wait(&room),
+                    last = lines("c"),
+                );
+                submit(&engine, &format!("printer-{n:02}"), &spec(&run))
+            })
+            .collect();
+        // Every job printed its first lines (kept) and waits.
+        let start = Instant::now();
+        while std::fs::read_dir(&counted).unwrap().count() < JOBS + 1 {
+            assert!(start.elapsed() < Duration::from_secs(120), "the jobs never all started");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        fs.fill();
+        std::fs::write(&full, "").unwrap();
+        // The middle lines meet the full state dir; nothing fails meanwhile.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for id in &ids {
+            let row = engine.store().get(*id).unwrap();
+            assert_eq!(row.phase, JobPhase::Running, "{}: {}", row.name, row.message);
+        }
+        fs.free();
+        std::fs::write(&room, "").unwrap();
+        for id in &ids {
+            let row = wait_done(&engine, *id).await;
+            assert_eq!(row.phase, JobPhase::Succeeded, "{}: {}", row.name, row.message);
+            assert_eq!(
+                (row.attempt, row.restart_count, row.recovery_count, row.exit_code),
+                (1, 0, 0, Some(0)),
+                "{}: {}",
+                row.name,
+                row.message
+            );
+            let log = std::fs::read_to_string(fs.path().join(format!("logs/{id}.workload.log")))
+                .unwrap();
+            let count = |label: &str| {
+                log.lines()
+                    .filter(|l| l.len() == LINE - 1 && l.trim_start().starts_with(label))
+                    .count()
+            };
+            assert_eq!((count("a"), count("c")), (10, 10), "{}: {log}", row.name);
+            let note = log
+                .lines()
+                .find(|l| l.contains("output truncated: the state dir is full"))
+                .unwrap_or_else(|| panic!("{}: no note in its log", row.name));
+            let dropped: usize = note
+                .split_whitespace()
+                .find_map(|w| w.parse().ok())
+                .expect("the note counts bytes");
+            // The filler may have left part of a page (tmpfs allocates 4 KiB pages), which
+            // the first writer's lines took.
+            assert!(
+                (10 * LINE - 4096..=10 * LINE).contains(&dropped),
+                "{}: {note}",
+                row.name
+            );
+            assert!(
+                row.message.contains(&format!(
+                    "output truncated: the state dir was full, {dropped} bytes of output dropped"
+                )),
+                "{}: {}",
+                row.name,
+                row.message
+            );
+        }
+    });
+    // Each workload started once.
+    let starts = std::fs::read_to_string(counted.join("starts")).unwrap();
+    let mut names: Vec<&str> = starts.lines().collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        (starts.lines().count(), names.len()),
+        (JOBS, JOBS),
+        "{starts}"
+    );
+}
+
 /// A job controller's child between fork and exec (its workload's wrapper, for a moment) shows
 /// the controller's command line. The world check must never take it for a stray job
 /// controller: the wake-up signal (SIGUSR1) would kill the workload it becomes (seen as a

@@ -88,6 +88,16 @@ pub enum Command {
     /// Internal: drive one job (started by the operator).
     #[command(hide = true)]
     JobController(JobControllerArgs),
+    /// Internal: copy a local attempt's output from stdin into its log file, dropping and
+    /// counting what the state dir cannot take (started by a job controller;
+    /// `executor::output`).
+    #[command(hide = true)]
+    OutputSink {
+        /// The log file, appended to (created when missing).
+        file: PathBuf,
+        /// The attempt's mark (`managedjob-output-<id>-<attempt>`), by which it is found.
+        mark: String,
+    },
 }
 
 /// Default state dir: `$MJ_STATE_DIR`, else `$XDG_STATE_HOME/managed-jobs`, else

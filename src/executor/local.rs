@@ -9,14 +9,13 @@
 //! is the wrapper's `$0`: the deterministic key that lets a resumed controller find the attempt's
 //! process instead of launching it twice.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use super::{Executor, Launched, Result, Stop, contain};
+use super::{Executor, Launched, Result, Stop, contain, output};
 use crate::lifecycle::world::ProcessSeen;
 use crate::lifecycle::{
     Evidence, FailureReason, JobRow, MemberState, Observed, Outcome, Refused, Workload,
@@ -66,11 +65,29 @@ const NEVER_STARTED: &str =
 /// same number has to exit after SIGTERM ([`Executor::launch`]): nothing should be there.
 const RELAUNCH_SWEEP_GRACE: Duration = Duration::from_secs(2);
 
+/// How long after a launch failed for the state dir (full, read-only, failing) it is tried
+/// again, doubling from [`STORAGE_RETRY_BASE`] up to this: the operator's storage is its own
+/// fault, not the workload's, so the launch waits for it.
+const STORAGE_RETRY_MAX: Duration = Duration::from_secs(30);
+const STORAGE_RETRY_BASE: Duration = Duration::from_secs(2);
+
 /// The local executor, rooted at the operator's state dir. Holds the attempt it started (or
 /// adopted) so that it learns of its end at once.
 pub struct LocalExecutor {
     state_dir: StateDir,
     current: Option<(i32, LocalWorkload)>,
+    /// A launch that failed for the state dir: (attempt, failures in a row, message, when to
+    /// try again in ms since epoch).
+    storage_failure: Option<(i32, u32, String, i64)>,
+}
+
+/// What stopping an attempt found ([`LocalExecutor::stop_attempt`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Processes other than the wrapper that were still there.
+    pub left: usize,
+    /// Bytes of output its sink dropped ([`output`]): 0 when it kept all, or is not ours.
+    pub dropped: u64,
 }
 
 /// A running attempt.
@@ -80,6 +97,8 @@ pub struct LocalWorkload {
     /// Its start time (clock ticks since boot).
     pub start_time: u64,
     child: Option<Child>,
+    /// The attempt's output sink ([`output`]), when this executor started it.
+    sink: Option<Box<Child>>,
     exit_file: PathBuf,
     /// Reported to the job controller as running at least once.
     reported: bool,
@@ -107,12 +126,15 @@ impl LocalExecutor {
         let mut forced = Vec::new();
         if job.attempt > 0 {
             let ended = read_exit_file(&self.exit_file(job.id, job.attempt)).is_some();
-            let left = self.stop_attempt(job.id, job.attempt, grace).await;
+            let Swept { left, dropped } = self.stop_attempt(job.id, job.attempt, grace).await;
             if ended && left > 0 {
                 forced.push(format!(
                     "stopped {left} process{} the attempt left running",
                     if left == 1 { "" } else { "es" }
                 ));
+            }
+            if dropped > 0 {
+                forced.push(output::dropped_sentence(dropped));
             }
         }
         Ok(Stop::Gone { forced })
@@ -123,6 +145,7 @@ impl LocalExecutor {
         LocalExecutor {
             state_dir: state_dir.clone(),
             current: None,
+            storage_failure: None,
         }
     }
 
@@ -156,6 +179,7 @@ impl LocalExecutor {
                     pid,
                     start_time,
                     child: None,
+                    sink: None,
                     exit_file,
                     reported: false,
                 });
@@ -220,7 +244,9 @@ impl LocalExecutor {
         contain::stop_all(Some(seen.pid), || contain::with_scope(&scope), grace, None).await;
     }
 
-    /// Starts the attempt: a new process group running the wrapper with the spec's env only.
+    /// Starts the attempt: a new process group running the wrapper with the spec's env only,
+    /// its stdout and stderr a pipe to the attempt's output sink ([`output`]), started first in
+    /// a process group of its own.
     pub fn spawn(&self, job: &JobRow, attempt: i32) -> std::io::Result<LocalWorkload> {
         let work_dir = self.state_dir.work_dir(job.id);
         std::fs::create_dir_all(self.state_dir.run_dir())?;
@@ -231,10 +257,18 @@ impl LocalExecutor {
             Some(_) => self.state_dir.task_log(job.id, task.index),
             None => self.state_dir.workload_log(job.id),
         };
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path)?;
+        let (read, write) = std::io::pipe()?;
+        let sink = Command::new(output::program()?)
+            .arg("output-sink")
+            .arg(&log_path)
+            .arg(output::mark(job.id, attempt))
+            .env_clear()
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(false)
+            .spawn()?;
         let exit_file = self.exit_file(job.id, attempt);
         let _ = std::fs::remove_file(&exit_file);
         let mut cmd = Command::new("/bin/sh");
@@ -257,8 +291,8 @@ impl LocalExecutor {
             .env(contain::SCOPE_VAR, &exit_file)
             .current_dir(&work_dir)
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
+            .stdout(write.try_clone()?)
+            .stderr(write)
             .process_group(0)
             .kill_on_drop(false);
         if let Some(name) = task.name {
@@ -268,6 +302,8 @@ impl LocalExecutor {
         for var in &task.env {
             cmd.env(&var.name, &var.value);
         }
+        // The pipe's write end lives only in the wrapper's processes from here on (`cmd` is
+        // dropped at the end of this function), so the sink sees end of file when they are gone.
         let child = cmd.spawn()?;
         let pid = child.id().expect("a spawned child has a pid") as i32;
         let start_time = process::start_time(pid).unwrap_or(0);
@@ -275,6 +311,7 @@ impl LocalExecutor {
             pid,
             start_time,
             child: Some(child),
+            sink: Some(Box::new(sink)),
             exit_file,
             reported: false,
         })
@@ -283,20 +320,22 @@ impl LocalExecutor {
     /// Stops every process of the attempt, however it detached ([`contain`]): its process
     /// group, and the processes found by this job controller's descendants (when it started
     /// the attempt itself) or by the attempt's environment mark (when it adopted it, or is not
-    /// its job controller at all). SIGTERM, `grace`, SIGKILL. Returns how many processes
-    /// other than the wrapper were still there.
-    pub async fn stop_attempt(&mut self, job_id: i64, attempt: i32, grace: Duration) -> usize {
+    /// its job controller at all). SIGTERM, `grace`, SIGKILL. Then waits (at most
+    /// [`output::DRAIN_WAIT`]) for the attempt's output sink to write what it holds. Returns how
+    /// many processes other than the wrapper were still there, and what the sink dropped.
+    pub async fn stop_attempt(&mut self, job_id: i64, attempt: i32, grace: Duration) -> Swept {
         let held = match self.current.take() {
             Some((a, w)) if a == attempt => Some(w),
             _ => None,
         };
-        let (pgid, mut child) = match held {
-            Some(w) => (Some(w.pid), w.child),
+        let (pgid, mut child, sink) = match held {
+            Some(w) => (Some(w.pid), w.child, w.sink),
             None => match self.find(job_id, attempt) {
-                Found::Running(w) => (Some(w.pid), None),
-                _ => (None, None),
+                Found::Running(w) => (Some(w.pid), None, None),
+                _ => (None, None, None),
             },
         };
+        let sink_pid = sink.as_ref().and_then(|s| s.id()).map(|p| p as i32);
         // Its own children are in this process' tree (escapees reparented to it, a subreaper);
         // otherwise, and where the kernel cannot list children, the environment mark tells.
         let own = child.is_some() && contain::descendants_of_self().is_some();
@@ -304,9 +343,12 @@ impl LocalExecutor {
             .exit_file(job_id, attempt)
             .to_string_lossy()
             .into_owned();
+        // The sink is this process' child too, and is spared: it ends at end of file.
         let find = || {
             if own {
-                contain::descendants_of_self().unwrap_or_default()
+                let mut pids = contain::descendants_of_self().unwrap_or_default();
+                pids.retain(|p| Some(*p) != sink_pid);
+                pids
             } else {
                 contain::with_scope(&scope)
             }
@@ -315,7 +357,25 @@ impl LocalExecutor {
         if let Some(child) = child.as_mut() {
             let _ = child.wait().await;
         }
-        left
+        let dropped = match sink {
+            Some(sink) => drain(sink).await,
+            None => {
+                // Adopted: the sink (if the attempt has one) reports to the controller that
+                // started it; wait for it to write what it holds.
+                let mark = output::mark(job_id, attempt);
+                for pid in process::find_by_arguments(&["output-sink", &mark]) {
+                    if let Some(started) = process::start_time(pid) {
+                        let _ = tokio::time::timeout(
+                            output::DRAIN_WAIT,
+                            process::wait_gone(pid, started),
+                        )
+                        .await;
+                    }
+                }
+                0
+            }
+        };
+        Swept { left, dropped }
     }
 }
 
@@ -361,6 +421,17 @@ impl Executor for LocalExecutor {
             }
             self.current = None;
         }
+        if let Some((a, _, message, retry_at_ms)) = &self.storage_failure
+            && *a == attempt
+        {
+            return Ok(Observed::one(
+                None,
+                MemberState::CreateFailed {
+                    message: message.clone(),
+                    retry_at_ms: *retry_at_ms,
+                },
+            ));
+        }
         if job.launched_attempt < attempt {
             return Ok(Observed::not_found());
         }
@@ -392,14 +463,45 @@ impl Executor for LocalExecutor {
     /// [`Found::NeverStarted`]) is swept first: anything carrying its mark is stopped, so a
     /// wrapper its former controller was starting as it died never runs beside this one.
     async fn launch(&mut self, job: &JobRow, attempt: i32) -> Result<Launched> {
+        if let Some((a, _, _, retry_at_ms)) = &self.storage_failure
+            && *a == attempt
+            && crate::lifecycle::now_ms() < *retry_at_ms
+        {
+            return Ok(Launched::Failed {
+                message: "the state dir cannot be written yet".into(),
+            });
+        }
         if job.launched_attempt >= attempt {
             self.stop_attempt(job.id, attempt, RELAUNCH_SWEEP_GRACE)
                 .await;
         }
         match self.spawn(job, attempt) {
             Ok(w) => {
+                self.storage_failure = None;
                 self.current = Some((attempt, w));
                 Ok(Launched::Created)
+            }
+            Err(e) if storage_fault(&e) => {
+                // The operator's own storage: tried again, never the workload's failure.
+                let failures = match &self.storage_failure {
+                    Some((a, n, _, _)) if *a == attempt => n + 1,
+                    _ => 1,
+                };
+                let delay = STORAGE_RETRY_BASE
+                    .saturating_mul(1 << (failures - 1).min(8))
+                    .min(STORAGE_RETRY_MAX);
+                let message = format!(
+                    "the operator's state dir cannot be written ({e}); trying again in {} s",
+                    delay.as_secs()
+                );
+                tracing::warn!(attempt, %message, "launch postponed");
+                self.storage_failure = Some((
+                    attempt,
+                    failures,
+                    message.clone(),
+                    crate::lifecycle::now_ms() + delay.as_millis() as i64,
+                ));
+                Ok(Launched::Failed { message })
             }
             Err(e) => {
                 let no_shell = e.kind() == std::io::ErrorKind::NotFound
@@ -481,6 +583,37 @@ impl LocalWorkload {
     pub fn describe(&self) -> Workload {
         Workload::Process(self.pid)
     }
+}
+
+/// True for an error of the state dir's storage (full, over quota, read-only, failing): the
+/// operator's fault, never the workload's.
+fn storage_fault(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::ENOSPC | Errno::EDQUOT | Errno::EROFS | Errno::EIO)
+    )
+}
+
+/// Waits (at most [`output::DRAIN_WAIT`]) for an attempt's sink to reach end of file and
+/// report; returns the bytes it dropped. A sink still copying then is left to finish.
+async fn drain(mut sink: Box<Child>) -> u64 {
+    use tokio::io::AsyncReadExt;
+    let mut report = String::new();
+    let mut stdout = sink.stdout.take();
+    let read = async {
+        if let Some(out) = stdout.as_mut() {
+            let _ = out.read_to_string(&mut report).await;
+        }
+        let _ = sink.wait().await;
+    };
+    if tokio::time::timeout(output::DRAIN_WAIT, read)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the attempt's output sink is still writing; its log may end late");
+    }
+    output::parse_report(&report)
 }
 
 fn read_exit_file(path: &Path) -> Option<Outcome> {

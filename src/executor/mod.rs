@@ -25,6 +25,7 @@ use crate::store::{Store, StoreError};
 pub mod any;
 pub mod contain;
 pub mod local;
+pub mod output;
 pub mod pod;
 
 pub use any::{AnyExecutor, for_job, member_names};
