@@ -76,6 +76,11 @@ pub fn build_pod(row: &JobRow, attempt: i32, rank: u32) -> Pod {
     if let Some(secs) = row.spec.termination_grace_period_seconds {
         spec.termination_grace_period_seconds = Some(secs);
     }
+    // The pool the attempt was admitted onto: its nodes' labels and the taints its Pods
+    // tolerate (docs/concepts/quotas-pools-and-fit.md).
+    if let Some(placement) = &row.placement {
+        place(&mut spec, placement);
+    }
     if task.nodes.is_some() {
         labels.insert(LABEL_RANK.into(), rank.to_string());
         labels.insert(LABEL_GANG.into(), service_name(&row.name, &row.uid));
@@ -92,6 +97,25 @@ pub fn build_pod(row: &JobRow, attempt: i32, rank: u32) -> Pod {
         },
         spec: Some(spec),
         status: None,
+    }
+}
+
+/// Adds a pool's placement to a Pod's spec: its labels to the node selector (a label the
+/// template sets already is the template's), its tolerations after the template's.
+pub fn place(spec: &mut PodSpec, placement: &crate::resources::Placement) {
+    if !placement.node_labels.is_empty() {
+        let selector = spec.node_selector.get_or_insert_with(Default::default);
+        for (k, v) in &placement.node_labels {
+            selector.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    if !placement.tolerations.is_empty() {
+        let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+        for t in &placement.tolerations {
+            if !tolerations.contains(t) {
+                tolerations.push(t.clone());
+            }
+        }
     }
 }
 
@@ -686,6 +710,59 @@ mod tests {
         let mut adopted = pod;
         adopted.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
         assert!(!is_attempt_pod(&adopted, &row, 1), "another owner");
+    }
+
+    #[test]
+    fn a_pools_placement_is_added_to_the_templates_selector_and_tolerations() {
+        use k8s_openapi::api::core::v1::Toleration;
+        let toleration = |key: &str| Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        };
+        let mut spec = PodSpec {
+            node_selector: Some([("zone".to_string(), "a".to_string())].into()),
+            tolerations: Some(vec![toleration("team")]),
+            ..Default::default()
+        };
+        let placement = crate::resources::Placement {
+            pool: "a100-spot".into(),
+            node_labels: [
+                ("gpu".to_string(), "a100".to_string()),
+                ("zone".to_string(), "b".to_string()),
+            ]
+            .into(),
+            tolerations: vec![toleration("spot"), toleration("team")],
+        };
+        place(&mut spec, &placement);
+        assert_eq!(
+            spec.node_selector.unwrap(),
+            [
+                ("gpu".to_string(), "a100".to_string()),
+                ("zone".to_string(), "a".to_string()),
+            ]
+            .into()
+        );
+        assert_eq!(
+            spec.tolerations.unwrap(),
+            vec![toleration("team"), toleration("spot")]
+        );
+        let row = crate::lifecycle::JobRow {
+            pool: Some("a100-spot".into()),
+            placement: Some(crate::resources::Placement {
+                pool: "a100-spot".into(),
+                node_labels: [("gpu".to_string(), "a100".to_string())].into(),
+                tolerations: Vec::new(),
+            }),
+            ..test_row()
+        };
+        let pod = build_pod(&row, 1, 0);
+        assert_eq!(
+            pod.spec.unwrap().node_selector.unwrap()["gpu"],
+            "a100",
+            "the pool's labels reach the attempt's Pod"
+        );
     }
 
     fn test_row() -> crate::lifecycle::JobRow {
