@@ -76,7 +76,21 @@ const TELL_GROUP_SQL: &str = "UPDATE jobs SET
         wait_reason = ?5, message = ?6, reason_key = ?7
      WHERE schedule_state = 'Waiting' AND queue = ?1 AND namespace = ?2 AND reason_key = ?3
         AND phase = 'Pending' AND cancel_requested = 0
-        AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)";
+        AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)
+        AND (?8 IS NULL OR id NOT IN (SELECT value FROM json_each(?8)))";
+
+/// Tells Waiting job ?1 the reason ?3 and message ?4 (digest ?5) unless it is told them
+/// already, in a back-off at ?2 or being cancelled: one job's own reason
+/// ([`Store::tell_jobs`]), as [`TELL_GROUP_SQL`] tells a group.
+const TELL_JOB_SQL: &str = "UPDATE jobs SET
+        unsynced_since_seq = CASE
+            WHEN (wait_reason IS NOT ?3 OR message IS NOT ?4) AND status_version <= synced_version
+            THEN 9223372036854775807 ELSE unsynced_since_seq END,
+        status_version = status_version + (wait_reason IS NOT ?3 OR message IS NOT ?4),
+        wait_reason = ?3, message = ?4, reason_key = ?5
+     WHERE id = ?1 AND schedule_state = 'Waiting' AND reason_key IS NOT ?5
+        AND phase = 'Pending' AND cancel_requested = 0
+        AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?2)";
 
 const WAITING_COUNTS_SQL: &str =
     "SELECT queue, count(*) FROM jobs WHERE schedule_state = 'Waiting' GROUP BY queue";
@@ -201,8 +215,44 @@ impl Store {
     pub fn tell_waiting(
         &mut self,
         now_ms: i64,
+        why: impl FnMut(&str, &str) -> (WaitReason, String),
+    ) -> Result<usize> {
+        self.tell_waiting_except(now_ms, &[], why)
+    }
+
+    /// Tells each waiting job its own reason (`told`: id, reason, message), where a pass knows
+    /// more of it than its group's ([`crate::admission::WhyNot`]: the quota or the nodes it
+    /// waits for); written only when it changed. Returns how many jobs were told.
+    pub fn tell_jobs(&mut self, now_ms: i64, told: &[(i64, WaitReason, String)]) -> Result<usize> {
+        if told.is_empty() {
+            return Ok(0);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let mut n = 0;
+        {
+            let mut tell = tx.prepare_cached(TELL_JOB_SQL)?;
+            for (id, reason, message) in told {
+                let message = crate::lifecycle::tasks::capped(message);
+                let digest = crate::lifecycle::said_key(*reason, &message);
+                n += tell.execute(params![id, now_ms, reason.as_str(), message, digest])?;
+            }
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// [`Store::tell_waiting`] for every waiting job but those of `skip` (told their own reason
+    /// by [`Store::tell_jobs`]).
+    pub fn tell_waiting_except(
+        &mut self,
+        now_ms: i64,
+        skip: &[i64],
         mut why: impl FnMut(&str, &str) -> (WaitReason, String),
     ) -> Result<usize> {
+        let skip_json: Option<String> =
+            (!skip.is_empty()).then(|| serde_json::to_string(skip).expect("ids serialize"));
         // The groups told something else, found by reads alone (no write lock while every
         // group is told already, the steady state).
         let mut stale: Vec<(String, String, i64, WaitReason, String, i64)> = Vec::new();
@@ -261,7 +311,8 @@ impl Store {
                     now_ms,
                     reason.as_str(),
                     message,
-                    digest
+                    digest,
+                    skip_json
                 ])?;
             }
         }
@@ -439,6 +490,47 @@ mod tests {
             let brief: Vec<i64> = store.waiting_brief().unwrap().iter().map(|b| b.id).collect();
             proptest::prop_assert_eq!(brief, want);
         }
+    }
+
+    /// A job told its own reason (the quota or the nodes it waits for) keeps it while the
+    /// group's reason is told to the others, and is written again only when its reason changes.
+    #[test]
+    fn a_job_told_its_own_reason_keeps_it_beside_its_group() {
+        let mut store = Store::in_memory().unwrap();
+        let rows: Vec<_> = (0..3)
+            .map(|i| submit(&mut store, i, "a", &spec("q", 0), 1000, ""))
+            .collect();
+        let group = |_: &str, _: &str| (WaitReason::RunCapReached, "run cap".to_string());
+        let own = vec![(
+            rows[1].id,
+            WaitReason::InsufficientQuota,
+            "needs 8 nvidia.com/gpu".to_string(),
+        )];
+        assert_eq!(store.tell_jobs(0, &own).unwrap(), 1);
+        assert_eq!(
+            store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
+            2
+        );
+        let said = |store: &Store, i: usize| {
+            let r = store.get(rows[i].id).unwrap();
+            (r.wait_reason, r.message)
+        };
+        assert_eq!(
+            said(&store, 1),
+            (
+                Some(WaitReason::InsufficientQuota),
+                "needs 8 nvidia.com/gpu".to_string()
+            )
+        );
+        assert_eq!(said(&store, 0).0, Some(WaitReason::RunCapReached));
+        // Told again the same: nothing written; once no longer its own, its group's.
+        assert_eq!(store.tell_jobs(0, &own).unwrap(), 0);
+        assert_eq!(
+            store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
+            0
+        );
+        assert_eq!(store.tell_waiting(0, group).unwrap(), 1);
+        assert_eq!(said(&store, 1).0, Some(WaitReason::RunCapReached));
     }
 
     /// A pass tells every waiting job its group's reason, and writes only where it changed:
