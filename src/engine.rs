@@ -116,7 +116,9 @@ pub struct Engine {
     /// The queues in force; None until the operator listed them (nothing is admitted before:
     /// a queue's limits and namespaces hold from the first pass).
     queues: Mutex<Option<Arc<Queues>>>,
-    /// What the scheduling passes remember between them.
+    /// The cluster's nodes and Pods, for the queues with pools (set by the operator once it
+    /// watches them; None: not known, and no job of a queue with pools is admitted).
+    cluster: Mutex<Option<Arc<dyn crate::resources::fit::ClusterView>>>,
     /// Pacing while a burst of jobs arrives.
     pub pacer: Arc<crate::pacing::Pacer>,
     _lock: Flock<std::fs::File>,
@@ -359,6 +361,14 @@ impl Engine {
         let mut store = Store::open(&dir.store(), ENGINE_CACHE_KIB)?;
         store.keep_statements(crate::store::STATEMENT_CACHE);
         claim_for_shard(&mut store, &cfg.state_dir, cfg.shard.as_deref())?;
+        // Jobs an earlier release recorded have no demand in resources: computed once.
+        let filled = store.fill_demands()?;
+        if filled > 0 {
+            tracing::info!(
+                jobs = filled,
+                "computed the demands of jobs an earlier release recorded"
+            );
+        }
         let executors: Vec<&str> = cfg.executors.iter().map(|e| e.as_str()).collect();
         let caps = cfg.capacity.caps;
         let shared = store.set_settings(&Settings {
@@ -433,6 +443,7 @@ impl Engine {
             metrics: Arc::new(metrics),
             spawn_retries: Mutex::new(Default::default()),
             queues: Mutex::new(None),
+            cluster: Mutex::new(None),
             _lock: lock,
         });
         if !engine.cfg.queues_from_api {
@@ -538,6 +549,28 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Where the scheduling passes read the cluster's nodes and Pods from (issue 44: the
+    /// queues with pools admit only what fits).
+    pub fn set_cluster_view(&self, view: Arc<dyn crate::resources::fit::ClusterView>) {
+        *self.cluster.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
+        self.schedule.notify_one();
+    }
+
+    /// The cluster now, for a pass of queues with pools; None while not known.
+    fn cluster_snapshot(&self) -> Option<Arc<crate::resources::fit::ClusterSnapshot>> {
+        let view = self
+            .cluster
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        view.snapshot()
+    }
+
+    /// Asks for a scheduling pass (the cluster changed: a job waiting for room may fit now).
+    pub fn schedule_soon(&self) {
+        self.schedule.notify_one();
     }
 
     /// Asks for a scheduling pass and a status sweep.
@@ -1186,9 +1219,16 @@ async fn scheduler_loop(op: Arc<Engine>) {
         let started = std::time::Instant::now();
         let max_new = op.pacer.launch_allowance();
         op.metrics.burst_paced.set(i64::from(max_new != usize::MAX));
+        let cluster = queues.any_quotas().then(|| op.cluster_snapshot()).flatten();
         let result = {
             let mut store = op.store();
-            scheduler::pass_queues_paced(&mut store, op.cfg.capacity.caps, &queues, max_new)
+            scheduler::pass_resources(
+                &mut store,
+                op.cfg.capacity.caps,
+                &queues,
+                max_new,
+                cluster.as_deref(),
+            )
         };
         if let Ok(r) = &result
             && max_new != usize::MAX

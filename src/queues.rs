@@ -194,6 +194,16 @@ impl Queues {
         self.objects.values().any(|p| !p.quotas.pools.is_empty())
     }
 
+    /// The quotas of every queue that has pools, by queue name: what a pass's
+    /// [`crate::resources::quota::Ledger`] is made of.
+    pub fn quotas(&self) -> BTreeMap<String, crate::resources::quota::QueueQuotas> {
+        self.objects
+            .iter()
+            .filter(|(_, p)| !p.quotas.pools.is_empty())
+            .map(|(name, p)| (name.clone(), p.quotas.clone()))
+            .collect()
+    }
+
     /// The queues `objects` define, each selector resolved against `namespaces` (name ->
     /// labels): a selector matches the namespaces whose labels it selects; `{}` matches every
     /// namespace, known or not. Weights below 1 count as 1 (the API refuses them).

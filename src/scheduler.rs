@@ -22,172 +22,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::admission::{Cluster, WhyNot};
 use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
 use crate::capacity::{Caps, SlotUsage};
 use crate::lifecycle;
 use crate::lifecycle::JobRow;
 use crate::queues::{self, QueueLoad, QueuePolicy, Queues};
+use crate::resources::fit::{ClusterSnapshot, Nodes};
+use crate::resources::quota::Ledger;
 use crate::store::{Cas, Queued, Store, StoreError};
 
-/// A queued job as the planner sees it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Candidate {
-    /// Store id.
-    pub id: i64,
-    /// Priority (-1000..1000).
-    pub priority: i32,
-    /// Its namespace: its queue must admit it.
-    pub namespace: String,
-}
-
-impl Candidate {
-    /// A candidate of namespace `default`.
-    pub fn new(id: i64, priority: i32) -> Candidate {
-        Candidate {
-            id,
-            priority,
-            namespace: "default".into(),
-        }
-    }
-}
-
-/// One queue as the planner sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct QueueView {
-    /// Its name.
-    pub name: String,
-    /// Its policy; None: no such queue (its jobs wait for it).
-    pub policy: Option<QueuePolicy>,
-    /// Slots its jobs hold before the pass.
-    pub load: QueueLoad,
-    /// Its AliveWaiting jobs, in admission order.
-    pub relaunches: Vec<Candidate>,
-    /// Its Waiting jobs (a prefix of them), in admission order.
-    pub new_jobs: Vec<Candidate>,
-}
-
-/// One admission decided by [`plan`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Admission {
-    /// Store id.
-    pub id: i64,
-    /// The state it leaves for Launching: Waiting (new job) or AliveWaiting (relaunch).
-    pub from: ScheduleState,
-}
-
-/// Decides admissions in one pool (no queue objects: every job in the default queue).
-/// `relaunches` and `new_jobs` must each be in admission order (priority descending, id
-/// ascending), as [`Store::queue_head`] returns them.
-pub fn plan(
-    usage: SlotUsage,
-    caps: Caps,
-    relaunches: &[Candidate],
-    new_jobs: &[Candidate],
-) -> Vec<Admission> {
-    let pool = QueueView {
-        name: DEFAULT_QUEUE.into(),
-        policy: Some(QueuePolicy::implicit_default()),
-        load: QueueLoad {
-            launching: usage.launching,
-            alive: usage.alive,
-        },
-        relaunches: relaunches.to_vec(),
-        new_jobs: new_jobs.to_vec(),
-    };
-    plan_queues(usage, caps, std::slice::from_ref(&pool))
-}
-
-/// Decides admissions across `queues` (each with its candidates in admission order) within the
-/// caps (`usage`: the slots held now):
-///
-/// 1. relaunches, while a launch slot is free: the next goes to the queue with the lowest
-///    launching / weight that has an admissible relaunch and is below its `maxLaunching`;
-/// 2. new jobs, while a launch slot and a run slot are free: the next goes to the queue with
-///    the lowest run slots held / weight that has an admissible job and is below its
-///    `maxRunning` and `maxLaunching`.
-///
-/// A candidate is admissible when its queue exists and admits its namespace; the others are
-/// skipped, never admitted. Ties go to the higher weight, then the lower name
-/// ([`queues::share_order`]). Cost: O(queues) per admission.
-pub fn plan_queues(usage: SlotUsage, caps: Caps, queues: &[QueueView]) -> Vec<Admission> {
-    let mut launching = usage.launching;
-    let mut alive = usage.alive;
-    let mut load: Vec<QueueLoad> = queues.iter().map(|q| q.load).collect();
-    let mut next_relaunch = vec![0usize; queues.len()];
-    let mut next_new = vec![0usize; queues.len()];
-    let mut out = Vec::new();
-    // The next admissible candidate of `list` from `*next` on (refused ones are skipped).
-    fn next_admissible(policy: &QueuePolicy, list: &[Candidate], next: &mut usize) -> bool {
-        while let Some(c) = list.get(*next) {
-            if policy.admits.admits(&c.namespace) {
-                return true;
-            }
-            *next += 1;
-        }
-        false
-    }
-    let below = |max: Option<usize>, held: usize| max.is_none_or(|m| held < m);
-    while launching < caps.launch {
-        let mut best: Option<usize> = None;
-        for (i, q) in queues.iter().enumerate() {
-            let Some(p) = &q.policy else { continue };
-            if !below(p.max_launching, load[i].launching)
-                || !next_admissible(p, &q.relaunches, &mut next_relaunch[i])
-            {
-                continue;
-            }
-            let key = |j: usize| {
-                (
-                    load[j].launching,
-                    weight(&queues[j]),
-                    queues[j].name.as_str(),
-                )
-            };
-            if best.is_none_or(|b| queues::share_order(key(i), key(b)).is_lt()) {
-                best = Some(i);
-            }
-        }
-        let Some(i) = best else { break };
-        out.push(Admission {
-            id: queues[i].relaunches[next_relaunch[i]].id,
-            from: ScheduleState::AliveWaiting,
-        });
-        next_relaunch[i] += 1;
-        launching += 1;
-        load[i].launching += 1;
-    }
-    while launching < caps.launch && alive < caps.run {
-        let mut best: Option<usize> = None;
-        for (i, q) in queues.iter().enumerate() {
-            let Some(p) = &q.policy else { continue };
-            if !below(p.max_running, load[i].alive)
-                || !below(p.max_launching, load[i].launching)
-                || !next_admissible(p, &q.new_jobs, &mut next_new[i])
-            {
-                continue;
-            }
-            let key = |j: usize| (load[j].alive, weight(&queues[j]), queues[j].name.as_str());
-            if best.is_none_or(|b| queues::share_order(key(i), key(b)).is_lt()) {
-                best = Some(i);
-            }
-        }
-        let Some(i) = best else { break };
-        out.push(Admission {
-            id: queues[i].new_jobs[next_new[i]].id,
-            from: ScheduleState::Waiting,
-        });
-        next_new[i] += 1;
-        launching += 1;
-        alive += 1;
-        load[i].launching += 1;
-        load[i].alive += 1;
-    }
-    out
-}
-
-fn weight(q: &QueueView) -> u32 {
-    q.policy.as_ref().map_or(1, |p| p.weight)
-}
+pub use crate::admission::{Admission, Candidate, QueueView, plan, plan_queues};
 
 /// What one pass did.
 #[derive(Debug, Default)]
@@ -291,6 +136,22 @@ pub fn pass_queues_paced(
     queues: &Queues,
     max_new: usize,
 ) -> Result<PassResult, StoreError> {
+    pass_resources(store, caps, queues, max_new, None)
+}
+
+/// [`pass_queues_paced`] with admission in resources for the queues with pools
+/// ([`crate::admission::plan_resources`]): `cluster` is the cluster as the operator's watches
+/// see it (None while it is not known: no job of a queue with pools is admitted then, and each
+/// says so). Every candidate looked at and not admitted for its quota or the nodes is told its
+/// own reason, in numbers ([`WhyNot::said`]); the others of its queue, that the jobs ahead of
+/// them wait for it.
+pub fn pass_resources(
+    store: &mut Store,
+    caps: Caps,
+    queues: &Queues,
+    max_new: usize,
+    cluster: Option<&ClusterSnapshot>,
+) -> Result<PassResult, StoreError> {
     let now = lifecycle::now_ms();
     let mut loads = store.queue_usage()?;
     let usage = store.slot_usage()?;
@@ -305,7 +166,7 @@ pub fn pass_queues_paced(
         run: caps.run.min(usage.alive.saturating_add(max_new)),
         ..caps
     };
-    let mut result = admit(
+    let (mut result, waits) = admit(
         store,
         admit_caps,
         queues,
@@ -313,14 +174,36 @@ pub fn pass_queues_paced(
         &mut loads,
         &waiting_queues,
         now,
+        cluster,
     )?;
     if result.usage.waiting > 0 && result.usage.alive >= caps.run {
         result.preempted = preempt(store, caps, queues, &waiting_queues, now)?;
     }
     if result.usage.waiting > 0 {
         let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
-        result.messages = store.tell_waiting(now, |queue, namespace| {
-            why_waiting(&w, queue, Some(namespace))
+        // The first job of each queue that waits for its quota or the nodes: the others of
+        // the queue wait behind it.
+        let mut first: BTreeMap<&str, &WhyNot> = BTreeMap::new();
+        let mut told = Vec::with_capacity(waits.len());
+        for (id, queue, why) in &waits {
+            first.entry(queue.as_str()).or_insert(why);
+            let (reason, message) = why.said(queue);
+            told.push((*id, reason, message));
+        }
+        result.messages = store.tell_jobs(now, &told)?;
+        let skip: Vec<i64> = waits.iter().map(|(id, _, _)| *id).collect();
+        result.messages += store.tell_waiting_except(now, &skip, |queue, namespace| {
+            let (reason, message) = why_waiting(&w, queue, Some(namespace));
+            match first.get(queue) {
+                Some(why) if reason == WaitReason::Queued => {
+                    let (reason, said) = why.said(queue);
+                    (
+                        reason,
+                        format!("waiting behind earlier jobs of queue {queue}; the first {said}"),
+                    )
+                }
+                _ => (reason, message),
+            }
         })?;
     }
     Ok(result)
@@ -414,9 +297,57 @@ fn candidate(q: &Queued) -> Candidate {
         id: q.id,
         priority: q.priority,
         namespace: q.namespace.clone(),
+        ..Default::default()
     }
 }
 
+/// How many waiting jobs past its free slots a pass reads of a queue with pools: under
+/// `BestEffortFIFO` a job that does not fit its quota or the nodes lets the next go first, so
+/// the pass looks this far down the queue (its cost is bounded whatever the backlog; a job
+/// further down waits for a later pass).
+pub const LOOKAHEAD: usize = 32;
+
+/// What admission in resources reads beyond slots, for the queues with pools: every queue's
+/// quotas with what it uses (from the store), and the nodes of the cluster with what is free on
+/// each, less what admitted attempts reserved and have not bound yet (`cluster`; None while
+/// the operator has not listed the cluster: nothing is admitted onto a pool then).
+fn resources_now(
+    store: &Store,
+    queues: &Queues,
+    cluster: Option<&ClusterSnapshot>,
+) -> Result<Cluster, StoreError> {
+    let ledger = Ledger::new(queues.quotas(), store.quota_usage()?);
+    let nodes = match cluster {
+        None => None,
+        Some(snapshot) => {
+            let mut nodes = Nodes::new(snapshot.nodes.clone());
+            for job in store.pooled_jobs()? {
+                let (Some(placement), false) = (&job.placement, job.demand.local) else {
+                    continue;
+                };
+                let bound = snapshot
+                    .bound
+                    .get(&(job.uid.clone(), job.attempt))
+                    .map_or(0, Vec::len);
+                let unbound = (job.demand.members as usize).saturating_sub(bound);
+                if unbound == 0 {
+                    continue;
+                }
+                if let Some(constraints) = job.demand.constraints(placement) {
+                    let _ = nodes.place(&job.demand.per_member, unbound as u32, &constraints);
+                }
+            }
+            Some(nodes)
+        }
+    };
+    Ok(Cluster { ledger, nodes })
+}
+
+/// What [`admit`] decided beyond its admissions: why the candidates it looked at wait (by job
+/// id, with their queue).
+type Waits = Vec<(i64, String, WhyNot)>;
+
+#[allow(clippy::too_many_arguments)]
 fn admit(
     store: &mut Store,
     caps: Caps,
@@ -425,14 +356,20 @@ fn admit(
     loads: &mut BTreeMap<String, QueueLoad>,
     waiting_queues: &[String],
     now: i64,
-) -> Result<PassResult, StoreError> {
+    cluster: Option<&ClusterSnapshot>,
+) -> Result<(PassResult, Waits), StoreError> {
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
-        return Ok(PassResult {
-            usage,
-            ..Default::default()
-        });
+        return Ok((
+            PassResult {
+                usage,
+                ..Default::default()
+            },
+            Vec::new(),
+        ));
     }
+    let metered = queues.any_quotas();
+    let pooled = |policy: &QueuePolicy| !policy.quotas.pools.is_empty();
     let mut views: BTreeMap<String, QueueView> = BTreeMap::new();
     let view = |name: &str, loads: &BTreeMap<String, QueueLoad>| -> QueueView {
         QueueView {
@@ -468,15 +405,22 @@ fn admit(
         });
         let mut found = 0;
         for (name, policy, load) in open {
-            if found >= free {
-                break;
+            // A queue with pools may admit none of its heads (quota, fit): it is read whatever
+            // was found before it, and further down.
+            if found >= free && !pooled(policy) {
+                continue;
             }
-            let limit = free.min(policy_room(policy, load));
+            let mut limit = free.min(policy_room(policy, load));
+            if pooled(policy) && policy.strategy == crate::api::QueueingStrategy::BestEffortFIFO {
+                limit = limit.saturating_add(LOOKAHEAD);
+            }
             let heads = store.queue_candidates(name, policy.admits.only(), limit, now)?;
             if heads.is_empty() {
                 continue;
             }
-            found += 1;
+            if !pooled(policy) {
+                found += 1;
+            }
             views
                 .entry(name.to_string())
                 .or_insert_with(|| view(name, loads))
@@ -484,7 +428,24 @@ fn admit(
                 .extend(heads.iter().map(candidate));
         }
     }
-    let views: Vec<QueueView> = views.into_values().collect();
+    let mut views: Vec<QueueView> = views.into_values().collect();
+    // The demands (and a relaunch's pool) of the candidates of queues with pools.
+    if metered {
+        let ids: Vec<i64> = views
+            .iter()
+            .filter(|v| v.policy.as_ref().is_some_and(pooled))
+            .flat_map(|v| v.relaunches.iter().chain(&v.new_jobs).map(|c| c.id))
+            .collect();
+        let mut demands = store.demands_of(&ids)?;
+        for v in &mut views {
+            for c in v.relaunches.iter_mut().chain(v.new_jobs.iter_mut()) {
+                if let Some((demand, pool)) = demands.remove(&c.id) {
+                    c.demand = demand;
+                    c.pool = pool;
+                }
+            }
+        }
+    }
     let queue_of: HashMap<i64, &str> = views
         .iter()
         .flat_map(|v| {
@@ -494,8 +455,17 @@ fn admit(
                 .map(move |c| (c.id, v.name.as_str()))
         })
         .collect();
+    let plan = if metered {
+        let mut resources = resources_now(store, queues, cluster)?;
+        crate::admission::plan_resources(usage, caps, &views, queues, &mut resources)
+    } else {
+        crate::admission::Plan {
+            admissions: plan_queues(usage, caps, &views),
+            ..Default::default()
+        }
+    };
     let mut result = PassResult::default();
-    for a in plan_queues(usage, caps, &views) {
+    for a in &plan.admissions {
         // A failed CAS means someone else moved the job (e.g. a cancel): skip it.
         let Some(row) = store.find(a.id)? else {
             continue;
@@ -503,7 +473,10 @@ fn admit(
         if row.schedule_state != a.from {
             continue;
         }
-        if let Cas::Applied(row) = store.transition(a.id, &lifecycle::admit(&row))? {
+        let placement = plan.placements.get(&a.id).cloned();
+        if let Cas::Applied(row) =
+            store.transition(a.id, &lifecycle::admit_onto(&row, placement))?
+        {
             let queue = queue_of.get(&a.id).copied().unwrap_or(DEFAULT_QUEUE);
             let load = loads.entry(queue.to_string()).or_default();
             load.launching += 1;
@@ -517,7 +490,15 @@ fn admit(
         }
     }
     result.usage = store.slot_usage()?;
-    Ok(result)
+    let waits = plan
+        .waits
+        .into_iter()
+        .map(|(id, why)| {
+            let queue = queue_of.get(&id).copied().unwrap_or(DEFAULT_QUEUE);
+            (id, queue.to_string(), why)
+        })
+        .collect();
+    Ok((result, waits))
 }
 
 /// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):

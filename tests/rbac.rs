@@ -226,6 +226,11 @@ async fn the_charts_service_account_runs_pod_jobs_and_nothing_more() {
         ("create", "managedjobqueues.managedjobs.dev", "no"),
         ("patch", "managedjobqueues.managedjobs.dev", "no"),
         ("delete", "managedjobqueues.managedjobs.dev", "no"),
+        // The node pools queues name: read only. Pods of every namespace are listed for
+        // admission in resources (what each node has free), never changed outside ours.
+        ("watch", "managedjobpools.managedjobs.dev", "yes"),
+        ("create", "managedjobpools.managedjobs.dev", "no"),
+        ("list", "pods", "yes"),
         // Which namespaces a queue admits: read only.
         ("list", "namespaces", "yes"),
         ("patch", "namespaces", "no"),

@@ -37,6 +37,7 @@ use shared::EventWork;
 
 pub mod budget;
 pub mod claims;
+pub mod cluster;
 pub mod lease;
 pub mod nodes;
 pub mod ownership;
@@ -272,6 +273,19 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
             node_view.clone(),
             node_writer,
         ));
+    }
+    // The cluster's Pods on those nodes, for the queues with pools (admission in resources:
+    // `operator::cluster`); watched once a queue has pools.
+    if pod_cache.is_some() {
+        let (engine, client, view) = (op.engine.clone(), client.clone(), node_view.clone());
+        tokio::spawn(async move {
+            while !engine.queues().is_some_and(|q| q.any_quotas()) {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            tracing::info!("a queue has pools: watching the cluster's Pods to admit what fits");
+            let watch = cluster::ClusterWatch::start(engine.clone(), client, view);
+            engine.set_cluster_view(watch);
+        });
     }
     let jobs: Api<ManagedJob> = match &namespace {
         Some(ns) => Api::namespaced(client, ns),

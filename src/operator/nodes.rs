@@ -94,6 +94,11 @@ impl NodeView {
         })
     }
 
+    /// Every Node as last seen ([`trim`]med).
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        self.reader.state()
+    }
+
     /// Every node, with `grace` and `now_ms`, for the world check; None while the view is not
     /// complete.
     pub fn nodes(&self, grace: Duration, now_ms: i64) -> Option<Nodes> {

@@ -19,7 +19,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use serde_json::json;
 
 use super::shared::Operator;
-use crate::api::{ManagedJobQueue, ManagedJobQueueStatus, QueueShardStatus};
+use crate::api::{ManagedJobPool, ManagedJobQueue, ManagedJobQueueStatus, QueueShardStatus};
 use crate::capacity::Caps;
 use crate::defaults::QUEUE_STATUS_PERIOD;
 use crate::queues::Queues;
@@ -33,6 +33,8 @@ pub const QUEUE_CRD_NAME: &str = "managedjobqueues.managedjobs.dev";
 pub struct QueueWatch {
     queues: reflector::Store<ManagedJobQueue>,
     namespaces: reflector::Store<Namespace>,
+    /// The ManagedJobPools the queues' `pools` name (none while their API is not served).
+    pools: reflector::Store<ManagedJobPool>,
     /// The queue API is not served (its CRD is not installed): no queue objects.
     queue_api_missing: Arc<AtomicBool>,
 }
@@ -55,7 +57,8 @@ impl QueueWatch {
             .map(|ns| (ns.name_any(), ns.labels().clone()))
             .collect();
         let objects: Vec<ManagedJobQueue> = self.objects().iter().map(|q| (**q).clone()).collect();
-        Queues::resolve(&objects, &namespaces, &[])
+        let pools: Vec<ManagedJobPool> = self.pools.state().iter().map(|p| (**p).clone()).collect();
+        Queues::resolve(&objects, &namespaces, &pools)
     }
 }
 
@@ -65,9 +68,11 @@ impl QueueWatch {
 pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
     let (queue_reader, queue_writer) = reflector::store::<ManagedJobQueue>();
     let (ns_reader, ns_writer) = reflector::store::<Namespace>();
+    let (pool_reader, pool_writer) = reflector::store::<ManagedJobPool>();
     let watch = QueueWatch {
         queues: queue_reader,
         namespaces: ns_reader,
+        pools: pool_reader,
         queue_api_missing: Arc::default(),
     };
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -150,6 +155,36 @@ pub fn start(op: Arc<Operator>, namespace: Option<String>) -> QueueWatch {
             }),
     );
 
+    // The pools: a queue naming one that does not exist (or whose API is not served) admits
+    // nothing onto it, and its jobs say so; the queues are not held back for them.
+    let pools: Api<ManagedJobPool> = Api::all(op.client.clone());
+    let notify = changed.clone();
+    let mut pool_health = super::retry::WatchHealth::new("ManagedJobPool");
+    let mut pool_api_missing = false;
+    tokio::spawn(
+        super::retry::relisting_watch(pools, watcher::Config::default().any_semantic())
+            .modify(|p: &mut ManagedJobPool| p.managed_fields_mut().clear())
+            .reflect(pool_writer)
+            .for_each(move |event| {
+                match &event {
+                    Ok(watcher::Event::InitDone) => {
+                        pool_health.listed(None);
+                    }
+                    Ok(_) => {}
+                    Err(e) if watch_not_found(e) => {
+                        if !std::mem::replace(&mut pool_api_missing, true) {
+                            tracing::info!(
+                                "the ManagedJobPool API is not served: no pools (a queue naming one admits nothing onto it); install its CRD with `kubectl apply -f crds/`"
+                            );
+                        }
+                    }
+                    Err(e) => pool_health.failed(e),
+                }
+                notify.notify_one();
+                async {}
+            }),
+    );
+
     let resolver = watch.clone();
     tokio::spawn(async move {
         loop {
@@ -211,6 +246,33 @@ pub fn queue_status(
     }
 }
 
+/// `status.pools` of queue `name`: per pool and resource, its nominal quota, what its jobs use,
+/// borrow and lend ([`crate::resources::quota::Ledger::status`]), as quantities.
+pub fn pool_usage(
+    ledger: &crate::resources::quota::Ledger,
+    name: &str,
+) -> Vec<crate::api::PoolUsage> {
+    use crate::resources::amount::show;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    ledger
+        .status(name)
+        .into_iter()
+        .map(|(pool, uses)| crate::api::PoolUsage {
+            name: pool,
+            resources: uses
+                .into_iter()
+                .map(|u| crate::api::ResourceUsage {
+                    nominal: Quantity(show(&u.resource, u.nominal)),
+                    used: Quantity(show(&u.resource, u.used)),
+                    borrowed: Quantity(show(&u.resource, u.borrowed)),
+                    lent: Quantity(show(&u.resource, u.lent)),
+                    name: u.resource,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// The server-side apply body of `status` (only the fields this instance owns).
 fn apply_body(status: &ManagedJobQueueStatus, owns_top: bool) -> serde_json::Value {
     let shards = serde_json::to_value(&status.shards).expect("serializes");
@@ -222,6 +284,7 @@ fn apply_body(status: &ManagedJobQueueStatus, owns_top: bool) -> serde_json::Val
             "share": status.share,
             "observedGeneration": status.observed_generation,
             "shards": shards,
+            "pools": status.pools,
         })
     } else {
         json!({ "shards": shards })
@@ -261,10 +324,26 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
                 continue;
             }
         };
+        // The queues' quotas with what their jobs use (the default instance's view).
+        let ledger = match op.engine.queues() {
+            Some(queues) if owns_top && queues.any_quotas() => {
+                match op.engine.store().quota_usage() {
+                    Ok(usage) => Some(crate::resources::quota::Ledger::new(queues.quotas(), usage)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the queues' quota usage failed");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         for q in objects {
             let name = q.name_any();
             let c = counts.get(&name).copied().unwrap_or_default();
-            let status = queue_status(c, caps, &instance, owns_top, q.metadata.generation);
+            let mut status = queue_status(c, caps, &instance, owns_top, q.metadata.generation);
+            if let Some(ledger) = &ledger {
+                status.pools = pool_usage(ledger, &name);
+            }
             // Already shown (by us, or still there from before a restart).
             let shown = q.status.as_ref().is_some_and(|s| {
                 s.shards.iter().any(|e| Some(e) == status.shards.first())
@@ -275,12 +354,14 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
                             s.running,
                             &s.share,
                             s.observed_generation,
+                            &s.pools,
                         ) == (
                             status.waiting,
                             status.launching,
                             status.running,
                             &status.share,
                             status.observed_generation,
+                            &status.pools,
                         ))
             });
             if written.get(&name) == Some(&status) || shown {

@@ -170,6 +170,7 @@ pub fn admission_order(
                 id: j.id,
                 priority: j.priority,
                 namespace: j.namespace.clone(),
+                ..Default::default()
             });
         }
     }

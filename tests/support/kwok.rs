@@ -39,6 +39,22 @@ impl Pool {
         count: usize,
         cpu: &str,
     ) -> Pool {
+        Pool::with_resources(cp, client, pool, count, &[("cpu", cpu)]).await
+    }
+
+    /// [`Pool::new`] with nodes whose capacity and allocatable are `resources` (e.g. `cpu` and
+    /// `nvidia.com/gpu`), beside 32Gi of memory and 110 Pods.
+    pub async fn with_resources(
+        cp: &'static super::ControlPlane,
+        client: &Client,
+        pool: &str,
+        count: usize,
+        resources: &[(&str, &str)],
+    ) -> Pool {
+        let mut allocatable = serde_json::json!({"memory": "32Gi", "pods": "110"});
+        for (name, value) in resources {
+            allocatable[*name] = serde_json::json!(value);
+        }
         let api = Api::<Node>::all(client.clone());
         let mut names = Vec::new();
         for i in 0..count {
@@ -49,8 +65,7 @@ impl Pool {
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                     "labels": {"type": "kwok", "gang-pool": pool, "kubernetes.io/hostname": name}},
                 "spec": {"taints": [{"key": "gang-pool", "value": pool, "effect": "NoSchedule"}]},
-                "status": {"allocatable": {"cpu": cpu, "memory": "32Gi", "pods": "110"},
-                    "capacity": {"cpu": cpu, "memory": "32Gi", "pods": "110"}},
+                "status": {"allocatable": allocatable, "capacity": allocatable},
             }))
             .unwrap();
             api.create(&PostParams::default(), &node)
