@@ -950,12 +950,18 @@ async fn a_thousand_jobs_deleted_at_once_count_no_error() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let text = tokio::task::spawn_blocking(metrics).await.unwrap();
+    let log = op.log();
     assert_eq!(
         metric(&text, "managedjobs_reconcile_errors_total"),
         Some(0.0),
-        "reconcile errors counted for deleted jobs"
+        "reconcile errors counted for deleted jobs; the operator's log says:\n{}",
+        log.lines()
+            .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+            .filter(|l| !l.contains("client error (Connect)"))
+            .take(40)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
-    let log = op.log();
     let failed: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("reconcile failed") || l.contains("NotFound"))
