@@ -67,8 +67,10 @@ async fn run_all(soft: u64, hard: u64) {
             println!("all succeeded after {:?}", start.elapsed());
             break;
         }
+        // A bound against a hang, not a speed target (BENCHMARKS.md has those): 400 jobs took
+        // 226-251 s on an idle 2-core machine, 439 s with the real-node suite beside them.
         assert!(
-            start.elapsed() < Duration::from_secs(300),
+            start.elapsed() < Duration::from_secs(600),
             "not all succeeded: {phases:?}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
