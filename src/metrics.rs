@@ -558,9 +558,8 @@ pub async fn serve(addr: SocketAddr, ready: Ready, render: Render) -> std::io::R
 mod tests {
     use super::*;
 
-    /// The build, the process and the queues are exported under the names dashboards read.
-    #[test]
-    fn build_process_and_queue_metrics_are_rendered() {
+    /// A store holding one waiting local job, `n/a`.
+    fn store_with_one_job() -> Store {
         let mut store = Store::in_memory().unwrap();
         let spec = crate::api::ManagedJobSpec {
             run: Some("true".into()),
@@ -580,6 +579,13 @@ mod tests {
                 None,
             )
             .unwrap();
+        store
+    }
+
+    /// The build, the process and the queues are exported under the names dashboards read.
+    #[test]
+    fn build_process_and_queue_metrics_are_rendered() {
+        let store = store_with_one_job();
         let text = Metrics::for_shard(Some("s1")).render(&store);
         let version = env!("CARGO_PKG_VERSION");
         let step = crate::store::schema::CURRENT_STEP;
@@ -640,25 +646,7 @@ mod tests {
                 watch: "Pod".into(),
             })
             .inc();
-        let mut store = Store::in_memory().unwrap();
-        let spec = crate::api::ManagedJobSpec {
-            run: Some("true".into()),
-            ..Default::default()
-        };
-        store
-            .submit(
-                &crate::lifecycle::Object {
-                    uid: "u1",
-                    namespace: "n",
-                    name: "a",
-                    generation: 1,
-                    spec: &spec,
-                    created_at_ms: 0,
-                    resource_version: "",
-                },
-                None,
-            )
-            .unwrap();
+        let store = store_with_one_job();
         let text = m.render(&store);
         let doc = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/metrics.md"),
