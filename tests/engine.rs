@@ -479,11 +479,16 @@ async fn an_attempt_seen_running_that_left_no_trace_is_lost_not_started_again() 
     })
     .await;
     let exit_file = managed_jobs::state_dir::StateDir::new(dir.path()).exit_file(id, 1);
-    assert_eq!(
-        std::fs::read_to_string(&exit_file).unwrap(),
-        "started\n",
-        "the wrapper marks its start"
-    );
+    // Running is written once the wrapper is spawned; its mark follows within moments.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mark = loop {
+        match std::fs::read_to_string(&exit_file) {
+            Ok(mark) if !mark.is_empty() => break mark,
+            seen if Instant::now() > deadline => panic!("no start mark after 10 s: {seen:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert_eq!(mark, "started\n", "the wrapper marks its start");
     let controller = Pid::from_raw(row.controller_pid.unwrap());
     kill(controller, Signal::SIGSTOP).unwrap();
     killpg(Pid::from_raw(wrapper_pid(&row)), Signal::SIGKILL).unwrap();
