@@ -179,6 +179,10 @@ pub fn pass_resources(
     if result.usage.waiting > 0 && result.usage.alive >= caps.run {
         result.preempted = preempt(store, caps, queues, &waiting_queues, now)?;
     }
+    if let Some(cluster) = cluster {
+        let reclaimed = reclaim(store, queues, cluster, &waits, now)?;
+        result.preempted.extend(reclaimed);
+    }
     if result.usage.waiting > 0 {
         let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
         // The first job of each queue that waits for its quota or the nodes: the others of
@@ -276,6 +280,82 @@ fn preempt(
             store.transition(v.id, &lifecycle::preempt(&row, &v.by, v.within, now))?
         {
             tracing::info!(job_id = row.id, job = %row.key(), queue = %row.queue, by = %v.by, "preempting: its run slot goes to queue {}", v.by);
+            out.push(*row);
+        }
+    }
+    Ok(out)
+}
+
+/// Takes back lent quota ([`crate::preemption::reclaim`]): the candidates of queues with
+/// `reclaimWithinCohort` that wait for their quota or the nodes (`waits`, in admission order)
+/// claim what the other queues of their cohort borrow on the pool; each victim's request is
+/// persisted as a compare-and-set ([`lifecycle::reclaim`]: a job that moved meanwhile is
+/// skipped). Reads the pooled live jobs (their index) only when a claimant exists.
+fn reclaim(
+    store: &mut Store,
+    queues: &Queues,
+    cluster: &ClusterSnapshot,
+    waits: &Waits,
+    now: i64,
+) -> Result<Vec<JobRow>, StoreError> {
+    let claiming: Vec<i64> = waits
+        .iter()
+        .filter(|(_, queue, why)| {
+            matches!(why, WhyNot::Quota(_) | WhyNot::Fit { .. })
+                && queues
+                    .get(queue)
+                    .is_some_and(|p| p.preemption.reclaim_within_cohort)
+        })
+        .map(|(id, _, _)| *id)
+        .collect();
+    if claiming.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut demands = store.demands_of(&claiming)?;
+    let claimants: Vec<crate::preemption::Claimant> = waits
+        .iter()
+        .filter(|(id, _, _)| claiming.contains(id))
+        .filter_map(|(id, queue, _)| {
+            let demand = demands.remove(id)?.0?;
+            Some(crate::preemption::Claimant {
+                id: *id,
+                queue: queue.clone(),
+                demand,
+            })
+        })
+        .collect();
+    let Cluster { ledger, nodes } = resources_now(store, queues, Some(cluster))?;
+    let Some(nodes) = nodes else {
+        return Ok(Vec::new());
+    };
+    let holders: Vec<crate::preemption::Holder> = store
+        .pooled_jobs()?
+        .into_iter()
+        .map(|j| crate::preemption::Holder {
+            nodes: cluster
+                .bound
+                .get(&(j.uid.clone(), j.attempt))
+                .map(|names| names.iter().filter_map(|n| nodes.index(n)).collect())
+                .unwrap_or_default(),
+            id: j.id,
+            queue: j.queue,
+            priority: j.priority,
+            running_since_ms: j.running_since_ms,
+            pool: j.pool,
+            demand: j.demand,
+            leaving_for: j.leaving_for,
+        })
+        .collect();
+    let recent = store.recent_preemptions(now - crate::preemption::RATE_WINDOW_MS)?;
+    let victims =
+        crate::preemption::reclaim(&claimants, &holders, queues, &ledger, &nodes, &recent, now);
+    let mut out = Vec::new();
+    for v in victims {
+        let Some(row) = store.find(v.id)? else {
+            continue;
+        };
+        if let Cas::Applied(row) = store.transition(v.id, &lifecycle::reclaim(&row, &v.by, now))? {
+            tracing::info!(job_id = row.id, job = %row.key(), queue = %row.queue, by = %v.by, pool = ?row.pool, "preempting: queue {} takes back the quota it lent", v.by);
             out.push(*row);
         }
     }

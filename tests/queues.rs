@@ -955,19 +955,73 @@ async fn gpus_held(client: &Client, namespaces: &[&str]) -> (BTreeMap<String, u3
     (held, unplaced)
 }
 
-/// Issue 44 (in part): quotas in resources and admission that knows what fits. Four kwok
-/// nodes of 8 `nvidia.com/gpu` form a ManagedJobPool; queues team-a and team-b (weight 1 each,
-/// one cohort) have 16 GPUs of it each. Team-a applies 8 jobs of one 8-GPU Pod, team-b 5 s
-/// later 32 jobs of 1 GPU (20 s each). Team-a first borrows team-b's idle 16 (32 : 0, as Kueue
-/// does without preemption) and its other 4 jobs wait; team-b's jobs wait saying so in GPUs;
-/// team-b's first GPU comes as soon as team-a's first jobs end. A job is admitted only when its
-/// Pod fits now: over the whole test no Pod is ever unschedulable, never more than 32 GPUs are
-/// bound, and every Pod carries the pool's node selector and every job its pool in its status.
-/// Not yet asserted (not yet true): 16 : 16 while both wait after borrowing, which needs the
-/// reclaim of borrowed quota and a placement kube-scheduler follows.
-#[tokio::test]
-async fn two_teams_share_32_gpus_by_quota_and_fit() {
-    let cp = control_plane_or_skip!();
+/// What [`gpu_teams`] saw: samples of (seconds since start, GPUs of team-a, of team-b, team-a
+/// waiting, team-b waiting), every Pod the scheduler could not place, the first sentence a
+/// waiting job of team-b said in GPUs, whether team-a's queue showed it borrowed 16, and the
+/// names of team-b's queue and the pool.
+struct GpuRun {
+    samples: Vec<(f64, u32, u32, usize, usize)>,
+    unplaced_ever: Vec<String>,
+    told_in_gpus: Option<String>,
+    borrowed_shown: bool,
+    queue_b: String,
+    pool_name: String,
+}
+
+impl GpuRun {
+    fn show(&self) -> String {
+        self.samples
+            .iter()
+            .map(|(t, ga, gb, wa, wb)| format!("{t:.1}s {ga}:{gb} (waiting {wa}/{wb})"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// What holds with or without reclaim: no Pod unschedulable, never more GPUs bound than
+    /// the pool has, team-b gets GPUs, GPUs never idle 15 s in a row while jobs wait, team-b's
+    /// waiting jobs say why in GPUs, every Pod of team-b carries the pool's selector.
+    fn assert_common(&self) {
+        let show = self.show();
+        assert!(
+            self.unplaced_ever.is_empty(),
+            "Pods the scheduler could not place: {:?}",
+            self.unplaced_ever
+        );
+        assert!(
+            self.samples.iter().all(|s| s.1 + s.2 <= 32),
+            "more GPUs bound than the pool has:\n{show}"
+        );
+        assert!(
+            self.samples.iter().any(|s| s.2 > 0),
+            "team-b never got a GPU:\n{show}"
+        );
+        // GPUs are free while jobs wait only for the moments between Pods' ends and the next
+        // ones' binding (an 8-GPU job waits for a whole node): never for 15 s in a row.
+        let mut idle_since: Option<f64> = None;
+        for s in &self.samples {
+            if s.1 + s.2 < 32 && s.3 + s.4 > 0 {
+                let since = *idle_since.get_or_insert(s.0);
+                assert!(s.0 - since < 15.0, "GPUs idle while jobs waited:\n{show}");
+            } else {
+                idle_since = None;
+            }
+        }
+        let told = self
+            .told_in_gpus
+            .as_ref()
+            .expect("no waiting job of team-b said what it waits for in GPUs");
+        assert!(told.contains(&self.queue_b), "{told}");
+    }
+}
+
+/// Four kwok nodes of 8 `nvidia.com/gpu` form a ManagedJobPool; queues team-a and team-b
+/// (weight 1 each, one cohort, `reclaimWithinCohort: Any` with `minRunSeconds: 5` when
+/// `reclaim`) have 16 GPUs of it each. Team-a applies 8 jobs of one 8-GPU Pod (`seconds_a`
+/// long), team-b 5 s later 32 jobs of 1 GPU (`seconds_b` long). Samples every half second until
+/// all 40 ended; checks that every Pod of team-b carries the pool's selector and names the
+/// pool in its status.
+async fn gpu_teams(reclaim: bool, seconds_a: u32, seconds_b: u32) -> GpuRun {
+    let cp = support::control_plane().expect("the control plane");
     let client = support::client(cp).await;
     let a = support::TestNamespace::new(&client, cp, "gpu-a").await;
     let b = support::TestNamespace::new(&client, cp, "gpu-b").await;
@@ -999,18 +1053,17 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
     let mut queues = Queues::new(&client, cp);
     for (team, ns) in [("a", &a.name), ("b", &b.name)] {
         let name = format!("{shard}-team-{team}");
-        queues
-            .create_with(
-                &name,
-                json!({
-                    "weight": 1,
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                    "cohort": cohort,
-                    "pools": [{"name": pool_name, "resources": [
-                        {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}],
-                }),
-            )
-            .await;
+        let mut spec = json!({
+            "weight": 1,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "cohort": cohort,
+            "pools": [{"name": pool_name, "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}],
+        });
+        if reclaim {
+            spec["preemption"] = json!({"reclaimWithinCohort": "Any", "minRunSeconds": 5});
+        }
+        queues.create_with(&name, spec).await;
     }
     let (qa, qb) = (format!("{shard}-team-a"), format!("{shard}-team-b"));
     let op = operator(cp, &shard, 40, 100);
@@ -1021,7 +1074,7 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
             .map(|i| {
                 (
                     a.name.clone(),
-                    gpu_job(&format!("big-{i}"), &shard, &qa, 8, 20),
+                    gpu_job(&format!("big-{i}"), &shard, &qa, 8, seconds_a),
                 )
             })
             .collect(),
@@ -1034,7 +1087,7 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
             .map(|i| {
                 (
                     b.name.clone(),
-                    gpu_job(&format!("small-{i:02}"), &shard, &qb, 1, 20),
+                    gpu_job(&format!("small-{i:02}"), &shard, &qb, 1, seconds_b),
                 )
             })
             .collect(),
@@ -1043,7 +1096,7 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
     let namespaces = [a.name.as_str(), b.name.as_str()];
     let jobs_a: Api<ManagedJob> = Api::namespaced(client.clone(), &a.name);
     let jobs_b: Api<ManagedJob> = Api::namespaced(client.clone(), &b.name);
-    let waiting = |list: Vec<ManagedJob>| {
+    let waiting = |list: &[ManagedJob]| {
         list.iter()
             .filter(|j| {
                 j.status
@@ -1053,28 +1106,41 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
             })
             .count()
     };
-    // (seconds since start, GPUs of team-a, of team-b, team-a waiting, team-b waiting)
-    let mut samples: Vec<(f64, u32, u32, usize, usize)> = Vec::new();
-    let mut unplaced_ever = Vec::new();
-    let mut told_in_gpus = None;
+    let mut run = GpuRun {
+        samples: Vec::new(),
+        unplaced_ever: Vec::new(),
+        told_in_gpus: None,
+        borrowed_shown: false,
+        queue_b: qb.clone(),
+        pool_name: pool_name.clone(),
+    };
     let queue_api: Api<ManagedJobQueue> = Api::all(client.clone());
-    let mut borrowed_shown = false;
     loop {
-        if !borrowed_shown && let Some(status) = queue_api.get(&qa).await.unwrap().status {
-            borrowed_shown = status.pools.iter().any(|p| {
-                p.name == pool_name
-                    && p.resources.iter().any(|r| {
-                        r.name == "nvidia.com/gpu" && r.nominal.0 == "16" && r.borrowed.0 == "16"
-                    })
-            });
+        if !run.borrowed_shown
+            && let Some(status) = queue_api.get(&qa).await.unwrap().status
+        {
+            // This operator is a shard: its view is its entry of status.shards.
+            run.borrowed_shown = status
+                .shards
+                .iter()
+                .flat_map(|e| &e.pools)
+                .chain(&status.pools)
+                .any(|p| {
+                    p.name == pool_name
+                        && p.resources.iter().any(|r| {
+                            r.name == "nvidia.com/gpu"
+                                && r.nominal.0 == "16"
+                                && r.borrowed.0 == "16"
+                        })
+                });
         }
         let (held, unplaced) = gpus_held(&client, &namespaces).await;
-        unplaced_ever.extend(unplaced);
+        run.unplaced_ever.extend(unplaced);
         let (la, lb) = (
             jobs_a.list(&Default::default()).await.unwrap().items,
             jobs_b.list(&Default::default()).await.unwrap().items,
         );
-        if told_in_gpus.is_none()
+        if run.told_in_gpus.is_none()
             && let Some(msg) = lb
                 .iter()
                 .filter_map(|j| j.status.as_ref())
@@ -1082,7 +1148,7 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
                 .filter_map(|s| s.message.clone())
                 .find(|m| m.contains("nvidia.com/gpu"))
         {
-            told_in_gpus = Some(msg);
+            run.told_in_gpus = Some(msg);
         }
         let done = la
             .iter()
@@ -1091,63 +1157,27 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
                 j.status.as_ref().and_then(|s| s.schedule_state) == Some(ScheduleState::Done)
             })
             .count();
-        samples.push((
+        run.samples.push((
             start.elapsed().as_secs_f64(),
             held[&a.name],
             held[&b.name],
-            waiting(la),
-            waiting(lb),
+            waiting(&la),
+            waiting(&lb),
         ));
         if done == 40 {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(300),
-            "not all 40 jobs ended in 300 s; samples: {samples:?}"
+            "not all 40 jobs ended in 300 s; samples:\n{}",
+            run.show()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let show = samples
-        .iter()
-        .map(|(t, ga, gb, wa, wb)| format!("{t:.1}s {ga}:{gb} (waiting {wa}/{wb})"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    eprintln!("GPUs held team-a : team-b over time:\n{show}");
-    assert!(
-        unplaced_ever.is_empty(),
-        "Pods the scheduler could not place: {unplaced_ever:?}"
+    eprintln!(
+        "GPUs held team-a : team-b over time (reclaim {reclaim}):\n{}",
+        run.show()
     );
-    assert!(
-        samples.iter().all(|s| s.1 + s.2 <= 32),
-        "more GPUs bound than the pool has:\n{show}"
-    );
-    // Team-a borrowed team-b's idle 16 before team-b applied, and kept them while team-b
-    // waited (no preemption here): 32 : 0.
-    assert!(
-        samples.iter().any(|s| s.1 == 32 && s.2 == 0 && s.4 == 32),
-        "team-a never borrowed the idle GPUs while team-b waited:\n{show}"
-    );
-    assert!(
-        samples.iter().any(|s| s.2 > 0),
-        "team-b never got a GPU:\n{show}"
-    );
-    // GPUs are free while jobs wait only for the moments between Pods' ends and the next
-    // ones' binding (an 8-GPU job waits for a whole node): never for 15 s in a row.
-    let mut idle_since: Option<f64> = None;
-    for s in &samples {
-        if s.1 + s.2 < 32 && s.3 + s.4 > 0 {
-            let since = *idle_since.get_or_insert(s.0);
-            assert!(s.0 - since < 15.0, "GPUs idle while jobs waited:\n{show}");
-        } else {
-            idle_since = None;
-        }
-    }
-    assert!(
-        borrowed_shown,
-        "team-a's queue never showed that it borrowed 16 GPUs (status.pools)"
-    );
-    let told = told_in_gpus.expect("no waiting job of team-b said what it waits for in GPUs");
-    assert!(told.contains(&qb), "{told}");
     // The pool's placement reached the Pods.
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &b.name);
     for p in pods.list(&Default::default()).await.unwrap() {
@@ -1164,7 +1194,74 @@ async fn two_teams_share_32_gpus_by_quota_and_fit() {
         );
     }
     let status = jobs_b.get("small-00").await.unwrap().status.unwrap();
-    assert_eq!(status.pool.as_deref(), Some(pool_name.as_str()));
+    assert_eq!(status.pool.as_deref(), Some(run.pool_name.as_str()));
     drop(op);
     let _ = pools.delete(&pool_name, &Default::default()).await;
+    run
+}
+
+/// Issue 44: quotas in resources and admission that knows what fits, without preemption.
+/// Team-a first borrows team-b's idle 16 (32 : 0, as Kueue does without preemption) and its
+/// other 4 jobs wait; team-b's jobs wait saying so in GPUs; team-b's first GPU comes as soon as
+/// team-a's first jobs end. A job is admitted only when its Pod fits now: over the whole test
+/// no Pod is ever unschedulable and never more than 32 GPUs are bound.
+#[tokio::test]
+async fn two_teams_share_32_gpus_by_quota_and_fit() {
+    let _cp = control_plane_or_skip!();
+    let run = gpu_teams(false, 20, 20).await;
+    run.assert_common();
+    let show = run.show();
+    // Team-a borrowed team-b's idle 16 before team-b applied, and kept them while team-b
+    // waited (no preemption here): 32 : 0.
+    assert!(
+        run.samples
+            .iter()
+            .any(|s| s.1 == 32 && s.2 == 0 && s.4 == 32),
+        "team-a never borrowed the idle GPUs while team-b waited:\n{show}"
+    );
+    assert!(
+        run.borrowed_shown,
+        "team-a's queue never showed that it borrowed 16 GPUs (status.pools)"
+    );
+}
+
+/// Issue 44: the same teams with `reclaimWithinCohort: Any` (`minRunSeconds: 5`): team-a
+/// borrows the idle 16, and team-b takes them back by preemption within seconds of applying
+/// (two of team-a's 8-GPU jobs stopped, exactly as many as team-b's 16 need); from then on,
+/// while both teams wait, neither holds more than its 16.
+#[tokio::test]
+async fn team_b_takes_back_its_16_gpus_by_preemption() {
+    let _cp = control_plane_or_skip!();
+    let run = gpu_teams(true, 30, 30).await;
+    run.assert_common();
+    let show = run.show();
+    assert!(
+        run.samples.iter().any(|s| s.1 == 32 && s.2 == 0),
+        "team-a never borrowed the idle GPUs:\n{show}"
+    );
+    // Team-b applied at about 5 s; its 16 within 15 s of that (minRunSeconds 5, the grace of
+    // the stopped Pods, the new Pods' binding).
+    let back = run
+        .samples
+        .iter()
+        .find(|s| s.2 >= 16)
+        .unwrap_or_else(|| panic!("team-b never held 16 GPUs:\n{show}"));
+    assert!(
+        back.0 < 20.0,
+        "team-b held 16 GPUs only at {:.1} s:\n{show}",
+        back.0
+    );
+    // Exactly as many victims as team-b's 16 needed: two of team-a's 8-GPU jobs wait again
+    // beside its 4 that never ran.
+    let most_waiting_a = run.samples.iter().map(|s| s.3).max().unwrap_or(0);
+    assert_eq!(most_waiting_a, 6, "team-a's jobs waiting at most:\n{show}");
+    for s in run.samples.iter().filter(|s| s.0 >= back.0) {
+        if s.3 > 0 && s.4 > 0 {
+            assert!(
+                s.1 <= 16 && s.2 <= 16,
+                "a team held more than its 16 GPUs while the other waited at {:.1} s:\n{show}",
+                s.0
+            );
+        }
+    }
 }

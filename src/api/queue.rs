@@ -261,7 +261,7 @@ pub struct ResourceUsage {
 }
 
 /// One operator instance's counts of a queue (`status.shards[]`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueShardStatus {
     /// The instance: `default`, or the name given to `--shard`.
@@ -278,6 +278,11 @@ pub struct QueueShardStatus {
     /// Run slots held, of this instance's run cap, as a percentage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<String>,
+    /// The queue's quota on each of its pools as this instance applies it to its own jobs
+    /// (an instance given `--shard` or `--namespace`; the default instance's is the top-level
+    /// `pools`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolUsage>,
 }
 
 /// A queue name: a DNS subdomain of at most 253 characters (a cluster-scoped object's name).

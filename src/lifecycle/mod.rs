@@ -96,6 +96,6 @@ pub use transitions::{
     claim_lapsed, controller_gave_up, controller_resumed, controller_start_failed,
     controller_started, current_attempt, deadline_exceeded, fail, invalid_spec, launch_intent,
     launch_timed_out, node_wait_timed_out, nodes_ready, preempt, preempted, queued, queued_message,
-    reason_and_message, resumed, running, starting, stopping, suspend_queued, suspended,
+    reason_and_message, reclaim, resumed, running, starting, stopping, suspend_queued, suspended,
     terminating, unschedulable, waiting_to_start,
 };

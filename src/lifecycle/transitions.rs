@@ -924,6 +924,25 @@ pub fn preempt(_row: &JobRow, by: &str, within: bool, now_ms: i64) -> Transition
     )
 }
 
+/// A running job of a queue that borrows is asked to stop so that queue `by`, below its
+/// nominal quota on the job's pool, takes back what its cohort lent
+/// ([`crate::preemption::reclaim`]); stopped like any preemption ([`preempted`]).
+pub fn reclaim(row: &JobRow, by: &str, now_ms: i64) -> Transition {
+    let pool = row.pool.as_deref().unwrap_or("its pool");
+    let mut change = Change::because(Reason::PreemptionRequested).message(format!(
+        "preempting: queue {by}, below its nominal quota on pool {pool}, takes back the quota its cohort lent to queue {}; stopping its workload gracefully (SIGTERM, its grace, SIGKILL), then it waits again, first in its queue",
+        row.queue
+    ));
+    change.preempt = Some((by.to_string(), now_ms));
+    Transition::new(
+        Expect {
+            phases: vec![JobPhase::Running],
+            schedule: vec![ScheduleState::Alive],
+        },
+        change,
+    )
+}
+
 /// The victim's workloads are stopped: Pending + Waiting, in its place (first in its queue among
 /// the jobs created after it), its restart and recovery budgets untouched, the stopped attempt
 /// recorded as `Preempted` ([`requeued_by_stop`]).
@@ -938,6 +957,8 @@ pub fn preempted(row: &JobRow) -> Transition {
     };
     let taker = if Some(by) == Some(row.queue.as_str()) {
         format!("a higher-priority job of its queue {by} took its run slot")
+    } else if let Some(pool) = &row.pool {
+        format!("queue {by} took its place on pool {pool}")
     } else {
         format!("queue {by} took its run slot")
     };

@@ -227,6 +227,7 @@ pub fn queue_status(
         launching: counts.load.launching as i64,
         running: counts.load.alive as i64,
         share: Some(share(counts.load.alive, caps.run)),
+        pools: Vec::new(),
     };
     if owns_top {
         ManagedJobQueueStatus {
@@ -324,17 +325,15 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
                 continue;
             }
         };
-        // The queues' quotas with what their jobs use (the default instance's view).
+        // The queues' quotas with what this instance's jobs use.
         let ledger = match op.engine.queues() {
-            Some(queues) if owns_top && queues.any_quotas() => {
-                match op.engine.store().quota_usage() {
-                    Ok(usage) => Some(crate::resources::quota::Ledger::new(queues.quotas(), usage)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the queues' quota usage failed");
-                        None
-                    }
+            Some(queues) if queues.any_quotas() => match op.engine.store().quota_usage() {
+                Ok(usage) => Some(crate::resources::quota::Ledger::new(queues.quotas(), usage)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the queues' quota usage failed");
+                    None
                 }
-            }
+            },
             _ => None,
         };
         for q in objects {
@@ -342,7 +341,12 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
             let c = counts.get(&name).copied().unwrap_or_default();
             let mut status = queue_status(c, caps, &instance, owns_top, q.metadata.generation);
             if let Some(ledger) = &ledger {
-                status.pools = pool_usage(ledger, &name);
+                let pools = pool_usage(ledger, &name);
+                if owns_top {
+                    status.pools = pools;
+                } else if let Some(entry) = status.shards.first_mut() {
+                    entry.pools = pools;
+                }
             }
             // Already shown (by us, or still there from before a restart).
             let shown = q.status.as_ref().is_some_and(|s| {
