@@ -1265,3 +1265,369 @@ async fn team_b_takes_back_its_16_gpus_by_preemption() {
         }
     }
 }
+
+/// A ManagedJobPool made by a test (nodes labelled `gang-pool=<name>` and tainted so, as
+/// [`support::kwok::Pool`] makes them), deleted when dropped.
+struct PoolObject {
+    name: String,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl PoolObject {
+    async fn create(client: &Client, cp: &support::ControlPlane, name: &str) -> PoolObject {
+        let pools: Api<managed_jobs::api::ManagedJobPool> = Api::all(client.clone());
+        pools
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
+                    "metadata": {"name": name},
+                    "spec": {"nodeLabels": {"gang-pool": name},
+                             "tolerations": [{"key": "gang-pool", "operator": "Equal", "value": name, "effect": "NoSchedule"}]},
+                }))
+                .unwrap(),
+            )
+            .await
+            .expect("creating the pool");
+        PoolObject {
+            name: name.to_string(),
+            kubeconfig: cp.kubeconfig.clone(),
+        }
+    }
+}
+
+impl Drop for PoolObject {
+    fn drop(&mut self) {
+        let cp = support::ControlPlane {
+            kubeconfig: self.kubeconfig.clone(),
+        };
+        support::kubectl(
+            &cp,
+            &["delete", "managedjobpool", &self.name, "--wait=false"],
+        );
+    }
+}
+
+/// [`gpu_job`] as a gang of `nodes` Pods of `gpus` GPUs each that run until stopped.
+fn gpu_gang(name: &str, shard: &str, queue: &str, gpus: u32, nodes: u32) -> ManagedJob {
+    let mut job = gpu_job(name, shard, queue, gpus, 600);
+    job.spec.nodes = Some(nodes as i32);
+    job
+}
+
+/// The job's `Admitted` condition's reason and its message, as the API shows them now.
+async fn waiting_reason(
+    api: &Api<ManagedJob>,
+    name: &str,
+) -> (Option<ScheduleState>, String, String) {
+    let status = api.get(name).await.unwrap().status.unwrap_or_default();
+    let reason = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .map(|c| c.reason.clone())
+        .unwrap_or_default();
+    (
+        status.schedule_state,
+        reason,
+        status.message.unwrap_or_default(),
+    )
+}
+
+/// Pods in `ns` (of any job): (name, node bound to).
+async fn pods_in(client: &Client, ns: &str) -> Vec<(String, Option<String>)> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name_any(), p.spec.and_then(|s| s.node_name)))
+        .collect()
+}
+
+/// Issue 44, fit: a job needing one 8-GPU Pod on a pool of two nodes with 4 GPUs free each
+/// (the other 4 held by Pods that are not ours, bound by hand) is never admitted and says why
+/// with the numbers; no Pod of it is ever made. Once one node frees its 4 it is admitted and
+/// its Pod bound to that node.
+#[tokio::test]
+async fn an_8_gpu_pod_is_not_admitted_onto_two_nodes_of_4_free_gpus() {
+    use k8s_openapi::api::core::v1::Pod;
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "fit").await;
+    let shard = unique("fit");
+    let pool_name = unique("fit");
+    let nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &pool_name,
+        2,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    // Another team's Pods, not ours, bound by hand: 4 GPUs on each node.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (i, node) in nodes.names.iter().enumerate() {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("other-{i}")},
+            "spec": {"nodeName": node,
+                     "tolerations": [{"key": "gang-pool", "operator": "Exists"}],
+                     "containers": [{"name": "main", "image": "other",
+                        "resources": {"requests": {"nvidia.com/gpu": "4"}, "limits": {"nvidia.com/gpu": "4"}}}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let queue = format!("{shard}-q");
+    let mut queues = Queues::new(&client, cp);
+    queues
+        .create_with(
+            &queue,
+            json!({
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                "pools": [{"name": pool_name, "resources": [
+                    {"name": "nvidia.com/gpu", "nominalQuota": "16"}]}],
+            }),
+        )
+        .await;
+    let op = operator(cp, &shard, 40, 100);
+    let jobs: Api<ManagedJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &gpu_job("eight", &shard, &queue, 8, 600),
+    )
+    .await
+    .unwrap();
+    // 15 s of samples: waiting, saying why in numbers, no Pod of it.
+    let start = Instant::now();
+    let mut said = None;
+    while start.elapsed() < Duration::from_secs(15) {
+        let (state, reason, message) = waiting_reason(&jobs, "eight").await;
+        assert!(
+            state.is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting)),
+            "admitted onto two nodes of 4 free GPUs: {state:?} {message}"
+        );
+        let ours: Vec<_> = pods_in(&client, &ns.name)
+            .await
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("other-"))
+            .collect();
+        assert!(ours.is_empty(), "a Pod of a job not admitted: {ours:?}");
+        if reason == "InsufficientCapacity" {
+            said = Some(message);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let said = said.expect("the job never said it waits for capacity");
+    assert!(
+        said.contains("the most nvidia.com/gpu free on one node is 4") && said.contains(&pool_name),
+        "{said}"
+    );
+    // One node frees its 4: the job is admitted and its Pod bound there.
+    pods.delete("other-0", &Default::default()).await.unwrap();
+    let freed = Instant::now();
+    loop {
+        let ours: Vec<_> = pods_in(&client, &ns.name)
+            .await
+            .into_iter()
+            .filter(|(n, node)| !n.starts_with("other-") && node.is_some())
+            .collect();
+        if let Some((_, node)) = ours.first() {
+            assert_eq!(node.as_deref(), Some(nodes.names[0].as_str()));
+            eprintln!(
+                "bound {:.1} s after the node freed its GPUs",
+                freed.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            freed.elapsed() < Duration::from_secs(30),
+            "not bound 30 s after a node freed 8 GPUs: {:?}",
+            waiting_reason(&jobs, "eight").await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(op);
+}
+
+/// Issue 44, fit of a gang: an 8-node gang of 8-GPU Pods on a pool of 7 such nodes is not
+/// admitted and holds nothing (no Pod, no PodGroup member bound) and says it can place 7 of 8;
+/// once the 8th node is Ready it is admitted within seconds and all 8 Pods are bound, one per
+/// node.
+#[tokio::test]
+async fn an_8_node_gang_holds_nothing_on_7_nodes_and_starts_on_the_8th() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "gang8").await;
+    let shard = unique("gang8");
+    let pool_name = unique("g8");
+    let mut nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &pool_name,
+        7,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let queue = format!("{shard}-q");
+    let mut queues = Queues::new(&client, cp);
+    queues
+        .create_with(
+            &queue,
+            json!({
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                "pools": [{"name": pool_name, "resources": [
+                    {"name": "nvidia.com/gpu", "nominalQuota": "64"}]}],
+            }),
+        )
+        .await;
+    let op = operator(cp, &shard, 40, 100);
+    let jobs: Api<ManagedJob> = Api::namespaced(client.clone(), &ns.name);
+    jobs.create(
+        &PostParams::default(),
+        &gpu_gang("gang", &shard, &queue, 8, 8),
+    )
+    .await
+    .unwrap();
+    let start = Instant::now();
+    let mut said = None;
+    while start.elapsed() < Duration::from_secs(15) {
+        let (state, reason, message) = waiting_reason(&jobs, "gang").await;
+        assert!(
+            state.is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting)),
+            "an 8-node gang admitted onto 7 nodes: {state:?} {message}"
+        );
+        let ours = pods_in(&client, &ns.name).await;
+        assert!(ours.is_empty(), "Pods of a gang not admitted: {ours:?}");
+        if reason == "InsufficientCapacity" {
+            said = Some(message);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let said = said.expect("the gang never said it waits for capacity");
+    assert!(said.contains("take 7 of 8 members"), "{said}");
+    let ready = nodes.grow(&client, 1).await;
+    let mut admitted_after = None;
+    loop {
+        let (state, _, message) = waiting_reason(&jobs, "gang").await;
+        if admitted_after.is_none()
+            && state.is_some_and(|s| !matches!(s, ScheduleState::Inactive | ScheduleState::Waiting))
+        {
+            admitted_after = Some(ready.elapsed());
+        }
+        let bound: BTreeMap<String, String> = pods_in(&client, &ns.name)
+            .await
+            .into_iter()
+            .filter_map(|(p, n)| Some((n?, p)))
+            .collect();
+        if bound.len() == 8 {
+            break;
+        }
+        assert!(
+            ready.elapsed() < Duration::from_secs(60),
+            "8 members not bound on 8 nodes 60 s after the 8th node: {bound:?} ({state:?} {message})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let admitted_after = admitted_after.unwrap_or_else(|| ready.elapsed());
+    eprintln!(
+        "admitted {:.2} s after the 8th node was Ready",
+        admitted_after.as_secs_f64()
+    );
+    assert!(
+        admitted_after < Duration::from_secs(5),
+        "admitted only {admitted_after:?} after the 8th node was Ready"
+    );
+    drop(op);
+}
+
+/// Issue 44, pools in order: a queue lists spot first, on-demand second (8 GPUs each, one node
+/// of 8 each). The first 8-GPU job runs on spot; with spot full the second runs on on-demand:
+/// its Pod carries on-demand's node selector and lands there, and its status names the pool.
+#[tokio::test]
+async fn with_spot_full_a_job_runs_on_on_demand() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "pools").await;
+    let shard = unique("pools");
+    let (spot, on_demand) = (unique("spot"), unique("ondemand"));
+    let spot_nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &spot,
+        1,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let od_nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &on_demand,
+        1,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let _spot_pool = PoolObject::create(&client, cp, &spot).await;
+    let _od_pool = PoolObject::create(&client, cp, &on_demand).await;
+    let queue = format!("{shard}-q");
+    let mut queues = Queues::new(&client, cp);
+    queues
+        .create_with(
+            &queue,
+            json!({
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                "pools": [
+                    {"name": spot, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "8"}]},
+                    {"name": on_demand, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "8"}]},
+                ],
+            }),
+        )
+        .await;
+    let op = operator(cp, &shard, 40, 100);
+    let jobs: Api<ManagedJob> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (name, pool, node) in [
+        ("first", &spot, &spot_nodes.names[0]),
+        ("second", &on_demand, &od_nodes.names[0]),
+    ] {
+        jobs.create(
+            &PostParams::default(),
+            &gpu_job(name, &shard, &queue, 8, 600),
+        )
+        .await
+        .unwrap();
+        let start = Instant::now();
+        loop {
+            let status = jobs.get(name).await.unwrap().status.unwrap_or_default();
+            let placed = pods
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|p| p.name_any().starts_with(&format!("{name}-")));
+            if let Some(p) = placed
+                && let Some(spec) = p.spec.clone()
+                && spec.node_name.is_some()
+            {
+                assert_eq!(status.pool.as_deref(), Some(pool.as_str()), "{name}");
+                assert_eq!(
+                    spec.node_selector.unwrap_or_default().get("gang-pool"),
+                    Some(pool),
+                    "{name}'s Pod"
+                );
+                assert_eq!(spec.node_name.as_ref(), Some(node), "{name}'s Pod");
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{name} not running on {pool} in 60 s: {:?}",
+                status.message
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    drop(op);
+}

@@ -27,6 +27,9 @@ pub struct Pool {
     cp: &'static super::ControlPlane,
     /// Its nodes' names, `<pool>-<i>`.
     pub names: Vec<String>,
+    pool: String,
+    /// Each node's capacity and allocatable beside memory and Pods.
+    resources: Vec<(String, String)>,
 }
 
 impl Pool {
@@ -51,13 +54,30 @@ impl Pool {
         count: usize,
         resources: &[(&str, &str)],
     ) -> Pool {
+        let mut made = Pool {
+            cp,
+            names: Vec::new(),
+            pool: pool.to_string(),
+            resources: resources
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        };
+        made.grow(client, count).await;
+        made
+    }
+
+    /// Adds `count` nodes like the others (`<pool>-<i>` on from the last); returns once all
+    /// are Ready and untainted, when the instant they were seen so.
+    pub async fn grow(&mut self, client: &Client, count: usize) -> Instant {
         let mut allocatable = serde_json::json!({"memory": "32Gi", "pods": "110"});
-        for (name, value) in resources {
-            allocatable[*name] = serde_json::json!(value);
+        for (name, value) in &self.resources {
+            allocatable[name.as_str()] = serde_json::json!(value);
         }
         let api = Api::<Node>::all(client.clone());
+        let pool = self.pool.clone();
         let mut names = Vec::new();
-        for i in 0..count {
+        for i in self.names.len()..self.names.len() + count {
             let name = format!("{pool}-{i}");
             let node: Node = serde_json::from_value(serde_json::json!({
                 "apiVersion": "v1", "kind": "Node",
@@ -71,7 +91,8 @@ impl Pool {
             api.create(&PostParams::default(), &node)
                 .await
                 .expect("creating a kwok Node");
-            names.push(name);
+            names.push(name.clone());
+            self.names.push(name);
         }
         // Ready (kwok's Stage) and untainted by the node lifecycle controller.
         let start = Instant::now();
@@ -96,7 +117,7 @@ impl Pool {
                 }
             }
             if ready == names.len() {
-                break;
+                return Instant::now();
             }
             assert!(
                 start.elapsed() < READY_WITHIN,
@@ -104,7 +125,6 @@ impl Pool {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Pool { cp, names }
     }
 
     /// Template lines placing a Pod on this pool only.
