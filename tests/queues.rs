@@ -1631,3 +1631,130 @@ async fn with_spot_full_a_job_runs_on_on_demand() {
     }
     drop(op);
 }
+
+/// Issue 44, preemption in resources with gangs as victims: on a pool of 16 GPUs (two nodes of
+/// 8), team-a (nominal 8) fills all 16 with gangs of two 1-GPU Pods; team-b (nominal 8,
+/// `reclaimWithinCohort: Any`) then applies eight 1-GPU jobs. Within seconds team-b holds its
+/// 8, exactly four of team-a's gangs were stopped, each whole (every gang of team-a still
+/// running has both members), and team-a keeps its nominal 8.
+#[tokio::test]
+async fn team_b_takes_back_8_gpus_from_whole_gangs() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let a = support::TestNamespace::new(&client, cp, "gang-a").await;
+    let b = support::TestNamespace::new(&client, cp, "gang-b").await;
+    let shard = unique("reclaim");
+    let pool_name = unique("rg");
+    let _nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &pool_name,
+        2,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let cohort = unique("cohort");
+    let mut queues = Queues::new(&client, cp);
+    for (team, ns) in [("a", &a.name), ("b", &b.name)] {
+        queues
+            .create_with(
+                &format!("{shard}-team-{team}"),
+                json!({
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "cohort": cohort,
+                    "pools": [{"name": pool_name, "resources": [
+                        {"name": "nvidia.com/gpu", "nominalQuota": "8"}]}],
+                    "preemption": {"reclaimWithinCohort": "Any", "minRunSeconds": 2},
+                }),
+            )
+            .await;
+    }
+    let (qa, qb) = (format!("{shard}-team-a"), format!("{shard}-team-b"));
+    let op = operator(cp, &shard, 40, 100);
+    create_all(
+        &client,
+        (0..8)
+            .map(|i| {
+                (
+                    a.name.clone(),
+                    gpu_gang(&format!("gang-{i}"), &shard, &qa, 1, 2),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let namespaces = [a.name.as_str(), b.name.as_str()];
+    let start = Instant::now();
+    loop {
+        let (held, _) = gpus_held(&client, &namespaces).await;
+        if held[&a.name] == 16 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "team-a's 8 gangs never held the 16 GPUs: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create_all(
+        &client,
+        (0..8)
+            .map(|i| {
+                (
+                    b.name.clone(),
+                    gpu_job(&format!("one-{i}"), &shard, &qb, 1, 600),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let applied = Instant::now();
+    let jobs_a: Api<ManagedJob> = Api::namespaced(client.clone(), &a.name);
+    loop {
+        let (held, unplaced) = gpus_held(&client, &namespaces).await;
+        assert!(unplaced.is_empty(), "unschedulable Pods: {unplaced:?}");
+        assert!(held[&a.name] + held[&b.name] <= 16, "{held:?}");
+        if held[&b.name] == 8 {
+            eprintln!(
+                "team-b held its 8 GPUs {:.1} s after applying",
+                applied.elapsed().as_secs_f64()
+            );
+            assert_eq!(held[&a.name], 8, "team-a keeps its nominal 8");
+            break;
+        }
+        assert!(
+            applied.elapsed() < Duration::from_secs(30),
+            "team-b does not hold its 8 GPUs 30 s after applying: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Four gangs stopped, whole: the others run with both members bound.
+    let list = jobs_a.list(&Default::default()).await.unwrap().items;
+    let waiting: Vec<String> = list
+        .iter()
+        .filter(|j| {
+            j.status
+                .as_ref()
+                .and_then(|s| s.schedule_state)
+                .is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting))
+        })
+        .map(|j| j.name_any())
+        .collect();
+    assert_eq!(
+        waiting.len(),
+        4,
+        "team-a's gangs waiting again: {waiting:?}"
+    );
+    let pods = pods_in(&client, &a.name).await;
+    for j in list.iter().map(|j| j.name_any()) {
+        let bound = pods
+            .iter()
+            .filter(|(p, n)| p.starts_with(&format!("{j}-")) && n.is_some())
+            .count();
+        let expected = if waiting.contains(&j) { 0 } else { 2 };
+        assert_eq!(bound, expected, "{j}'s bound members: {pods:?}");
+    }
+    drop(op);
+}
