@@ -76,6 +76,18 @@ pub struct QueueLabel {
     pub queue: String,
 }
 
+/// Label set of a queue's quota on a pool for one resource (Kueue's
+/// `cluster_queue_nominal_quota{cluster_queue, flavor, resource}`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// The ManagedJobQueue.
+    pub queue: String,
+    /// The ManagedJobPool.
+    pub pool: String,
+    /// The resource (`cpu`, `memory`, `nvidia.com/gpu`, ...).
+    pub resource: String,
+}
+
 /// Label set of `managedjobs_attempts_total`: bounded (5 actions x 2 sources).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
@@ -103,6 +115,15 @@ pub struct Metrics {
     pub queue_run_slots_in_use: Family<QueueLabel, Gauge>,
     /// Run slots in use (jobs in Launching, Alive, AliveWaiting).
     pub run_slots_in_use: Gauge,
+    /// A queue's nominal quota per pool and resource, in the resource's unit (cores, bytes,
+    /// devices; refreshed at each scrape).
+    pub queue_nominal_quota: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// What a queue's jobs holding a run slot ask for, per pool and resource.
+    pub queue_resource_usage: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// What of that is above the nominal quota, borrowed from the cohort.
+    pub queue_resource_borrowed: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// What of a queue's nominal quota other queues of its cohort use.
+    pub queue_resource_lent: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// The launch cap in force.
     pub launch_cap: Gauge,
     /// The run cap in force.
@@ -183,6 +204,10 @@ impl Metrics {
             queue_waiting_jobs: Family::default(),
             queue_launch_slots_in_use: Family::default(),
             queue_run_slots_in_use: Family::default(),
+            queue_nominal_quota: Family::default(),
+            queue_resource_usage: Family::default(),
+            queue_resource_borrowed: Family::default(),
+            queue_resource_lent: Family::default(),
             run_slots_in_use: Gauge::default(),
             launch_cap: Gauge::default(),
             run_cap: Gauge::default(),
@@ -239,6 +264,26 @@ impl Metrics {
             "queue_run_slots_in_use",
             "Run slots held (Launching, Alive or AliveWaiting), by queue",
             m.queue_run_slots_in_use.clone(),
+        );
+        registry.register(
+            "queue_nominal_quota",
+            "A queue's nominal quota on a pool, per resource (cores, bytes or devices)",
+            m.queue_nominal_quota.clone(),
+        );
+        registry.register(
+            "queue_resource_usage",
+            "What a queue's jobs holding a run slot ask for on a pool, per resource",
+            m.queue_resource_usage.clone(),
+        );
+        registry.register(
+            "queue_resource_borrowed",
+            "What a queue uses above its nominal quota on a pool, borrowed from its cohort",
+            m.queue_resource_borrowed.clone(),
+        );
+        registry.register(
+            "queue_resource_lent",
+            "What of a queue's nominal quota on a pool other queues of its cohort use",
+            m.queue_resource_lent.clone(),
         );
         registry.register(
             "build",
@@ -385,8 +430,10 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the store-derived gauges and renders the text exposition format.
-    pub fn render(&self, store: &Store) -> String {
+    /// Refreshes the store-derived gauges and renders the text exposition format; `queues`
+    /// (the queues in force, when any) gives the quota gauges.
+    pub fn render(&self, store: &Store, queues: Option<&crate::queues::Queues>) -> String {
+        self.quotas(store, queues);
         if let Ok(counts) = store.counts_by_state() {
             for p in JobPhase::ALL {
                 let n = counts.iter().filter(|c| c.0 == p).map(|c| c.2).sum::<i64>();
@@ -443,6 +490,45 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+impl Metrics {
+    /// The quota gauges: every queue with pools, per pool and resource; none without.
+    fn quotas(&self, store: &Store, queues: Option<&crate::queues::Queues>) {
+        let families = [
+            &self.queue_nominal_quota,
+            &self.queue_resource_usage,
+            &self.queue_resource_borrowed,
+            &self.queue_resource_lent,
+        ];
+        for f in families {
+            f.clear();
+        }
+        let Some(queues) = queues.filter(|q| q.any_quotas()) else {
+            return;
+        };
+        let Ok(usage) = store.quota_usage() else {
+            return;
+        };
+        let ledger = crate::resources::quota::Ledger::new(queues.quotas(), usage);
+        let unit = |milli: i64| milli as f64 / crate::resources::amount::ONE as f64;
+        for queue in ledger.quotas().keys() {
+            for (pool, uses) in ledger.status(queue) {
+                for u in uses {
+                    let label = QuotaLabels {
+                        queue: queue.clone(),
+                        pool: pool.clone(),
+                        resource: u.resource.clone(),
+                    };
+                    for (family, value) in
+                        families.iter().zip([u.nominal, u.used, u.borrowed, u.lent])
+                    {
+                        family.get_or_create(&label).set(unit(value));
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -586,7 +672,7 @@ mod tests {
     #[test]
     fn build_process_and_queue_metrics_are_rendered() {
         let store = store_with_one_job();
-        let text = Metrics::for_shard(Some("s1")).render(&store);
+        let text = Metrics::for_shard(Some("s1")).render(&store, None);
         let version = env!("CARGO_PKG_VERSION");
         let step = crate::store::schema::CURRENT_STEP;
         assert!(
@@ -647,7 +733,7 @@ mod tests {
             })
             .inc();
         let store = store_with_one_job();
-        let text = m.render(&store);
+        let text = m.render(&store, None);
         let doc = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/metrics.md"),
         )

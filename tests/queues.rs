@@ -1671,7 +1671,21 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
             .await;
     }
     let (qa, qb) = (format!("{shard}-team-a"), format!("{shard}-team-b"));
-    let op = operator(cp, &shard, 40, 100);
+    let port = support::free_port();
+    let op = support::OperatorProcess::start(
+        cp,
+        "",
+        &[
+            "--shard",
+            &shard,
+            "--launch-cap",
+            "40",
+            "--run-cap",
+            "100",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
     create_all(
         &client,
         (0..8)
@@ -1755,6 +1769,22 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
             .count();
         let expected = if waiting.contains(&j) { 0 } else { 2 };
         assert_eq!(bound, expected, "{j}'s bound members: {pods:?}");
+    }
+    // The quota where a platform team's dashboards look: per queue, pool and resource.
+    let (_, body) = tokio::task::spawn_blocking(move || support::http_get(port, "/metrics"))
+        .await
+        .unwrap();
+    for (metric, queue, value) in [
+        ("queue_nominal_quota", &qa, "8.0"),
+        ("queue_resource_usage", &qa, "8.0"),
+        ("queue_resource_usage", &qb, "8.0"),
+        ("queue_resource_borrowed", &qa, "0.0"),
+        ("queue_resource_lent", &qb, "0.0"),
+    ] {
+        let line = format!(
+            "managedjobs_{metric}{{shard=\"{shard}\",queue=\"{queue}\",pool=\"{pool_name}\",resource=\"nvidia.com/gpu\"}} {value}"
+        );
+        assert!(body.contains(&line), "/metrics lacks {line}:\n{body}");
     }
     drop(op);
 }

@@ -123,7 +123,7 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         let render: crate::metrics::Render = Arc::new(move || {
             for_render
                 .get()
-                .map(|e| e.metrics.render(&e.store()))
+                .map(|e| e.metrics.render(&e.store(), e.queues().as_deref()))
                 .unwrap_or_default()
         });
         let ready: crate::metrics::Ready = Arc::new(move || match for_ready.get() {
