@@ -1786,5 +1786,33 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
         );
         assert!(body.contains(&line), "/metrics lacks {line}:\n{body}");
     }
+    // And in `managed-jobs queue`: every queue's quota for every namespace, only team-b's for
+    // team-b's namespace.
+    let rows = |args: &[&str]| -> Vec<Vec<String>> {
+        let out = std::process::Command::new(support::binary())
+            .args(["queue", "--state-dir"])
+            .arg(op.state_dir.path())
+            .args(args)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu")
+            .collect()
+    };
+    let row = |queue: &str, used: &str| {
+        [queue, &pool_name, "nvidia.com/gpu", "8", used, "0", "0"]
+            .map(str::to_string)
+            .to_vec()
+    };
+    assert_eq!(rows(&["-A"]), vec![row(&qa, "8"), row(&qb, "8")]);
+    assert_eq!(rows(&["-n", &b.name]), vec![row(&qb, "8")]);
     drop(op);
 }

@@ -947,6 +947,28 @@ pub fn render_job_queue(q: &crate::visibility::view::JobQueue, now: i64) -> Stri
             c.namespace, c.waiting, c.launching, c.holding_run_slots, c.inactive
         ));
     }
+    if !q.quotas.is_empty() {
+        out.push_str(&format!(
+            "\n{:<24} {:<20} {:<20} {:>10} {:>10} {:>10} {:>10}\n",
+            "QUEUE", "POOL", "RESOURCE", "NOMINAL", "USED", "BORROWED", "LENT"
+        ));
+        for quota in &q.quotas {
+            for pool in &quota.pools {
+                for r in &pool.resources {
+                    out.push_str(&format!(
+                        "{:<24} {:<20} {:<20} {:>10} {:>10} {:>10} {:>10}\n",
+                        quota.queue,
+                        pool.name,
+                        r.name,
+                        r.nominal.0,
+                        r.used.0,
+                        r.borrowed.0,
+                        r.lent.0
+                    ));
+                }
+            }
+        }
+    }
     if !q.waiting.is_empty() {
         out.push_str(&format!(
             "\n{:>5}  {:<40} {:<12} {:>5}  {:<20} {:<16} {:>8}  {}\n",

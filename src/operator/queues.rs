@@ -247,33 +247,6 @@ pub fn queue_status(
     }
 }
 
-/// `status.pools` of queue `name`: per pool and resource, its nominal quota, what its jobs use,
-/// borrow and lend ([`crate::resources::quota::Ledger::status`]), as quantities.
-pub fn pool_usage(
-    ledger: &crate::resources::quota::Ledger,
-    name: &str,
-) -> Vec<crate::api::PoolUsage> {
-    use crate::resources::amount::show;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    ledger
-        .status(name)
-        .into_iter()
-        .map(|(pool, uses)| crate::api::PoolUsage {
-            name: pool,
-            resources: uses
-                .into_iter()
-                .map(|u| crate::api::ResourceUsage {
-                    nominal: Quantity(show(&u.resource, u.nominal)),
-                    used: Quantity(show(&u.resource, u.used)),
-                    borrowed: Quantity(show(&u.resource, u.borrowed)),
-                    lent: Quantity(show(&u.resource, u.lent)),
-                    name: u.resource,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 /// The server-side apply body of `status` (only the fields this instance owns).
 fn apply_body(status: &ManagedJobQueueStatus, owns_top: bool) -> serde_json::Value {
     let shards = serde_json::to_value(&status.shards).expect("serializes");
@@ -341,7 +314,7 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
             let c = counts.get(&name).copied().unwrap_or_default();
             let mut status = queue_status(c, caps, &instance, owns_top, q.metadata.generation);
             if let Some(ledger) = &ledger {
-                let pools = pool_usage(ledger, &name);
+                let pools = ledger.pool_usage(&name);
                 if owns_top {
                     status.pools = pools;
                 } else if let Some(entry) = status.shards.first_mut() {

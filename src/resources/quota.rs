@@ -376,6 +376,29 @@ impl Ledger {
         after.share(queue)
     }
 
+    /// `status.pools` of `queue` ([`Ledger::status`] as quantities): per pool and resource,
+    /// its nominal quota, what its jobs use, borrow and lend.
+    pub fn pool_usage(&self, queue: &str) -> Vec<crate::api::PoolUsage> {
+        use crate::resources::amount::show;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        self.status(queue)
+            .into_iter()
+            .map(|(pool, uses)| crate::api::PoolUsage {
+                name: pool,
+                resources: uses
+                    .into_iter()
+                    .map(|u| crate::api::ResourceUsage {
+                        nominal: Quantity(show(&u.resource, u.nominal)),
+                        used: Quantity(show(&u.resource, u.used)),
+                        borrowed: Quantity(show(&u.resource, u.borrowed)),
+                        lent: Quantity(show(&u.resource, u.lent)),
+                        name: u.resource,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// `queue`'s quotas as its status shows them: per pool in its order, per resource, the
     /// nominal quota, what it uses, borrows and lends (the cohort's borrowing attributed to the
     /// queues with unused lendable quota, in name order).

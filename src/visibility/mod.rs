@@ -1000,6 +1000,11 @@ pub fn queue_from_store(store: &mut Store, queues: &Queues) -> anyhow::Result<vi
         }
         let wait =
             crate::scheduler::wait_context(store, caps, queues, &loads, &waiting_queues, usage)?;
+        let quotas = if queues.any_quotas() {
+            view::quotas(queues, store.quota_usage()?)
+        } else {
+            Vec::new()
+        };
         let snapshot = view::Snapshot {
             now_ms,
             caps,
@@ -1011,6 +1016,7 @@ pub fn queue_from_store(store: &mut Store, queues: &Queues) -> anyhow::Result<vi
             inactive: &inactive,
             pace: &pace,
             wait: &wait,
+            quotas: &quotas,
         };
         let reads_ms = ms(start);
         let computed = Instant::now();

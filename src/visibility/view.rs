@@ -338,6 +338,41 @@ pub struct UsageView {
     pub waiting: usize,
 }
 
+/// A queue's quota in the answer: per pool and resource its nominal quota, use, borrowing and
+/// lending (as its `status.pools`), for the queues with pools that admit a namespace shown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueQuota {
+    /// The ManagedJobQueue.
+    pub queue: String,
+    /// Per pool, in the queue's order.
+    pub pools: Vec<crate::api::PoolUsage>,
+    /// The namespaces it admits (None: every namespace); decides who is shown it, never sent.
+    #[serde(skip)]
+    pub admits: Option<BTreeSet<String>>,
+}
+
+/// The quotas of every queue with pools in `queues`, with what `usage` says their jobs use
+/// ([`crate::store::Store::quota_usage`]).
+pub fn quotas(
+    queues: &Queues,
+    usage: BTreeMap<String, BTreeMap<crate::resources::quota::Dim, crate::resources::Amount>>,
+) -> Vec<QueueQuota> {
+    if !queues.any_quotas() {
+        return Vec::new();
+    }
+    let ledger = crate::resources::quota::Ledger::new(queues.quotas(), usage);
+    ledger
+        .quotas()
+        .keys()
+        .map(|name| QueueQuota {
+            queue: name.clone(),
+            pools: ledger.pool_usage(name),
+            admits: queues.get(name).and_then(|p| p.admits.only().cloned()),
+        })
+        .collect()
+}
+
 /// The answer of `GET .../queue`: kind `JobQueue`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -373,6 +408,10 @@ pub struct JobQueue {
     pub live: Vec<LiveJob>,
     /// The suspended jobs, by job id.
     pub inactive: Vec<InactiveJob>,
+    /// The quotas of the queues with pools that admit a namespace shown (of the one queue
+    /// asked for, when one was).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QueueQuota>,
 }
 
 /// What [`queue`] needs, read from the store at one moment.
@@ -397,6 +436,8 @@ pub struct Snapshot<'a> {
     pub pace: &'a BTreeMap<String, Pace>,
     /// The context of each queue's reason ([`scheduler::why_waiting`]).
     pub wait: &'a WaitContext<'a>,
+    /// The queues' quotas ([`quotas`]).
+    pub quotas: &'a [QueueQuota],
 }
 
 /// The counts of `ns`, added when missing.
@@ -541,6 +582,7 @@ pub fn queue(s: &Snapshot<'_>) -> JobQueue {
         waiting,
         live,
         inactive,
+        quotas: s.quotas.to_vec(),
     };
     all.waiting_total = all.waiting.len();
     all.counts = count(&all, None);
@@ -627,6 +669,19 @@ pub fn restrict(
             .filter(|j| shows(&j.namespace, &j.queue))
             .cloned()
             .collect(),
+        quotas: all
+            .quotas
+            .iter()
+            .filter(|q| {
+                queue.is_none_or(|want| want == q.queue)
+                    && match (visible, &q.admits) {
+                        (None, _) => true,
+                        (Some(v), None) => !v.is_empty(),
+                        (Some(v), Some(admits)) => v.iter().any(|ns| admits.contains(ns)),
+                    }
+            })
+            .cloned()
+            .collect(),
     };
     out.counts = count(&out, visible);
     if let Some(limit) = limit {
@@ -694,9 +749,53 @@ mod tests {
             waiting: jobs,
             live: Vec::new(),
             inactive: Vec::new(),
+            quotas: Vec::new(),
         };
         q.counts = count(&q, None);
         q
+    }
+
+    #[test]
+    fn a_caller_sees_the_quotas_of_the_queues_that_admit_its_namespaces() {
+        let quota = |queue: &str, admits: Option<&[&str]>| QueueQuota {
+            queue: queue.into(),
+            pools: vec![crate::api::PoolUsage {
+                name: "gpu".into(),
+                resources: Vec::new(),
+            }],
+            admits: admits.map(|a| a.iter().map(|s| s.to_string()).collect()),
+        };
+        let mut all = queue_of(Vec::new());
+        all.quotas = vec![
+            quota("team-a", Some(&["a"])),
+            quota("team-b", Some(&["b"])),
+            quota("shared", None),
+        ];
+        let shown = |visible: Option<&[&str]>, queue: Option<&str>| -> Vec<String> {
+            let v: Option<BTreeSet<String>> =
+                visible.map(|v| v.iter().map(|s| s.to_string()).collect());
+            restrict(&all, v.as_ref(), queue, None)
+                .quotas
+                .into_iter()
+                .map(|q| q.queue)
+                .collect()
+        };
+        assert_eq!(shown(None, None), ["team-a", "team-b", "shared"]);
+        assert_eq!(shown(Some(&["a"]), None), ["team-a", "shared"]);
+        assert_eq!(
+            shown(Some(&["a", "b"]), None),
+            ["team-a", "team-b", "shared"]
+        );
+        assert_eq!(shown(Some(&["c"]), None), ["shared"]);
+        assert!(shown(Some(&[]), None).is_empty(), "no namespace, no quota");
+        assert_eq!(shown(Some(&["a"]), Some("team-b")), Vec::<String>::new());
+        assert_eq!(shown(None, Some("team-b")), ["team-b"]);
+        // Who is admitted is never sent.
+        let json = serde_json::to_value(&all.quotas[0]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"queue": "team-a", "pools": [{"name": "gpu", "resources": []}]})
+        );
     }
 
     #[test]
@@ -873,6 +972,7 @@ mod tests {
             inactive: &[],
             pace: &p,
             wait: &wait,
+            quotas: &[],
         };
         let q = queue(&snapshot);
         let by_id = |id| q.waiting.iter().find(|j| j.job_id == id).unwrap();
