@@ -29,6 +29,10 @@ use crate::queues::Preemption;
 /// The window of `maxPerMinute` (ms).
 pub const RATE_WINDOW_MS: i64 = 60_000;
 
+/// How many node-first victim orders [`reclaim`] tries for one claimant beside the plain one
+/// (bounds a pass's cost: each is one walk over the candidates).
+pub const NODE_ORDERS: usize = 8;
+
 /// Slack of the share comparisons (shares are fractions of slots).
 const EPS: f64 = 1e-9;
 
@@ -303,7 +307,9 @@ pub struct Claimant {
 ///   lost), each having run the claimant's queue's `minRunSeconds`, within its `maxPerMinute`.
 /// - Victims are taken one by one until the claimant fits the quota and the nodes; then any
 ///   victim no longer needed is given back: no victim beyond what the claimant needs (and none
-///   at all when even every candidate would not make it fit).
+///   at all when even every candidate would not make it fit). Besides that order, the same
+///   with the victims on one node first, for the [`NODE_ORDERS`] nodes where the most of what
+///   the claimant needs can be freed; the plan with the fewest victims is taken.
 /// - Jobs already stopping for a queue count as freed (a pass does not take more for the same
 ///   need while they stop).
 ///
@@ -409,40 +415,78 @@ pub fn reclaim(
                     .then(y.running_since_ms.cmp(&x.running_since_ms))
                     .then(y.id.cmp(&x.id))
             });
-            let (mut l, mut n) = (ledger.clone(), nodes.clone());
-            let mut chosen: Vec<usize> = Vec::new();
-            for &i in &order {
-                if chosen.len() >= *left {
-                    break;
+            // Victims in `order`, one by one until the claimant fits; then any no longer
+            // needed given back, latest first. None when even all of them would not do.
+            let attempt = |order: &[usize]| {
+                let (mut l, mut n) = (ledger.clone(), nodes.clone());
+                let mut chosen: Vec<usize> = Vec::new();
+                for &i in order {
+                    if chosen.len() >= *left {
+                        break;
+                    }
+                    let h = &holders[i];
+                    // Only from a queue that still borrows what the claimant needs.
+                    if !needed.iter().any(|r| l.borrowed(&h.queue, pool, r) > 0) {
+                        continue;
+                    }
+                    free(h, &mut l, &mut n);
+                    chosen.push(i);
+                    if fits(&l, &n, pool) {
+                        break;
+                    }
                 }
-                let h = &holders[i];
-                // Only from a queue that still borrows what the claimant needs.
-                if !needed.iter().any(|r| l.borrowed(&h.queue, pool, r) > 0) {
-                    continue;
+                if chosen.is_empty() || !fits(&l, &n, pool) {
+                    return None;
                 }
-                free(h, &mut l, &mut n);
-                chosen.push(i);
-                if fits(&l, &n, pool) {
-                    break;
+                for k in (0..chosen.len()).rev() {
+                    let h = &holders[chosen[k]];
+                    let (mut l2, mut n2) = (l.clone(), n.clone());
+                    l2.take(&h.queue, pool, &h.demand.total());
+                    for &node in &h.nodes {
+                        n2.take_on(node, &h.demand.per_member);
+                    }
+                    if fits(&l2, &n2, pool) {
+                        l = l2;
+                        n = n2;
+                        chosen.remove(k);
+                    }
+                }
+                Some((chosen, l, n))
+            };
+            let mut best = attempt(&order);
+            // A claimant that needs room on particular nodes (a large Pod, a gang) may need
+            // victims gathered on them rather than the latest started anywhere: the same order
+            // with the victims on one node first, for the nodes where the most can be freed
+            // (at most NODE_ORDERS of them); the plan with the fewest victims wins, the plain
+            // order on a tie.
+            if !c.demand.local && best.as_ref().is_none_or(|b| b.0.len() > 1) {
+                let mut freeable: std::collections::BTreeMap<usize, i64> =
+                    std::collections::BTreeMap::new();
+                for &i in &order {
+                    for &node in &holders[i].nodes {
+                        *freeable.entry(node).or_default() += needed
+                            .iter()
+                            .map(|r| holders[i].demand.per_member.get(r))
+                            .sum::<i64>();
+                    }
+                }
+                let mut ranked: Vec<(usize, i64)> = freeable.into_iter().collect();
+                ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                for (node, _) in ranked.into_iter().take(NODE_ORDERS) {
+                    let (mut first, rest): (Vec<usize>, Vec<usize>) = order
+                        .iter()
+                        .partition(|&&i| holders[i].nodes.contains(&node));
+                    first.extend(rest);
+                    if let Some(plan) = attempt(&first)
+                        && best.as_ref().is_none_or(|b| plan.0.len() < b.0.len())
+                    {
+                        best = Some(plan);
+                    }
                 }
             }
-            if chosen.is_empty() || !fits(&l, &n, pool) {
+            let Some((chosen, mut l, n)) = best else {
                 continue;
-            }
-            // Give back any victim no longer needed, latest first.
-            for k in (0..chosen.len()).rev() {
-                let h = &holders[chosen[k]];
-                let (mut l2, mut n2) = (l.clone(), n.clone());
-                l2.take(&h.queue, pool, &h.demand.total());
-                for &node in &h.nodes {
-                    n2.take_on(node, &h.demand.per_member);
-                }
-                if fits(&l2, &n2, pool) {
-                    l = l2;
-                    n = n2;
-                    chosen.remove(k);
-                }
-            }
+            };
             // The claimant takes what it needs in the plan; its victims leave.
             l.take(&c.queue, pool, &total);
             ledger = l;
@@ -579,7 +623,7 @@ mod tests {
         use crate::resources::fit::{NodeInfo, Nodes};
         use crate::resources::quota::{Ledger, QueueQuotas, Quota};
         use crate::resources::{Demand, Placement, Resources};
-        use std::collections::BTreeMap;
+        use std::collections::{BTreeMap, BTreeSet};
 
         fn gpus(n: i64) -> Demand {
             let mut r = Resources::new();
@@ -694,6 +738,45 @@ mod tests {
                 l.take(&h.queue, &h.pool, &h.demand.total());
             }
             l
+        }
+
+        /// Team-a's 16 1-GPU jobs alternate between the two nodes (as kube-scheduler spreads
+        /// them); team-b wants one 8-GPU Pod: the 8 latest started free 4 GPUs on each node,
+        /// which is no fit, so the victims are gathered on one node: exactly its 8 jobs.
+        #[test]
+        fn a_large_pod_takes_back_a_whole_node_not_the_latest_jobs_everywhere() {
+            let (a, b) = (team(8, false), team(8, true));
+            let q = world(&a, &b);
+            let mut n = nodes(2);
+            let h: Vec<Holder> = (0..16)
+                .map(|id| {
+                    let d = gpus(1);
+                    let node = (id % 2) as usize;
+                    n.take_on(node, &d.per_member);
+                    Holder {
+                        id,
+                        queue: "team-a".into(),
+                        priority: 0,
+                        running_since_ms: Some(id),
+                        pool: "gpu".into(),
+                        demand: d,
+                        nodes: vec![node],
+                        leaving_for: None,
+                    }
+                })
+                .collect();
+            let l = ledger(&q, &h);
+            let claimant = Claimant {
+                id: 100,
+                queue: "team-b".into(),
+                demand: gpus(8),
+            };
+            let v = reclaim(&[claimant], &h, &q, &l, &n, &BTreeMap::new(), 1_000_000);
+            let mut ids: Vec<i64> = v.iter().map(|v| v.id).collect();
+            ids.sort();
+            assert_eq!(ids.len(), 8, "{ids:?}");
+            let on: BTreeSet<i64> = ids.iter().map(|id| id % 2).collect();
+            assert_eq!(on.len(), 1, "victims on both nodes: {ids:?}");
         }
 
         /// Team-a (nominal 8) fills 16 GPUs with 1-GPU jobs, borrowing team-b's 8; team-b
