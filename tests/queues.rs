@@ -31,6 +31,7 @@ use managed_jobs::defaults::QUEUE_STATUS_PERIOD;
 use managed_jobs::state_dir::StateDir;
 use managed_jobs::store::Store;
 use serde_json::json;
+use support::quota::{PoolObject, Queues, gpu_gang, gpu_job};
 
 const T: Duration = Duration::from_secs(240);
 
@@ -42,70 +43,6 @@ fn unique(prefix: &str) -> String {
         .subsec_nanos()
         ^ std::process::id();
     format!("{prefix}-{:x}", n % 0xffffff)
-}
-
-/// Queues created by a test, deleted when dropped (a queue left behind would make every later
-/// operator of the cluster see queue objects).
-struct Queues {
-    api: Api<ManagedJobQueue>,
-    names: Vec<String>,
-    kubeconfig: std::path::PathBuf,
-}
-
-impl Queues {
-    fn new(client: &Client, cp: &support::ControlPlane) -> Queues {
-        Queues {
-            api: Api::all(client.clone()),
-            names: Vec::new(),
-            kubeconfig: cp.kubeconfig.clone(),
-        }
-    }
-
-    /// Creates queue `name` of `weight` admitting `namespaces`, with an optional `maxRunning`.
-    async fn create(
-        &mut self,
-        name: &str,
-        weight: u32,
-        max_running: Option<u32>,
-        namespaces: &[&str],
-    ) {
-        let mut spec = json!({
-            "weight": weight,
-            "namespaceSelector": { "matchExpressions": [{
-                "key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces,
-            }]},
-        });
-        if let Some(m) = max_running {
-            spec["maxRunning"] = json!(m);
-        }
-        self.create_with(name, spec).await;
-    }
-
-    /// Creates queue `name` with `spec` as given.
-    async fn create_with(&mut self, name: &str, spec: serde_json::Value) {
-        let q: ManagedJobQueue = serde_json::from_value(json!({
-            "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
-            "metadata": { "name": name }, "spec": spec,
-        }))
-        .unwrap();
-        self.api
-            .create(&PostParams::default(), &q)
-            .await
-            .expect("creating a queue");
-        self.names.push(name.to_string());
-    }
-}
-
-impl Drop for Queues {
-    fn drop(&mut self) {
-        // kubectl, not the client: Drop cannot await the test's runtime.
-        let cp = support::ControlPlane {
-            kubeconfig: self.kubeconfig.clone(),
-        };
-        for name in &self.names {
-            support::kubectl(&cp, &["delete", "managedjobqueue", name, "--wait=false"]);
-        }
-    }
 }
 
 /// A ManagedJob of `shard` in `queue` (None: the default queue) running `run` locally.
@@ -899,25 +836,6 @@ async fn every_waiting_job_is_told_its_reason_at_9_and_100() {
     );
 }
 
-/// A pod job of `shard` in `queue` whose one Pod asks for `gpus` `nvidia.com/gpu` and completes
-/// after `seconds` (kwok's stage, `hack/stages`).
-fn gpu_job(name: &str, shard: &str, queue: &str, gpus: u32, seconds: u32) -> ManagedJob {
-    serde_json::from_value(json!({
-        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJob",
-        "metadata": { "name": name, "labels": { LABEL_SHARD: shard } },
-        "spec": {
-            "queue": queue,
-            "template": {
-                "metadata": {"annotations": {"managedjobs.dev/complete-after": format!("{seconds}s")}},
-                "spec": {"containers": [{"name": "main", "image": "trainer",
-                    "resources": {"requests": {"nvidia.com/gpu": gpus.to_string(), "cpu": "100m"},
-                                  "limits": {"nvidia.com/gpu": gpus.to_string()}}}]},
-            },
-        },
-    }))
-    .unwrap()
-}
-
 /// GPUs held per namespace now by the jobs' bound, unfinished Pods; and the Pods the scheduler
 /// could not place (must never be: a job is admitted only when its Pods fit).
 async fn gpus_held(client: &Client, namespaces: &[&str]) -> (BTreeMap<String, u32>, Vec<String>) {
@@ -1035,20 +953,7 @@ async fn gpu_teams(reclaim: bool, seconds_a: u32, seconds_b: u32) -> GpuRun {
         &[("cpu", "32"), ("nvidia.com/gpu", "8")],
     )
     .await;
-    let pools: Api<managed_jobs::api::ManagedJobPool> = Api::all(client.clone());
-    pools
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
-                "metadata": {"name": pool_name},
-                "spec": {"nodeLabels": {"gang-pool": pool_name},
-                         "tolerations": [{"key": "gang-pool", "operator": "Equal", "value": pool_name, "effect": "NoSchedule"}]},
-            }))
-            .unwrap(),
-        )
-        .await
-        .expect("creating the pool");
+    let _pool = PoolObject::create(&client, cp, &pool_name).await;
     let cohort = unique("cohort");
     let mut queues = Queues::new(&client, cp);
     for (team, ns) in [("a", &a.name), ("b", &b.name)] {
@@ -1196,7 +1101,6 @@ async fn gpu_teams(reclaim: bool, seconds_a: u32, seconds_b: u32) -> GpuRun {
     let status = jobs_b.get("small-00").await.unwrap().status.unwrap();
     assert_eq!(status.pool.as_deref(), Some(run.pool_name.as_str()));
     drop(op);
-    let _ = pools.delete(&pool_name, &Default::default()).await;
     run
 }
 
@@ -1264,55 +1168,6 @@ async fn team_b_takes_back_its_16_gpus_by_preemption() {
             );
         }
     }
-}
-
-/// A ManagedJobPool made by a test (nodes labelled `gang-pool=<name>` and tainted so, as
-/// [`support::kwok::Pool`] makes them), deleted when dropped.
-struct PoolObject {
-    name: String,
-    kubeconfig: std::path::PathBuf,
-}
-
-impl PoolObject {
-    async fn create(client: &Client, cp: &support::ControlPlane, name: &str) -> PoolObject {
-        let pools: Api<managed_jobs::api::ManagedJobPool> = Api::all(client.clone());
-        pools
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
-                    "metadata": {"name": name},
-                    "spec": {"nodeLabels": {"gang-pool": name},
-                             "tolerations": [{"key": "gang-pool", "operator": "Equal", "value": name, "effect": "NoSchedule"}]},
-                }))
-                .unwrap(),
-            )
-            .await
-            .expect("creating the pool");
-        PoolObject {
-            name: name.to_string(),
-            kubeconfig: cp.kubeconfig.clone(),
-        }
-    }
-}
-
-impl Drop for PoolObject {
-    fn drop(&mut self) {
-        let cp = support::ControlPlane {
-            kubeconfig: self.kubeconfig.clone(),
-        };
-        support::kubectl(
-            &cp,
-            &["delete", "managedjobpool", &self.name, "--wait=false"],
-        );
-    }
-}
-
-/// [`gpu_job`] as a gang of `nodes` Pods of `gpus` GPUs each that run until stopped.
-fn gpu_gang(name: &str, shard: &str, queue: &str, gpus: u32, nodes: u32) -> ManagedJob {
-    let mut job = gpu_job(name, shard, queue, gpus, 600);
-    job.spec.nodes = Some(nodes as i32);
-    job
 }
 
 /// The job's `Admitted` condition's reason and its message, as the API shows them now.

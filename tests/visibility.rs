@@ -1193,3 +1193,106 @@ async fn jobs_applied_in_one_second_are_admitted_in_the_order_the_api_accepted_t
         "the order of admission against the API server's"
     );
 }
+
+/// Issue 44, the quota where users look: alice has `view` in her namespace only. Of two queues
+/// with 4 GPUs each on a pool (one admits her namespace, one another), she sees through the API
+/// server, with `managed-jobs queue` and in the dashboard, only her queue's quota, its use by
+/// her running 3-GPU job, as numbers and as a bar.
+#[tokio::test]
+async fn a_namespace_user_sees_the_quota_of_the_queues_that_admit_their_namespace() {
+    let cp = control_plane_or_skip!();
+    let Some(browser) = browser() else { return };
+    let _one = ONE_API.lock().await;
+    let client = support::client(cp).await;
+    let ns = TestNamespace::new(&client, cp, "vis-quota").await;
+    let other = TestNamespace::new(&client, cp, "vis-quota-b").await;
+    let shard = unique("vis-quota");
+    let pool_name = unique("vq");
+    let _nodes = support::kwok::Pool::with_resources(
+        cp,
+        &client,
+        &pool_name,
+        1,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    let _pool = support::quota::PoolObject::create(&client, cp, &pool_name).await;
+    let mut queues = support::quota::Queues::new(&client, cp);
+    let (mine, theirs) = (format!("{shard}-mine"), format!("{shard}-theirs"));
+    for (queue, namespace) in [(&mine, &ns.name), (&theirs, &other.name)] {
+        queues
+            .create_with(
+                queue,
+                serde_json::json!({
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "pools": [{"name": pool_name, "resources": [
+                        {"name": "nvidia.com/gpu", "nominalQuota": "4"}]}],
+                }),
+            )
+            .await;
+    }
+    let served = Served::new("mj-visibility", &ns.name);
+    let _op = operator(cp, &shard, &served, &["--executors", "local,pod"]);
+    let alice = User::new(cp, &ns.name, "alice");
+    vis::grant(cp, "view", &ns.name, &alice);
+    kube::Api::<managed_jobs::api::ManagedJob>::namespaced(client.clone(), &ns.name)
+        .create(
+            &Default::default(),
+            &support::quota::gpu_job("train", &shard, &mine, 3, 600),
+        )
+        .await
+        .expect("creating the job");
+    support::wait_status(
+        &client,
+        &ns.name,
+        "train",
+        T,
+        "Running",
+        support::phase_is(managed_jobs::api::JobPhase::Running),
+    )
+    .await;
+    served.wait_up().await;
+    let _api = ApiService::register(cp, &ns.name, "mj-visibility", &served);
+
+    // `managed-jobs queue` as alice, through the API server.
+    let out = Command::new(support::binary())
+        .args(["queue"])
+        .env("KUBECONFIG", &alice.kubeconfig)
+        .env_remove("MJ_STATE_DIR")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "managed-jobs queue: {out:?}");
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu")
+        .collect();
+    assert_eq!(
+        rows,
+        vec![vec![
+            mine.as_str(),
+            pool_name.as_str(),
+            "nvidia.com/gpu",
+            "4",
+            "3",
+            "0",
+            "0"
+        ]],
+        "{stdout}"
+    );
+
+    // The dashboard as alice, through `kubectl proxy`.
+    let proxy = Proxy::start(&alice.kubeconfig);
+    let page = browser.open(&proxy.url(&format!("{PREFIX}/namespaces/{}/dashboard", ns.name)));
+    page.wait_for("document.body.dataset.ready === 'true'", T);
+    let shown = page.eval(
+        "[...document.querySelectorAll('#quotas tbody tr')].map(tr => [tr.dataset.queue, \
+         tr.dataset.resource, tr.querySelector('td.used').textContent, \
+         tr.querySelector('td.nominal').textContent, tr.querySelector('i.own').style.width])",
+    );
+    assert_eq!(
+        shown,
+        serde_json::json!([[mine, "nvidia.com/gpu", "3", "4", "75%"]])
+    );
+}

@@ -18,6 +18,7 @@
 
 pub mod browser;
 pub mod kwok;
+pub mod quota;
 pub mod visibility;
 
 use std::path::{Path, PathBuf};
