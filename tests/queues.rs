@@ -1659,7 +1659,8 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
         );
         text.lines()
             .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-            .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu")
+            // Other tests' queues beside this one's.
+            .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu" && t[0].starts_with(&shard))
             .collect()
     };
     let row = |queue: &str, used: &str| {

@@ -1266,7 +1266,8 @@ async fn a_namespace_user_sees_the_quota_of_the_queues_that_admit_their_namespac
     let rows: Vec<Vec<&str>> = stdout
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu")
+        // Of this test's queues (a queue of another test admitting every namespace aside).
+        .filter(|t| t.len() == 7 && t[2] == "nvidia.com/gpu" && t[0].starts_with(&shard))
         .collect();
     assert_eq!(
         rows,
@@ -1286,11 +1287,11 @@ async fn a_namespace_user_sees_the_quota_of_the_queues_that_admit_their_namespac
     let proxy = Proxy::start(&alice.kubeconfig);
     let page = browser.open(&proxy.url(&format!("{PREFIX}/namespaces/{}/dashboard", ns.name)));
     page.wait_for("document.body.dataset.ready === 'true'", T);
-    let shown = page.eval(
-        "[...document.querySelectorAll('#quotas tbody tr')].map(tr => [tr.dataset.queue, \
+    let shown = page.eval(&format!(
+        "[...document.querySelectorAll('#quotas tbody tr')].filter(tr => tr.dataset.queue.startsWith('{shard}')).map(tr => [tr.dataset.queue, \
          tr.dataset.resource, tr.querySelector('td.used').textContent, \
          tr.querySelector('td.nominal').textContent, tr.querySelector('i.own').style.width])",
-    );
+    ));
     assert_eq!(
         shown,
         serde_json::json!([[mine, "nvidia.com/gpu", "3", "4", "75%"]])
