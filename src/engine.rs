@@ -559,7 +559,7 @@ impl Engine {
     }
 
     /// The cluster now, for a pass of queues with pools; None while not known.
-    fn cluster_snapshot(&self) -> Option<Arc<crate::resources::fit::ClusterSnapshot>> {
+    pub fn cluster_snapshot(&self) -> Option<Arc<crate::resources::fit::ClusterSnapshot>> {
         let view = self
             .cluster
             .lock()

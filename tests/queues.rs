@@ -1463,9 +1463,11 @@ async fn with_spot_full_a_job_runs_on_on_demand() {
                 .unwrap()
                 .into_iter()
                 .find(|p| p.name_any().starts_with(&format!("{name}-")));
+            // Bound, and its status written since (the status follows the launch).
             if let Some(p) = placed
                 && let Some(spec) = p.spec.clone()
                 && spec.node_name.is_some()
+                && status.phase == Some(JobPhase::Running)
             {
                 assert_eq!(status.pool.as_deref(), Some(pool.as_str()), "{name}");
                 assert_eq!(
@@ -1483,6 +1485,25 @@ async fn with_spot_full_a_job_runs_on_on_demand() {
             );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+    // `kubectl get mjp`: each pool's Ready nodes and what is free on them (written every
+    // QUEUE_STATUS_PERIOD).
+    let pool_api: Api<managed_jobs::api::ManagedJobPool> = Api::all(client.clone());
+    let start = Instant::now();
+    loop {
+        let status = pool_api.get(&spot).await.unwrap().status;
+        if let Some(s) = &status
+            && s.nodes == 1
+            && s.free.get("nvidia.com/gpu").map(|q| q.0.as_str()) == Some("0")
+            && s.allocatable.get("nvidia.com/gpu").map(|q| q.0.as_str()) == Some("8")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < QUEUE_STATUS_PERIOD * 3,
+            "the spot pool's status: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     drop(op);
 }

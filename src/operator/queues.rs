@@ -285,6 +285,7 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
     let caps = cfg.capacity.caps;
     let api: Api<ManagedJobQueue> = Api::all(op.client.clone());
     let mut written: HashMap<String, ManagedJobQueueStatus> = HashMap::new();
+    let mut written_pools: HashMap<String, crate::api::ManagedJobPoolStatus> = HashMap::new();
     loop {
         tokio::time::sleep(QUEUE_STATUS_PERIOD).await;
         let objects = watch.objects();
@@ -360,5 +361,44 @@ pub async fn status_loop(op: Arc<Operator>, watch: QueueWatch) {
             }
         }
         written.retain(|name, _| watch.queues.state().iter().any(|q| q.name_any() == *name));
+        write_pools(&op, &watch, &manager, &mut written_pools).await;
     }
+}
+
+/// Writes each ManagedJobPool's status (its Ready, schedulable nodes, their allocatable and
+/// free resources: [`crate::resources::fit::pool_status`]) from the cluster the operator
+/// watches, when it changed; nothing while the cluster is not known (no queue has pools).
+async fn write_pools(
+    op: &Operator,
+    watch: &QueueWatch,
+    manager: &str,
+    written: &mut HashMap<String, crate::api::ManagedJobPoolStatus>,
+) {
+    let Some(snapshot) = op.engine.cluster_snapshot() else {
+        return;
+    };
+    let api: Api<ManagedJobPool> = Api::all(op.client.clone());
+    let pools = watch.pools.state();
+    for p in &pools {
+        let name = p.name_any();
+        let status = crate::resources::fit::pool_status(&p.spec.node_labels, &snapshot.nodes);
+        if written.get(&name) == Some(&status) || p.status.as_ref() == Some(&status) {
+            continue;
+        }
+        op.budget.for_event().await;
+        op.engine.metrics.api_request("patch");
+        let body = serde_json::json!({
+            "apiVersion": "managedjobs.dev/v1alpha1",
+            "kind": "ManagedJobPool",
+            "status": status,
+        });
+        let params = PatchParams::apply(manager).force();
+        match api.patch_status(&name, &params, &Patch::Apply(body)).await {
+            Ok(_) => {
+                written.insert(name, status);
+            }
+            Err(e) => tracing::debug!(pool = %name, error = %e, "writing a pool's status failed"),
+        }
+    }
+    written.retain(|name, _| pools.iter().any(|p| p.name_any() == *name));
 }

@@ -61,6 +61,57 @@ impl NodeInfo {
     }
 }
 
+/// What a pool's status shows ([`crate::api::ManagedJobPoolStatus`]): its Ready, schedulable
+/// nodes (those with every one of `node_labels`), their allocatable resources summed and what
+/// of that no bound Pod requests. Quantities as [`crate::resources::amount::show`] prints them.
+pub fn pool_status(
+    node_labels: &BTreeMap<String, String>,
+    nodes: &[NodeInfo],
+) -> crate::api::ManagedJobPoolStatus {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut allocatable = Resources::new();
+    let mut free = Resources::new();
+    let mut count = 0;
+    for n in nodes.iter().filter(|n| {
+        n.ready && !n.unschedulable && node_labels.iter().all(|(k, v)| n.labels.get(k) == Some(v))
+    }) {
+        count += 1;
+        allocatable.add(&n.allocatable);
+        let mut f = n.free();
+        for (r, a) in n.free().iter() {
+            if a < 0 {
+                f.set(r, 0);
+            }
+        }
+        free.add(&f);
+    }
+    let shown = |r: &Resources| {
+        r.iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    Quantity(crate::resources::amount::show(k, v)),
+                )
+            })
+            .collect()
+    };
+    // Every resource of the nodes shows what is free of it, none included.
+    let free = allocatable
+        .iter()
+        .map(|(k, _)| {
+            (
+                k.to_string(),
+                Quantity(crate::resources::amount::show(k, free.get(k))),
+            )
+        })
+        .collect();
+    crate::api::ManagedJobPoolStatus {
+        nodes: count,
+        allocatable: shown(&allocatable),
+        free,
+    }
+}
+
 /// Where a member may go: its pool's and its template's node constraints.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Constraints {
@@ -374,6 +425,29 @@ mod tests {
             ready: true,
             ..Default::default()
         }
+    }
+
+    /// A pool's status counts its Ready, schedulable nodes with its labels, sums their
+    /// allocatable and what is free (0 shown, never below 0: a node overcommitted by Pods bound
+    /// by hand counts none free).
+    #[test]
+    fn a_pools_status_counts_its_ready_schedulable_nodes() {
+        let mut cordoned = node("c", 8);
+        cordoned.unschedulable = true;
+        let mut not_ready = node("d", 8);
+        not_ready.ready = false;
+        let mut other = node("e", 8);
+        other.labels.clear();
+        let mut over = node("f", 0);
+        over.requested.set("nvidia.com/gpu", 9 * ONE);
+        let nodes = [node("a", 0), node("b", 3), cordoned, not_ready, other, over];
+        let s = pool_status(&[("pool".to_string(), "gpu".to_string())].into(), &nodes);
+        assert_eq!(s.nodes, 3);
+        assert_eq!(s.allocatable["nvidia.com/gpu"].0, "24");
+        assert_eq!(s.free["nvidia.com/gpu"].0, "3");
+        assert_eq!(s.free["pods"].0, "330");
+        let none = pool_status(&[("pool".to_string(), "tpu".to_string())].into(), &nodes);
+        assert_eq!((none.nodes, none.free.len()), (0, 0));
     }
 
     /// Two nodes with 4 free GPUs each do not take one 8-GPU Pod (kueue#3211), but do take two
