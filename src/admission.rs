@@ -152,6 +152,16 @@ impl WhyNot {
                 let (name, free) = &shortfall.largest_free;
                 let what = if shortfall.eligible == 0 {
                     "no Ready, schedulable node of it matches the job's node selector, affinity and tolerations".to_string()
+                } else if shortfall.members_ever < i64::from(demand.members) {
+                    format!(
+                        "its {} Ready node{} could take only {} of {} member{} even with nothing else on them (the most {name} one node has is {}): it waits for larger or more nodes",
+                        shortfall.eligible,
+                        if shortfall.eligible == 1 { "" } else { "s" },
+                        shortfall.members_ever,
+                        demand.members,
+                        if demand.members == 1 { "" } else { "s" },
+                        show(name, shortfall.largest_allocatable),
+                    )
                 } else {
                     format!(
                         "its {} Ready node{} take{} {} of {} member{} now; the most {name} free on one node is {}",
@@ -828,6 +838,35 @@ mod tests {
         assert_eq!(
             plan.waits[&1].said("team-a").1,
             "needs {nvidia.com/gpu: 8, pods: 1} on pool gpu: its 2 Ready nodes take 0 of 1 member now; the most nvidia.com/gpu free on one node is 4"
+        );
+    }
+
+    /// A 9-GPU Pod on nodes of 8: it waits, and says no node of the pool can ever take it.
+    #[test]
+    fn a_pod_larger_than_every_node_says_it_never_fits_as_they_are() {
+        let a = team(64);
+        let mut cl = cluster(2, &a, &a);
+        let plan = plan_resources(
+            SlotUsage::default(),
+            Caps {
+                launch: 10,
+                run: 10,
+            },
+            &[view(
+                "team-a",
+                &a,
+                vec![Candidate {
+                    demand: Some(gpus(9)),
+                    ..c(1, 0)
+                }],
+            )],
+            &gpu_pools(),
+            &mut cl,
+        );
+        assert!(plan.admissions.is_empty());
+        assert_eq!(
+            plan.waits[&1].said("team-a").1,
+            "needs {nvidia.com/gpu: 9, pods: 1} on pool gpu: its 2 Ready nodes could take only 0 of 1 member even with nothing else on them (the most nvidia.com/gpu one node has is 8): it waits for larger or more nodes"
         );
     }
 

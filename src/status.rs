@@ -123,6 +123,11 @@ pub fn conditions(row: &JobRow) -> Vec<Condition> {
                     "preempted {times}; latest: a higher-priority job of its queue {by} took its run slot"
                 ),
             )
+        } else if let Some(pool) = &row.pool {
+            (
+                "ReclaimedByQueue",
+                format!("preempted {times}; latest: queue {by} took its place on pool {pool}"),
+            )
         } else {
             (
                 "ReclaimedByQueue",

@@ -1363,7 +1363,10 @@ async fn an_8_node_gang_holds_nothing_on_7_nodes_and_starts_on_the_8th() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let said = said.expect("the gang never said it waits for capacity");
-    assert!(said.contains("take 7 of 8 members"), "{said}");
+    assert!(
+        said.contains("take only 7 of 8 members even with nothing else on them"),
+        "{said}"
+    );
     let ready = nodes.grow(&client, 1).await;
     let mut admitted_after = None;
     loop {
@@ -1692,4 +1695,74 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
     assert_eq!(rows(&["-A"]), vec![row(&qa, "8"), row(&qb, "8")]);
     assert_eq!(rows(&["-n", &b.name]), vec![row(&qb, "8")]);
     drop(op);
+}
+
+/// Bad quotas are refused by the API, each naming its field: a negative nominal quota, a
+/// negative borrowing limit, a lending limit above the nominal quota, a borrowing limit
+/// without a cohort, a quantity that is not one. The same queue with sound numbers is taken.
+#[tokio::test]
+async fn the_api_refuses_bad_quotas_naming_the_field() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let api: Api<ManagedJobQueue> = Api::all(client.clone());
+    let name = unique("badquota");
+    let queue = |resource: serde_json::Value, cohort: bool| -> ManagedJobQueue {
+        let mut spec =
+            json!({"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [resource]}]});
+        if cohort {
+            spec["cohort"] = json!("c");
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap()
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    for (resource, cohort, says) in [
+        (
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "-4"}),
+            true,
+            "nominalQuota must not be negative",
+        ),
+        (
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "4", "borrowingLimit": "-1"}),
+            true,
+            "borrowingLimit must not be negative",
+        ),
+        (
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "4", "lendingLimit": "8"}),
+            true,
+            "lendingLimit must not exceed nominalQuota",
+        ),
+        (
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "4", "borrowingLimit": "4"}),
+            false,
+            "borrowingLimit and lendingLimit need spec.cohort",
+        ),
+        (
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "lots"}),
+            true,
+            "nominalQuota",
+        ),
+    ] {
+        let refused = api
+            .create(&dry, &queue(resource.clone(), cohort))
+            .await
+            .expect_err(&format!("{resource} was taken"));
+        let said = refused.to_string();
+        assert!(said.contains(says), "{resource}: {said}");
+    }
+    api.create(
+        &dry,
+        &queue(
+            json!({"name": "nvidia.com/gpu", "nominalQuota": "4", "borrowingLimit": "0", "lendingLimit": "4"}),
+            true,
+        ),
+    )
+    .await
+    .expect("a sound queue is taken");
 }

@@ -7,9 +7,9 @@
 //! is stopped with SIGTERM (its job controllers stay, as documented), this release's CRDs are
 //! applied, and this build's operator is started on the same state dir. At that moment there are
 //! jobs in every state: finished (local and pod), running (local, pod, a local pipeline in its
-//! first task), in a restart back-off, and queued behind the run cap. Running workloads wait for
-//! a signal the test gives after the upgrade (a file, a Pod annotation), so every one of them
-//! spans it whatever the machine's speed.
+//! first task), in a restart back-off, and queued behind the run cap (in a ManagedJobQueue of
+//! the previous release). Running workloads wait for a signal the test gives after the upgrade
+//! (a file, a Pod annotation), so every one of them spans it whatever the machine's speed.
 //!
 //! Counted over the whole test: every start of a local workload (each script appends a line to a
 //! file of its own) and every Pod name a watch saw. Asserted at the end: every job ends as it
@@ -201,9 +201,21 @@ async fn jobs_started_by_the_previous_release_end_under_this_one_as_without_the_
         |s| s.phase == Some(JobPhase::Recovering),
     )
     .await;
-    // Queued behind them.
+    // Queued behind them, in a ManagedJobQueue of the previous release (its CRD, its fields).
+    let team = format!("{}-team", ns.name);
+    let mut queues = support::quota::Queues::new(&client, cp);
+    queues.apply(
+        cp,
+        &team,
+        &format!(
+            "apiVersion: managedjobs.dev/v1alpha1\nkind: ManagedJobQueue\nmetadata: {{name: {team}}}\n\
+             spec:\n  weight: 2\n  maxRunning: 4\n  namespaceSelector:\n    matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n",
+            ns = ns.name
+        ),
+    );
+    let in_team = format!("  queue: {team}");
     for name in ["queued-1", "queued-2"] {
-        support::create_yaml(&client, &ns.name, &local_job(name, m, true, 0, "")).await;
+        support::create_yaml(&client, &ns.name, &local_job(name, m, true, 0, &in_team)).await;
     }
     let pending = support::phase_is(JobPhase::Pending);
     for name in ["queued-1", "queued-2"] {
@@ -311,6 +323,9 @@ async fn jobs_started_by_the_previous_release_end_under_this_one_as_without_the_
         assert_eq!(s.recovery_count, 0, "{name} recovered: {s:#?}");
         let restarts = if name == "backoff-local" { 1 } else { 0 };
         assert_eq!(s.restart_count, restarts, "{name}: {s:#?}");
+        if name.starts_with("queued") {
+            assert_eq!(s.queue.as_deref(), Some(team.as_str()), "{name}'s queue");
+        }
     }
     // The new operator may rewrite nothing of a job that finished before it started.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -370,10 +370,24 @@ pub fn queue_crd() -> CustomResourceDefinition {
     resources["x-kubernetes-list-map-keys"] = json!(["name"]);
     resources["items"]["properties"]["name"]["maxLength"] = json!(253);
     resources["items"]["properties"]["name"]["pattern"] = json!(RESOURCE_NAME_PATTERN);
-    resources["items"]["x-kubernetes-validations"] = json!([{
-        "rule": "!has(self.lendingLimit) || quantity(string(self.lendingLimit)).compareTo(quantity(string(self.nominalQuota))) <= 0",
-        "message": "lendingLimit must not exceed nominalQuota",
-    }]);
+    resources["items"]["x-kubernetes-validations"] = json!([
+        {
+            "rule": "quantity(string(self.nominalQuota)).compareTo(quantity('0')) >= 0",
+            "message": "nominalQuota must not be negative",
+        },
+        {
+            "rule": "!has(self.borrowingLimit) || quantity(string(self.borrowingLimit)).compareTo(quantity('0')) >= 0",
+            "message": "borrowingLimit must not be negative",
+        },
+        {
+            "rule": "!has(self.lendingLimit) || quantity(string(self.lendingLimit)).compareTo(quantity('0')) >= 0",
+            "message": "lendingLimit must not be negative",
+        },
+        {
+            "rule": "!has(self.lendingLimit) || quantity(string(self.lendingLimit)).compareTo(quantity(string(self.nominalQuota))) <= 0",
+            "message": "lendingLimit must not exceed nominalQuota",
+        },
+    ]);
     spec["x-kubernetes-validations"] = json!([{
         "rule": "has(self.cohort) || !has(self.pools) || self.pools.all(p, !has(p.resources) || p.resources.all(r, !has(r.borrowingLimit) && !has(r.lendingLimit)))",
         "message": "borrowingLimit and lendingLimit need spec.cohort (a queue without a cohort neither borrows nor lends)",

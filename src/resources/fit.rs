@@ -241,6 +241,11 @@ pub struct Shortfall {
     pub most_on_one_node: i64,
     /// The most of the member's dominant resource free on one eligible node, and its name.
     pub largest_free: (String, Amount),
+    /// The members the eligible nodes could take were nothing else bound to them (their
+    /// allocatable): 0 means one member fits on no node of the pool ever, whatever ends.
+    pub members_ever: i64,
+    /// The most of the member's dominant resource one eligible node has in all.
+    pub largest_allocatable: Amount,
 }
 
 impl Nodes {
@@ -364,6 +369,9 @@ impl Nodes {
             s.members_fit = s.members_fit.saturating_add(k);
             s.most_on_one_node = s.most_on_one_node.max(k);
             s.largest_free.1 = s.largest_free.1.max(self.free[i].get(&key).max(0));
+            let all = &self.nodes[i].allocatable;
+            s.members_ever = s.members_ever.saturating_add(members_in(all, member));
+            s.largest_allocatable = s.largest_allocatable.max(all.get(&key));
         }
         s
     }

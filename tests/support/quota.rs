@@ -43,6 +43,13 @@ impl Queues {
         self.create_with(name, spec).await;
     }
 
+    /// Applies queue `name` from `yaml` as a user would (`kubectl apply`: the CRD in force
+    /// prunes what it does not know), to be deleted with the others.
+    pub fn apply(&mut self, cp: &super::ControlPlane, name: &str, yaml: &str) {
+        super::visibility::apply(cp, yaml);
+        self.names.push(name.to_string());
+    }
+
     /// Creates queue `name` with `spec` as given.
     pub async fn create_with(&mut self, name: &str, spec: serde_json::Value) {
         let q: ManagedJobQueue = serde_json::from_value(json!({
