@@ -1280,6 +1280,23 @@ async fn an_8_gpu_pod_is_not_admitted_onto_two_nodes_of_4_free_gpus() {
         said.contains("the most nvidia.com/gpu free on one node is 4") && said.contains(&pool_name),
         "{said}"
     );
+    // `managed-jobs queue` shows what the pass told it, not a reason of slots.
+    let out = std::process::Command::new(support::binary())
+        .args(["queue", "-n", &ns.name, "--state-dir"])
+        .arg(op.state_dir.path())
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains(&format!("{}/eight", ns.name)))
+        .unwrap_or_else(|| panic!("no row of the job: {text}"));
+    assert!(
+        row.contains("InsufficientCapacity")
+            && row.contains("the most nvidia.com/gpu free on one node is 4"),
+        "{row}"
+    );
     // One node frees its 4: the job is admitted and its Pod bound there.
     pods.delete("other-0", &Default::default()).await.unwrap();
     let freed = Instant::now();

@@ -48,11 +48,13 @@ pub struct BriefJob {
     /// It is held by `spec.suspend` (phase Suspended; a Waiting job never is: a suspend moves
     /// it to Inactive at once).
     pub suspended: bool,
+    /// The reason a waiting job was last told (`wait_reason`), with `message` its sentence.
+    pub wait_reason: Option<String>,
 }
 
 const BRIEF_COLUMNS: &str = "id, namespace, name, queue, priority, phase, schedule_state, message,
     queued_at_ms, cancel_requested, backoff_until_ms, attempt, task_index, workload,
-    started_at_ms, running_since_ms, phase = 'Suspended'";
+    started_at_ms, running_since_ms, phase = 'Suspended', wait_reason";
 
 fn brief(r: &rusqlite::Row<'_>) -> rusqlite::Result<BriefJob> {
     let phase: String = r.get(5)?;
@@ -75,6 +77,7 @@ fn brief(r: &rusqlite::Row<'_>) -> rusqlite::Result<BriefJob> {
         started_at_ms: r.get(14)?,
         running_since_ms: r.get(15)?,
         suspended: r.get(16)?,
+        wait_reason: r.get(17)?,
     })
 }
 

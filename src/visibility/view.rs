@@ -460,6 +460,27 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// What a waiting job of a queue with pools was told of its quota or the nodes by the last
+/// pass (its own reason in numbers, or that it waits behind such a job of its queue): only a
+/// pass knows the cluster, so the answer shows what it said rather than a reason of slots.
+fn told_in_resources(queues: &Queues, j: &BriefJob) -> Option<(String, String)> {
+    let pooled = queues
+        .get(&j.queue)
+        .is_some_and(|p| !p.quotas.pools.is_empty());
+    let reason = j.wait_reason.as_deref()?;
+    let resources = [
+        WaitReason::InsufficientQuota,
+        WaitReason::InsufficientCapacity,
+        WaitReason::PoolMissing,
+    ]
+    .iter()
+    .any(|r| r.as_str() == reason);
+    let behind = reason == WaitReason::Queued.as_str()
+        && j.message
+            .starts_with("waiting behind earlier jobs of queue");
+    (pooled && (resources || behind)).then(|| (reason.to_string(), j.message.clone()))
+}
+
 /// The `JobQueue` answer over every namespace: the waiting jobs in the order the scheduler
 /// will admit them (positions across all namespaces), each with its reason and estimated
 /// start, the jobs holding slots and the suspended ones, and the counts. A caller's answer is
@@ -483,6 +504,8 @@ pub fn queue(s: &Snapshot<'_>) -> JobQueue {
                 "BackOff".to_string(),
                 format!("retrying after a failure, not before {}", rfc3339(until)),
             )
+        } else if let Some(told) = told_in_resources(s.queues, j) {
+            told
         } else {
             why.entry((j.queue.as_str(), j.namespace.as_str()))
                 .or_insert_with(|| {
@@ -922,6 +945,7 @@ mod tests {
             started_at_ms: None,
             running_since_ms: Some(0),
             suspended: false,
+            wait_reason: None,
         };
         let live = vec![brief(1, "a", "q", ScheduleState::Alive)];
         let waiting = vec![
