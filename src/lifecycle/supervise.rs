@@ -159,8 +159,14 @@ pub enum AfterSpawnFailure {
 }
 
 /// First back-off before starting a job controller again after the node lacked the resources;
-/// doubles per failure in a row up to [`super::clock::MAX_BACKOFF`].
+/// doubles per failure in a row up to [`SPAWN_RETRY_MAX`].
 pub const SPAWN_RETRY_BASE: Duration = Duration::from_millis(500);
+
+/// The longest back-off between attempts to start a job controller: a shortage of open files
+/// or processes passes as soon as other jobs end, and a try costs one `posix_spawn`, so the job
+/// waits at most this long after it passed (not a restart's 5 minutes: 2 of 400 jobs sat
+/// Pending for over 8 minutes under a 256 open-files limit on a loaded machine).
+pub const SPAWN_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Decides on the `failures`-th failure in a row (from 1) to start `row`'s job controller,
 /// for `why`, with `error` the failure's text.
@@ -171,7 +177,9 @@ pub fn after_spawn_failure(
     error: &str,
 ) -> AfterSpawnFailure {
     match why {
-        SpawnFailure::NotTheJobs => AfterSpawnFailure::Retry(backoff(SPAWN_RETRY_BASE, failures)),
+        SpawnFailure::NotTheJobs => {
+            AfterSpawnFailure::Retry(backoff(SPAWN_RETRY_BASE, failures).min(SPAWN_RETRY_MAX))
+        }
         SpawnFailure::ForGood => {
             AfterSpawnFailure::Fail(Box::new(t::controller_start_failed(row, error)))
         }
@@ -338,6 +346,11 @@ mod tests {
         assert_eq!(
             after_spawn_failure(&r, 3, SpawnFailure::NotTheJobs, "EMFILE"),
             AfterSpawnFailure::Retry(SPAWN_RETRY_BASE * 4)
+        );
+        // However long the shortage lasted, the next try is at most SPAWN_RETRY_MAX away.
+        assert_eq!(
+            after_spawn_failure(&r, 12, SpawnFailure::NotTheJobs, "EMFILE"),
+            AfterSpawnFailure::Retry(SPAWN_RETRY_MAX)
         );
         match after_spawn_failure(&r, 1, SpawnFailure::ForGood, "no such file") {
             AfterSpawnFailure::Fail(t) => {
