@@ -31,7 +31,7 @@ use managed_jobs::defaults::QUEUE_STATUS_PERIOD;
 use managed_jobs::state_dir::StateDir;
 use managed_jobs::store::Store;
 use serde_json::json;
-use support::quota::{PoolObject, Queues, gpu_gang, gpu_job};
+use support::quota::{Queues, gpu_gang, gpu_job};
 
 const T: Duration = Duration::from_secs(240);
 
@@ -945,15 +945,7 @@ async fn gpu_teams(reclaim: bool, seconds_a: u32, seconds_b: u32) -> GpuRun {
     let b = support::TestNamespace::new(&client, cp, "gpu-b").await;
     let shard = unique("gpu");
     let pool_name = unique("gpus");
-    let _nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &pool_name,
-        4,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let (_nodes, _pool) = support::quota::gpu_pool(cp, &client, &pool_name, 4).await;
     let cohort = unique("cohort");
     let mut queues = Queues::new(&client, cp);
     for (team, ns) in [("a", &a.name), ("b", &b.name)] {
@@ -1189,6 +1181,37 @@ async fn waiting_reason(
     )
 }
 
+/// Samples job `name` of `jobs` for 15 s: never admitted, no Pod of its namespace made (those
+/// named `others…` aside), and returns what it said it waits for (`InsufficientCapacity`).
+async fn waits_for_capacity(
+    client: &Client,
+    jobs: &Api<ManagedJob>,
+    name: &str,
+    others: &str,
+) -> String {
+    let ns = jobs.namespace().expect("a namespaced Api").to_string();
+    let start = Instant::now();
+    let mut said = None;
+    while start.elapsed() < Duration::from_secs(15) {
+        let (state, reason, message) = waiting_reason(jobs, name).await;
+        assert!(
+            state.is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting)),
+            "{name} admitted onto nodes that cannot take it: {state:?} {message}"
+        );
+        let ours: Vec<_> = pods_in(client, &ns)
+            .await
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with(others))
+            .collect();
+        assert!(ours.is_empty(), "a Pod of a job not admitted: {ours:?}");
+        if reason == "InsufficientCapacity" {
+            said = Some(message);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    said.unwrap_or_else(|| panic!("{name} never said it waits for capacity"))
+}
+
 /// Pods in `ns` (of any job): (name, node bound to).
 async fn pods_in(client: &Client, ns: &str) -> Vec<(String, Option<String>)> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
@@ -1212,15 +1235,7 @@ async fn an_8_gpu_pod_is_not_admitted_onto_two_nodes_of_4_free_gpus() {
     let ns = support::TestNamespace::new(&client, cp, "fit").await;
     let shard = unique("fit");
     let pool_name = unique("fit");
-    let nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &pool_name,
-        2,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let (nodes, _pool) = support::quota::gpu_pool(cp, &client, &pool_name, 2).await;
     // Another team's Pods, not ours, bound by hand: 4 GPUs on each node.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     for (i, node) in nodes.names.iter().enumerate() {
@@ -1256,26 +1271,8 @@ async fn an_8_gpu_pod_is_not_admitted_onto_two_nodes_of_4_free_gpus() {
     .await
     .unwrap();
     // 15 s of samples: waiting, saying why in numbers, no Pod of it.
-    let start = Instant::now();
-    let mut said = None;
-    while start.elapsed() < Duration::from_secs(15) {
-        let (state, reason, message) = waiting_reason(&jobs, "eight").await;
-        assert!(
-            state.is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting)),
-            "admitted onto two nodes of 4 free GPUs: {state:?} {message}"
-        );
-        let ours: Vec<_> = pods_in(&client, &ns.name)
-            .await
-            .into_iter()
-            .filter(|(n, _)| !n.starts_with("other-"))
-            .collect();
-        assert!(ours.is_empty(), "a Pod of a job not admitted: {ours:?}");
-        if reason == "InsufficientCapacity" {
-            said = Some(message);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let said = said.expect("the job never said it waits for capacity");
+    let said = waits_for_capacity(&client, &jobs, "eight", "other-").await;
+
     assert!(
         said.contains("the most nvidia.com/gpu free on one node is 4") && said.contains(&pool_name),
         "{said}"
@@ -1335,15 +1332,7 @@ async fn an_8_node_gang_holds_nothing_on_7_nodes_and_starts_on_the_8th() {
     let ns = support::TestNamespace::new(&client, cp, "gang8").await;
     let shard = unique("gang8");
     let pool_name = unique("g8");
-    let mut nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &pool_name,
-        7,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let (mut nodes, _pool) = support::quota::gpu_pool(cp, &client, &pool_name, 7).await;
     let queue = format!("{shard}-q");
     let mut queues = Queues::new(&client, cp);
     queues
@@ -1364,22 +1353,8 @@ async fn an_8_node_gang_holds_nothing_on_7_nodes_and_starts_on_the_8th() {
     )
     .await
     .unwrap();
-    let start = Instant::now();
-    let mut said = None;
-    while start.elapsed() < Duration::from_secs(15) {
-        let (state, reason, message) = waiting_reason(&jobs, "gang").await;
-        assert!(
-            state.is_none_or(|s| matches!(s, ScheduleState::Inactive | ScheduleState::Waiting)),
-            "an 8-node gang admitted onto 7 nodes: {state:?} {message}"
-        );
-        let ours = pods_in(&client, &ns.name).await;
-        assert!(ours.is_empty(), "Pods of a gang not admitted: {ours:?}");
-        if reason == "InsufficientCapacity" {
-            said = Some(message);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let said = said.expect("the gang never said it waits for capacity");
+    let said = waits_for_capacity(&client, &jobs, "gang", "other-").await;
+
     assert!(
         said.contains("take only 7 of 8 members even with nothing else on them"),
         "{said}"
@@ -1429,24 +1404,8 @@ async fn with_spot_full_a_job_runs_on_on_demand() {
     let ns = support::TestNamespace::new(&client, cp, "pools").await;
     let shard = unique("pools");
     let (spot, on_demand) = (unique("spot"), unique("ondemand"));
-    let spot_nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &spot,
-        1,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let od_nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &on_demand,
-        1,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _spot_pool = PoolObject::create(&client, cp, &spot).await;
-    let _od_pool = PoolObject::create(&client, cp, &on_demand).await;
+    let (spot_nodes, _spot_pool) = support::quota::gpu_pool(cp, &client, &spot, 1).await;
+    let (od_nodes, _od_pool) = support::quota::gpu_pool(cp, &client, &on_demand, 1).await;
     let queue = format!("{shard}-q");
     let mut queues = Queues::new(&client, cp);
     queues
@@ -1541,15 +1500,7 @@ async fn team_b_takes_back_8_gpus_from_whole_gangs() {
     let b = support::TestNamespace::new(&client, cp, "gang-b").await;
     let shard = unique("reclaim");
     let pool_name = unique("rg");
-    let _nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &pool_name,
-        2,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _pool = PoolObject::create(&client, cp, &pool_name).await;
+    let (_nodes, _pool) = support::quota::gpu_pool(cp, &client, &pool_name, 2).await;
     let cohort = unique("cohort");
     let mut queues = Queues::new(&client, cp);
     for (team, ns) in [("a", &a.name), ("b", &b.name)] {

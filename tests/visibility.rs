@@ -1208,15 +1208,7 @@ async fn a_namespace_user_sees_the_quota_of_the_queues_that_admit_their_namespac
     let other = TestNamespace::new(&client, cp, "vis-quota-b").await;
     let shard = unique("vis-quota");
     let pool_name = unique("vq");
-    let _nodes = support::kwok::Pool::with_resources(
-        cp,
-        &client,
-        &pool_name,
-        1,
-        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
-    )
-    .await;
-    let _pool = support::quota::PoolObject::create(&client, cp, &pool_name).await;
+    let (_nodes, _pool) = support::quota::gpu_pool(cp, &client, &pool_name, 1).await;
     let mut queues = support::quota::Queues::new(&client, cp);
     let (mine, theirs) = (format!("{shard}-mine"), format!("{shard}-theirs"));
     for (queue, namespace) in [(&mine, &ns.name), (&theirs, &other.name)] {

@@ -911,6 +911,12 @@ pub fn preempt(_row: &JobRow, by: &str, within: bool, now_ms: i64) -> Transition
     } else {
         format!("queue {by}, below its share of the run cap, takes its run slot")
     };
+    preemption_requested(&why, by, now_ms)
+}
+
+/// The request to stop a running job for queue `by` (`why`: what takes its place), written by
+/// [`preempt`] and [`reclaim`].
+fn preemption_requested(why: &str, by: &str, now_ms: i64) -> Transition {
     let mut change = Change::because(Reason::PreemptionRequested).message(format!(
         "preempting: {why}; stopping its workload gracefully (SIGTERM, its grace, SIGKILL), then it waits again, first in its queue"
     ));
@@ -929,18 +935,11 @@ pub fn preempt(_row: &JobRow, by: &str, within: bool, now_ms: i64) -> Transition
 /// ([`crate::preemption::reclaim`]); stopped like any preemption ([`preempted`]).
 pub fn reclaim(row: &JobRow, by: &str, now_ms: i64) -> Transition {
     let pool = row.pool.as_deref().unwrap_or("its pool");
-    let mut change = Change::because(Reason::PreemptionRequested).message(format!(
-        "preempting: queue {by}, below its nominal quota on pool {pool}, takes back the quota its cohort lent to queue {}; stopping its workload gracefully (SIGTERM, its grace, SIGKILL), then it waits again, first in its queue",
+    let why = format!(
+        "queue {by}, below its nominal quota on pool {pool}, takes back the quota its cohort lent to queue {}",
         row.queue
-    ));
-    change.preempt = Some((by.to_string(), now_ms));
-    Transition::new(
-        Expect {
-            phases: vec![JobPhase::Running],
-            schedule: vec![ScheduleState::Alive],
-        },
-        change,
-    )
+    );
+    preemption_requested(&why, by, now_ms)
 }
 
 /// The victim's workloads are stopped: Pending + Waiting, in its place (first in its queue among

@@ -144,3 +144,22 @@ pub fn gpu_gang(name: &str, shard: &str, queue: &str, gpus: u32, nodes: u32) -> 
     job.spec.nodes = Some(nodes as i32);
     job
 }
+
+/// `count` kwok nodes of 8 `nvidia.com/gpu` and 32 cpu (`<name>-<i>`, labelled and tainted
+/// `gang-pool=<name>`) and the ManagedJobPool `name` of them; both deleted when dropped.
+pub async fn gpu_pool(
+    cp: &'static super::ControlPlane,
+    client: &Client,
+    name: &str,
+    count: usize,
+) -> (super::kwok::Pool, PoolObject) {
+    let nodes = super::kwok::Pool::with_resources(
+        cp,
+        client,
+        name,
+        count,
+        &[("cpu", "32"), ("nvidia.com/gpu", "8")],
+    )
+    .await;
+    (nodes, PoolObject::create(client, cp, name).await)
+}
