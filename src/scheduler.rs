@@ -324,12 +324,11 @@ fn reclaim(
             })
         })
         .collect();
-    let Cluster { ledger, nodes } = resources_now(store, queues, Some(cluster))?;
-    let Some(nodes) = nodes else {
-        return Ok(Vec::new());
-    };
-    let holders: Vec<crate::preemption::Holder> = store
-        .pooled_jobs()?
+    // One read of the pooled jobs serves the nodes' reservations and the holders.
+    let pooled = store.pooled_jobs()?;
+    let ledger = Ledger::new(queues.quotas(), store.quota_usage()?);
+    let nodes = nodes_now(cluster, &pooled);
+    let holders: Vec<crate::preemption::Holder> = pooled
         .into_iter()
         .map(|j| crate::preemption::Holder {
             nodes: cluster
@@ -399,28 +398,32 @@ fn resources_now(
     let ledger = Ledger::new(queues.quotas(), store.quota_usage()?);
     let nodes = match cluster {
         None => None,
-        Some(snapshot) => {
-            let mut nodes = Nodes::new(snapshot.nodes.clone());
-            for job in store.pooled_jobs()? {
-                let (Some(placement), false) = (&job.placement, job.demand.local) else {
-                    continue;
-                };
-                let bound = snapshot
-                    .bound
-                    .get(&(job.uid.clone(), job.attempt))
-                    .map_or(0, Vec::len);
-                let unbound = (job.demand.members as usize).saturating_sub(bound);
-                if unbound == 0 {
-                    continue;
-                }
-                if let Some(constraints) = job.demand.constraints(placement) {
-                    let _ = nodes.place(&job.demand.per_member, unbound as u32, &constraints);
-                }
-            }
-            Some(nodes)
-        }
+        Some(snapshot) => Some(nodes_now(snapshot, &store.pooled_jobs()?)),
     };
     Ok(Cluster { ledger, nodes })
+}
+
+/// The nodes of `snapshot` with what is free on each, less what the members of `pooled` that
+/// are not bound yet reserved by their admission.
+fn nodes_now(snapshot: &ClusterSnapshot, pooled: &[crate::store::resources::Pooled]) -> Nodes {
+    let mut nodes = Nodes::new(snapshot.nodes.clone());
+    for job in pooled {
+        let (Some(placement), false) = (&job.placement, job.demand.local) else {
+            continue;
+        };
+        let bound = snapshot
+            .bound
+            .get(&(job.uid.clone(), job.attempt))
+            .map_or(0, Vec::len);
+        let unbound = (job.demand.members as usize).saturating_sub(bound);
+        if unbound == 0 {
+            continue;
+        }
+        if let Some(constraints) = job.demand.constraints(placement) {
+            let _ = nodes.place(&job.demand.per_member, unbound as u32, &constraints);
+        }
+    }
+    nodes
 }
 
 /// What [`admit`] decided beyond its admissions: why the candidates it looked at wait (by job
