@@ -788,6 +788,27 @@ mod tests {
         }
     }
 
+    /// The plan for one job of team-a (`a`, caps of 10) asking for `demand`, on `cl`.
+    fn one_job_of_team_a(a: &QueuePolicy, demand: Demand, cl: &mut Cluster) -> Plan {
+        plan_resources(
+            SlotUsage::default(),
+            Caps {
+                launch: 10,
+                run: 10,
+            },
+            &[view(
+                "team-a",
+                a,
+                vec![Candidate {
+                    demand: Some(demand),
+                    ..c(1, 0)
+                }],
+            )],
+            &gpu_pools(),
+            cl,
+        )
+    }
+
     /// An 8-GPU Pod on 2 nodes of 4 free GPUs each: not admitted, the reason in numbers.
     #[test]
     fn a_pod_larger_than_any_node_is_not_admitted() {
@@ -807,23 +828,7 @@ mod tests {
                 let _ = i;
             }
         }
-        let plan = plan_resources(
-            SlotUsage::default(),
-            Caps {
-                launch: 10,
-                run: 10,
-            },
-            &[view(
-                "team-a",
-                &a,
-                vec![Candidate {
-                    demand: Some(gpus(8)),
-                    ..c(1, 0)
-                }],
-            )],
-            &gpu_pools(),
-            &mut cl,
-        );
+        let plan = one_job_of_team_a(&a, gpus(8), &mut cl);
         assert!(plan.admissions.is_empty());
         match &plan.waits[&1] {
             WhyNot::Fit {
@@ -846,23 +851,7 @@ mod tests {
     fn a_pod_larger_than_every_node_says_it_never_fits_as_they_are() {
         let a = team(64);
         let mut cl = cluster(2, &a, &a);
-        let plan = plan_resources(
-            SlotUsage::default(),
-            Caps {
-                launch: 10,
-                run: 10,
-            },
-            &[view(
-                "team-a",
-                &a,
-                vec![Candidate {
-                    demand: Some(gpus(9)),
-                    ..c(1, 0)
-                }],
-            )],
-            &gpu_pools(),
-            &mut cl,
-        );
+        let plan = one_job_of_team_a(&a, gpus(9), &mut cl);
         assert!(plan.admissions.is_empty());
         assert_eq!(
             plan.waits[&1].said("team-a").1,

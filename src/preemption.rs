@@ -712,18 +712,23 @@ mod tests {
                     let placed = nodes
                         .place(&d.per_member, 1, &Default::default())
                         .expect("room for the holders");
-                    Holder {
-                        id,
-                        queue: "team-a".into(),
-                        priority: 0,
-                        running_since_ms: Some(id),
-                        pool: "gpu".into(),
-                        demand: d,
-                        nodes: placed,
-                        leaving_for: None,
-                    }
+                    holder(id, d, placed)
                 })
                 .collect()
+        }
+
+        /// Team-a's job `id` of demand `d` on `nodes`, started at `id`.
+        fn holder(id: i64, d: Demand, nodes: Vec<usize>) -> Holder {
+            Holder {
+                id,
+                queue: "team-a".into(),
+                priority: 0,
+                running_since_ms: Some(id),
+                pool: "gpu".into(),
+                demand: d,
+                nodes,
+                leaving_for: None,
+            }
         }
 
         fn ledger(q: &Queues, holders: &[Holder]) -> Ledger {
@@ -753,16 +758,7 @@ mod tests {
                     let d = gpus(1);
                     let node = (id % 2) as usize;
                     n.take_on(node, &d.per_member);
-                    Holder {
-                        id,
-                        queue: "team-a".into(),
-                        priority: 0,
-                        running_since_ms: Some(id),
-                        pool: "gpu".into(),
-                        demand: d,
-                        nodes: vec![node],
-                        leaving_for: None,
-                    }
+                    holder(id, d, vec![node])
                 })
                 .collect();
             let l = ledger(&q, &h);
