@@ -150,6 +150,21 @@ fn forbidden(e: &watcher::Error) -> bool {
     }
 }
 
+/// True when what admission in resources reads of a node (`resources::fit`) differs between
+/// `old` (None: the node is new) and `new`: readiness, allocatable, labels, taints,
+/// `unschedulable`. A heartbeat changes none of them.
+fn admission_changed(old: Option<&Node>, new: &Node) -> bool {
+    let Some(old) = old else { return true };
+    let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    let taints = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.clone());
+    let unschedulable = |n: &Node| n.spec.as_ref().and_then(|s| s.unschedulable);
+    not_ready(old) != not_ready(new)
+        || old.metadata.labels != new.metadata.labels
+        || allocatable(old) != allocatable(new)
+        || taints(old) != taints(new)
+        || unschedulable(old) != unschedulable(new)
+}
+
 /// True when `node` is not Ready (its `Ready` condition is not `True`).
 fn not_ready(node: &Node) -> bool {
     !matches!(NodeSeen::of(node, 0), NodeSeen::Ready)
@@ -191,9 +206,25 @@ pub async fn run(
                     continue;
                 }
             };
+            // What admission reads of a node changing (a node added, Ready again, given more
+            // allocatable): a job waiting for room may fit now, so a scheduling pass is asked
+            // for at once rather than at the engine's backstop.
+            if let Event::Apply(node) = &event
+                && admission_changed(
+                    node.metadata
+                        .name
+                        .as_deref()
+                        .and_then(|n| view.get(n))
+                        .as_deref(),
+                    node,
+                )
+            {
+                engine.schedule_soon();
+            }
             writer.apply_watcher_event(&event);
             match &event {
                 Event::InitDone => {
+                    engine.schedule_soon();
                     if view.set_listing(Listing::Listed) == Listing::Forbidden {
                         tracing::info!(
                             "the Node watch is allowed again: lost nodes end their attempts within seconds again"
@@ -215,6 +246,7 @@ pub async fn run(
                         tracing::info!(node = %name, "a Node was deleted");
                     }
                     engine.world_changed.notify_one();
+                    engine.schedule_soon();
                 }
                 Event::Apply(node) => {
                     let Some(name) = node.metadata.name.clone() else {
@@ -317,5 +349,41 @@ mod tests {
         );
         view.set_listing(Listing::Forbidden);
         assert_eq!(view.seen("n1", 0), None);
+    }
+
+    /// A scheduling pass is asked for when a node is new or what fit reads of it changed;
+    /// a heartbeat (a new resource version, a new heartbeat time) asks for nothing.
+    #[test]
+    fn only_what_fit_reads_asks_for_a_pass() {
+        let node = |ready: &str, gpus: &str, beat: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n1", "resourceVersion": beat, "labels": {"pool": "gpu"}},
+                "spec": {},
+                "status": {
+                    "allocatable": {"nvidia.com/gpu": gpus},
+                    "conditions": [{"type": "Ready", "status": ready,
+                        "lastHeartbeatTime": format!("2026-01-01T00:00:{beat:0>2}Z")}]
+                }
+            }))
+            .unwrap()
+        };
+        let base = node("True", "8", "1");
+        assert!(admission_changed(None, &base));
+        assert!(!admission_changed(Some(&base), &node("True", "8", "2")));
+        assert!(admission_changed(Some(&node("False", "8", "1")), &base));
+        assert!(admission_changed(Some(&base), &node("True", "4", "2")));
+        let mut cordoned = base.clone();
+        cordoned.spec.as_mut().unwrap().unschedulable = Some(true);
+        assert!(admission_changed(Some(&base), &cordoned));
+        let mut relabelled = base.clone();
+        relabelled.metadata.labels = None;
+        assert!(admission_changed(Some(&base), &relabelled));
+        let mut tainted = base.clone();
+        tainted.spec.as_mut().unwrap().taints = Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "gpu".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert!(admission_changed(Some(&base), &tainted));
     }
 }
