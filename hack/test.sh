@@ -86,6 +86,13 @@ set -e
 passed=$(grep -oE 'test result: [a-zA-Z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 skipped=$(wc -l < "$MJ_SKIPPED_FILE" | tr -d ' ')
+# Each failed test's panic, together at the end (the whole output is long; its tail is what
+# a CI summary shows).
+if ((failed)); then
+  echo
+  echo "what each failed test said:"
+  grep -A2 -E "^thread '.*' \([0-9]+\) panicked at|^thread '.*' panicked at" "$log" | cut -c1-600 | head -80 || true
+fi
 rm -f "$log" "$MJ_SKIPPED_FILE"
 echo
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
