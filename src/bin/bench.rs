@@ -28,7 +28,8 @@
 //! time, time to all done, CPU per job of every process, API requests per job;
 //! `src/bin/bench/versus.rs`) and `reasons` (issue 43: how stale a waiting job's reason gets
 //! in the store and in its status at `--jobs` waiting jobs, and the status writes it costs;
-//! `src/bin/bench/reasons.rs`).
+//! `src/bin/bench/reasons.rs`) and `shares` (issue 44: GPU shares of two teams side by side with
+//! Kueue v0.17 on the issue's load; `src/bin/bench/shares.rs`).
 //!
 //! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
 //! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
@@ -49,6 +50,8 @@
 mod browser;
 #[path = "bench/reasons.rs"]
 mod reasons;
+#[path = "bench/shares.rs"]
+mod shares;
 #[path = "bench/versus.rs"]
 mod versus;
 #[path = "bench/visibility.rs"]
@@ -74,8 +77,8 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility, versus or
-    /// reasons.
+    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility, versus,
+    /// reasons or shares.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -110,6 +113,14 @@ struct Args {
     /// `versus`: measure the ManagedJob rows over the apply only (not waiting for the jobs).
     #[arg(long)]
     apply_only: bool,
+    /// `shares`: which rows to run, of `ours`, `ours-nopreempt`, `kueue` and `kueue-preempt`
+    /// (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ours,kueue,ours-nopreempt,kueue-preempt"
+    )]
+    shares_systems: Vec<String>,
     /// ManagedJobQueues to spread the jobs over (0: none, one pool as before queues existed).
     #[arg(long, default_value_t = 0)]
     queues: usize,
@@ -624,6 +635,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "versus" {
         return versus::scenario(&args).await;
+    }
+    if args.scenario == "shares" {
+        return shares::scenario(&args).await;
     }
     if args.scenario == "load-client" {
         return visibility::load_client(&args).await;
