@@ -91,7 +91,9 @@ skipped=$(wc -l < "$MJ_SKIPPED_FILE" | tr -d ' ')
 if ((failed)); then
   echo
   echo "what each failed test said:"
-  grep -A2 -E "^thread '.*' \([0-9]+\) panicked at|^thread '.*' panicked at" "$log" | cut -c1-600 | head -80 || true
+  # awk reads to the end (no early exit under pipefail); grep finds nothing only if the panic
+  # text changed.
+  grep -A2 -E "^thread '.*' \([0-9]+\) panicked at|^thread '.*' panicked at" "$log" | cut -c1-600 | awk 'NR <= 80' || true
 fi
 rm -f "$log" "$MJ_SKIPPED_FILE"
 echo
