@@ -427,7 +427,7 @@ fn nodes_now(snapshot: &ClusterSnapshot, pooled: &[crate::store::resources::Pool
 }
 
 /// What [`admit`] decided beyond its admissions: why the candidates it looked at wait (by job
-/// id, with their queue).
+/// id, with their queue), in admission order.
 type Waits = Vec<(i64, String, WhyNot)>;
 
 #[allow(clippy::too_many_arguments)]
@@ -573,7 +573,18 @@ fn admit(
         }
     }
     result.usage = store.slot_usage()?;
-    let waits = plan
+    // In admission order (each queue's new jobs, then its relaunches), so that the first of a
+    // queue, whose reason the jobs behind it are told, is the same in every pass that sees the
+    // same jobs (the plan's map has no order: a pass that changed nothing told every job
+    // behind the candidates of a queue a new "first", 1,600 status writes a pass at 10,000
+    // waiting).
+    let order: HashMap<i64, usize> = views
+        .iter()
+        .flat_map(|v| v.new_jobs.iter().chain(&v.relaunches))
+        .enumerate()
+        .map(|(k, c)| (c.id, k))
+        .collect();
+    let mut waits: Waits = plan
         .waits
         .into_iter()
         .map(|(id, why)| {
@@ -581,6 +592,7 @@ fn admit(
             (id, queue.to_string(), why)
         })
         .collect();
+    waits.sort_by_key(|(id, _, _)| order.get(id).copied().unwrap_or(usize::MAX));
     Ok((result, waits))
 }
 

@@ -2182,3 +2182,87 @@ fn a_new_jobs_first_status_waits_for_the_first_status_delay() {
     assert_eq!(rows.len(), 2);
     assert_eq!(later, None);
 }
+
+/// A pass in resources that finds the world as the last one left it tells no waiting job
+/// anything new. Found by `bench --scenario poolpass`: the jobs behind a queue's candidates are
+/// told "the first waits for ..." of the queue's first candidate, which was taken from an
+/// unordered map, so with candidates of different sizes each pass told them another first:
+/// 1,600 status writes a pass at 10,000 waiting, with nothing changed.
+#[test]
+fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
+    use managed_jobs::api::{ManagedJobPool, ManagedJobQueue};
+    use managed_jobs::queues::Queues;
+    use managed_jobs::resources::Resources;
+    use managed_jobs::resources::amount::ONE;
+    use managed_jobs::resources::fit::{ClusterSnapshot, NodeInfo};
+
+    let queue: ManagedJobQueue = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+        "metadata": {"name": "team"},
+        "spec": {"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [
+            {"name": "nvidia.com/gpu", "nominalQuota": 16}]}]},
+    }))
+    .unwrap();
+    let pool: ManagedJobPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
+        "metadata": {"name": "gpu"}, "spec": {"nodeLabels": {"pool": "gpu"}},
+    }))
+    .unwrap();
+    let queues = Queues::resolve(&[queue], &BTreeMap::new(), &[pool]);
+    // Two nodes of 8 GPUs, full of other teams' Pods: nothing of ours fits.
+    let mut gpus = Resources::new();
+    gpus.set("nvidia.com/gpu", 8 * ONE);
+    gpus.set("pods", 110 * ONE);
+    let cluster = ClusterSnapshot {
+        nodes: (0..2)
+            .map(|i| NodeInfo {
+                name: format!("node-{i}"),
+                labels: BTreeMap::from([("pool".to_string(), "gpu".to_string())]),
+                taints: Vec::new(),
+                allocatable: gpus.clone(),
+                requested: gpus.clone(),
+                ready: true,
+                unschedulable: false,
+            })
+            .collect(),
+        bound: Default::default(),
+        version: 1,
+    };
+    let mut store = Store::in_memory().unwrap();
+    // More jobs than a pass looks at (the launch cap plus LOOKAHEAD), of 1 to 8 GPUs: each
+    // candidate's own reason names its size.
+    let looked_at = 8 + scheduler::LOOKAHEAD;
+    for i in 0..looked_at + 20 {
+        let gpus = [1, 2, 4, 8][i % 4];
+        let spec: ManagedJobSpec = serde_json::from_value(serde_json::json!({
+            "queue": "team",
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{
+                "name": "train", "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}},
+        }))
+        .unwrap();
+        store
+            .upsert(&format!("uid-{i}"), "ns", &format!("j{i}"), 1, &spec)
+            .unwrap();
+    }
+    let caps = Caps {
+        launch: 8,
+        run: 1000,
+    };
+    let mut told = Vec::new();
+    for _ in 0..12 {
+        let r = scheduler::pass_resources(&mut store, caps, &queues, usize::MAX, Some(&cluster))
+            .unwrap();
+        assert!(r.started.is_empty(), "nothing fits: {:?}", r.started);
+        told.push(r.messages);
+    }
+    assert_eq!(
+        told[0],
+        looked_at + 20,
+        "the first pass tells every job: {told:?}"
+    );
+    assert!(
+        told[1..].iter().all(|&n| n == 0),
+        "passes that changed nothing told jobs a new reason: {told:?}"
+    );
+}
