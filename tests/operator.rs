@@ -922,7 +922,11 @@ async fn a_thousand_jobs_deleted_at_once_count_no_error() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the store never held the 1,000 jobs waiting (last: {waiting:?})"
+            "the store never held the 1,000 jobs waiting (last: {waiting:?}); by state and phase:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with("managedjobs_jobs"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
