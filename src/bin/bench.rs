@@ -29,7 +29,9 @@
 //! `src/bin/bench/versus.rs`) and `reasons` (issue 43: how stale a waiting job's reason gets
 //! in the store and in its status at `--jobs` waiting jobs, and the status writes it costs;
 //! `src/bin/bench/reasons.rs`) and `shares` (issue 44: GPU shares of two teams side by side with
-//! Kueue v0.17 on the issue's load; `src/bin/bench/shares.rs`).
+//! Kueue v0.17 on the issue's load; `src/bin/bench/shares.rs`) and `poolpass` (issue 44: the
+//! scheduling pass in resources over 1,000 nodes, 100 queues and `--jobs` waiting jobs, in
+//! process; `src/bin/bench/poolpass.rs`).
 //!
 //! Queues for teams: `--queues N` (N >= 1) creates N ManagedJobQueues of weight 1 (deleted at the
 //! end) and puts the i-th job in the (i mod N)-th; with `--scenario schedpass` it spreads the
@@ -48,6 +50,8 @@
 // The tests' Chromium driver (DevTools over a pipe), for the dashboard of `--scenario visibility`.
 #[path = "../../tests/support/browser.rs"]
 mod browser;
+#[path = "bench/poolpass.rs"]
+mod poolpass;
 #[path = "bench/reasons.rs"]
 mod reasons;
 #[path = "bench/shares.rs"]
@@ -77,8 +81,8 @@ use serde_json::json;
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// local, pod, priorities, pipeline, density, schedpass, preemption, visibility, versus,
-    /// reasons or shares.
+    /// local, pod, priorities, pipeline, density, schedpass, poolpass, preemption, visibility,
+    /// versus, reasons or shares.
     #[arg(long, default_value = "local")]
     scenario: String,
     /// Number of ManagedJobs.
@@ -131,7 +135,8 @@ struct Args {
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
     /// How long each `density` job sleeps, seconds (long enough for all to be alive at once;
-    /// default 240); in `visibility`, each job (default 7200: none ends during the run).
+    /// default 240); in `visibility`, each job (default 7200: none ends during the run); in
+    /// `shares`, each GPU Pod (default 120).
     #[arg(long)]
     hold_seconds: Option<u64>,
     /// How long each `pod` scenario Pod runs, seconds (kwok completes it then). Pods longer than
@@ -635,6 +640,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if args.scenario == "versus" {
         return versus::scenario(&args).await;
+    }
+    if args.scenario == "poolpass" {
+        return poolpass::scenario(&args);
     }
     if args.scenario == "shares" {
         return shares::scenario(&args).await;

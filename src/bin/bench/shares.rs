@@ -585,6 +585,17 @@ async fn kueue(
         cp,
         &["apply", "--server-side", "--force-conflicts", "-f", &crds],
     )?;
+    // Kueue exits at start when a kind of its CRDs is not served yet.
+    kubectl_ok(
+        cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            &crds,
+        ],
+    )?;
     let _ = cp.kubectl(&["create", "namespace", "kueue-system"]);
     let dir = tempfile::tempdir()?;
     let certs = dir.path().join("certs");
