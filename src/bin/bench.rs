@@ -262,6 +262,19 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
+/// Ends an admitted job at once (a legal Launching or Alive -> Done), as the scheduling-pass
+/// scenarios do to make room.
+fn end_job(store: &mut Store, row: &lifecycle::JobRow) -> anyhow::Result<()> {
+    let end = lifecycle::fail(
+        row,
+        JobPhase::FailedPrecheck,
+        lifecycle::FailureReason::InvalidSpec,
+        "bench".into(),
+    );
+    store.transition(row.id, &end)?;
+    Ok(())
+}
+
 /// (RSS, USS, PSS) in KiB from /proc/PID/smaps_rollup.
 fn memory_kib(pid: i32) -> Option<(u64, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
@@ -524,13 +537,7 @@ fn scheduling_pass(waiting: usize, finished: usize, queues: usize) -> anyhow::Re
         // Keep the queue as long: each admitted job ends (a legal Launching -> Done) and a new
         // one of the same priority joins the queue.
         for row in result.started {
-            let end = lifecycle::fail(
-                &row,
-                JobPhase::FailedPrecheck,
-                lifecycle::FailureReason::InvalidSpec,
-                "bench".into(),
-            );
-            store.transition(row.id, &end)?;
+            end_job(&mut store, &row)?;
             let mut s = spec.clone();
             s.priority = row.priority;
             s.queue = row.spec.queue.clone();

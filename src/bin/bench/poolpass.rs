@@ -18,13 +18,13 @@
 //!   job ended and one new job joined its queue (the operator's pass after a job ends): p50 /
 //!   p99 and the jobs admitted;
 //! - **idle**: the same number of passes with nothing changed: p50 / p99;
-//! - the resident memory the cluster view of 1,000 nodes adds (`/proc/self/status` VmRSS
+//! - the resident memory the cluster view of 1,000 nodes adds (`/proc/self/smaps_rollup` Rss
 //!   before and after it is built).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use managed_jobs::api::{JobPhase, ManagedJobPool, ManagedJobQueue, ManagedJobSpec};
+use managed_jobs::api::{ManagedJobPool, ManagedJobQueue, ManagedJobSpec};
 use managed_jobs::capacity::Caps;
 use managed_jobs::lifecycle;
 use managed_jobs::lifecycle::Workload;
@@ -36,7 +36,7 @@ use managed_jobs::scheduler;
 use managed_jobs::store::Store;
 use serde_json::json;
 
-use super::{Args, percentile, sorted};
+use super::{Args, end_job, memory_kib, percentile, sorted};
 
 const NODES: usize = 1_000;
 const POOLS: usize = 5;
@@ -44,16 +44,9 @@ const QUEUES: usize = 100;
 const GPUS_PER_NODE: i64 = 8;
 const PASSES: usize = 200;
 
-/// VmRSS of this process, KiB.
+/// The resident memory of this process, KiB.
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    memory_kib(std::process::id() as i32).map_or(0, |(rss, _, _)| rss)
 }
 
 fn queues() -> anyhow::Result<Queues> {
@@ -287,13 +280,7 @@ pub fn scenario(args: &Args) -> anyhow::Result<()> {
         let next = jobs + k;
         let row = admitted.swap_remove((k * 7919) % admitted.len());
         let row = store.get(row.id)?;
-        let end = lifecycle::fail(
-            &row,
-            JobPhase::FailedPrecheck,
-            lifecycle::FailureReason::InvalidSpec,
-            "bench".into(),
-        );
-        store.transition(row.id, &end)?;
+        end_job(&mut store, &row)?;
         binder.unbind(&mut cluster, &row.uid);
         add(&mut store, &format!("j{next}"), next)?;
 

@@ -473,7 +473,7 @@ async fn ours(
     );
     apply(cp, &example_objects(reclaim)?)?;
     let state = tempfile::tempdir()?;
-    let mut operator = Command::new(&binary)
+    let operator = Command::new(&binary)
         .arg("run")
         .arg("--state-dir")
         .arg(state.path())
@@ -513,22 +513,35 @@ async fn ours(
     let system = if reclaim { "ours" } else { "ours-nopreempt" };
     let row = drive(client, system, hold, create, unfinished).await;
     // The namespaces go while the operator runs (it removes its finalizers).
-    delete_namespaces(cp);
-    let _ = cp.kubectl(&[
-        "delete",
-        "managedjobqueue",
-        "team-a",
-        "team-b",
-        "--ignore-not-found",
-    ]);
-    let _ = cp.kubectl(&["delete", "managedjobpool", "gpu", "--ignore-not-found"]);
-    let _ = operator.kill();
-    let _ = operator.wait();
-    if row.is_err() {
-        let log = std::fs::read_to_string(state.path().join("operator.log")).unwrap_or_default();
-        eprintln!("[shares] operator log (tail):\n{}", tail(&log, 40));
-    }
+    clean_up(
+        cp,
+        ("managedjobqueue", "managedjobpool"),
+        operator,
+        &state.path().join("operator.log"),
+        row.is_err(),
+    );
     row
+}
+
+/// After a row: deletes the teams' namespaces, then their queues and the pool (`kinds`: the
+/// queue's kind and the pool's), while `manager` still runs; stops it; prints its log's tail
+/// when the row failed.
+fn clean_up(
+    cp: &DevControlPlane,
+    kinds: (&str, &str),
+    mut manager: std::process::Child,
+    log: &Path,
+    failed: bool,
+) {
+    delete_namespaces(cp);
+    let _ = cp.kubectl(&["delete", kinds.0, "team-a", "team-b", "--ignore-not-found"]);
+    let _ = cp.kubectl(&["delete", kinds.1, "gpu", "--ignore-not-found"]);
+    let _ = manager.kill();
+    let _ = manager.wait();
+    if failed {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        eprintln!("[shares] {} (tail):\n{}", log.display(), tail(&text, 40));
+    }
 }
 
 fn tail(text: &str, lines: usize) -> String {
@@ -728,20 +741,12 @@ integrations:
         drive(client, system, hold, create, unfinished).await
     }
     .await;
-    delete_namespaces(cp);
-    let _ = cp.kubectl(&[
-        "delete",
-        "clusterqueue",
-        "team-a",
-        "team-b",
-        "--ignore-not-found",
-    ]);
-    let _ = cp.kubectl(&["delete", "resourceflavor", "gpu", "--ignore-not-found"]);
-    let _ = manager.kill();
-    let _ = manager.wait();
-    if result.is_err() {
-        let log = std::fs::read_to_string(dir.path().join("kueue.log")).unwrap_or_default();
-        eprintln!("[shares] kueue log (tail):\n{}", tail(&log, 40));
-    }
+    clean_up(
+        cp,
+        ("clusterqueue", "resourceflavor"),
+        manager,
+        &dir.path().join("kueue.log"),
+        result.is_err(),
+    );
     result
 }
