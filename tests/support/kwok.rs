@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use managed_jobs::lifecycle::nodes::NodeSeen;
 
 /// How long a pool's nodes may take to become Ready.
 const READY_WITHIN: Duration = Duration::from_secs(90);
@@ -100,12 +101,7 @@ impl Pool {
             let mut ready = 0;
             for n in &names {
                 let node = api.get(n).await.unwrap();
-                let is_ready = node
-                    .status
-                    .and_then(|s| s.conditions)
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let is_ready = NodeSeen::of(&node, 0) == NodeSeen::Ready;
                 let tainted = node
                     .spec
                     .and_then(|s| s.taints)

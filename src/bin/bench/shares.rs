@@ -29,6 +29,7 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::ApiResource;
+use managed_jobs::lifecycle::nodes::NodeSeen;
 use serde_json::json;
 
 use super::{Args, DevControlPlane, root};
@@ -243,12 +244,7 @@ async fn gpu_nodes(client: &kube::Client) -> anyhow::Result<Vec<String>> {
     for name in &names {
         loop {
             let node = api.get(name).await?;
-            let ready = node
-                .status
-                .and_then(|s| s.conditions)
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = NodeSeen::of(&node, 0) == NodeSeen::Ready;
             let tainted = node
                 .spec
                 .and_then(|s| s.taints)
