@@ -91,15 +91,23 @@ pub struct QuotaShortfall {
 }
 
 impl QuotaShortfall {
+    /// "needs 8 nvidia.com/gpu on pool a100": what the sentence begins with.
+    pub fn needs(&self) -> String {
+        format!(
+            "needs {} {} on pool {}",
+            show(&self.resource, self.need),
+            self.resource,
+            self.pool
+        )
+    }
+
     /// "needs 8 nvidia.com/gpu on pool a100: team-b uses 16 of 16, cohort has 0 to lend
     /// (team-a borrows 16)".
     pub fn sentence(&self, queue: &str) -> String {
         let s = |a: Amount| show(&self.resource, a);
         let mut out = format!(
-            "needs {} {} on pool {}: {queue} uses {} of {}",
-            s(self.need),
-            self.resource,
-            self.pool,
+            "{}: {queue} uses {} of {}",
+            self.needs(),
             s(self.used),
             s(self.nominal)
         );
@@ -173,7 +181,10 @@ pub struct QuotaUse {
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     quotas: BTreeMap<String, QueueQuotas>,
-    usage: BTreeMap<String, BTreeMap<Dim, Amount>>,
+    /// Per queue, per pool: what it uses.
+    usage: BTreeMap<String, BTreeMap<String, Resources>>,
+    /// Per cohort: its queues, by name (read by every quota check: built once).
+    cohorts: BTreeMap<String, Vec<String>>,
 }
 
 impl Ledger {
@@ -183,7 +194,25 @@ impl Ledger {
         quotas: BTreeMap<String, QueueQuotas>,
         usage: BTreeMap<String, BTreeMap<Dim, Amount>>,
     ) -> Ledger {
-        Ledger { quotas, usage }
+        let mut by_pool: BTreeMap<String, BTreeMap<String, Resources>> = BTreeMap::new();
+        for (queue, dims) in usage {
+            let pools = by_pool.entry(queue).or_default();
+            for ((pool, resource), a) in dims {
+                let r = pools.entry(pool).or_default();
+                r.set(&resource, r.get(&resource).saturating_add(a));
+            }
+        }
+        let mut cohorts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, q) in &quotas {
+            if let Some(c) = &q.cohort {
+                cohorts.entry(c.clone()).or_default().push(name.clone());
+            }
+        }
+        Ledger {
+            quotas,
+            usage: by_pool,
+            cohorts,
+        }
     }
 
     /// The queues with quotas.
@@ -200,9 +229,8 @@ impl Ledger {
     pub fn used(&self, queue: &str, pool: &str, resource: &str) -> Amount {
         self.usage
             .get(queue)
-            .and_then(|u| u.get(&(pool.to_string(), resource.to_string())))
-            .copied()
-            .unwrap_or(0)
+            .and_then(|u| u.get(pool))
+            .map_or(0, |r| r.get(resource))
     }
 
     fn quota(&self, queue: &str, pool: &str, resource: &str) -> Option<Quota> {
@@ -210,10 +238,11 @@ impl Ledger {
     }
 
     fn cohort_members<'a>(&'a self, cohort: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.quotas
-            .iter()
-            .filter(move |(_, q)| q.cohort.as_deref() == Some(cohort))
-            .map(|(n, _)| n.as_str())
+        self.cohorts
+            .get(cohort)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
     }
 
     /// The cohort's pool of `resource` on `pool` and what is free of it.
@@ -311,20 +340,27 @@ impl Ledger {
 
     /// Counts `demand` on `pool` as used by `queue` (an admission).
     pub fn take(&mut self, queue: &str, pool: &str, demand: &Resources) {
-        let u = self.usage.entry(queue.to_string()).or_default();
+        self.add(queue, pool, demand, 1);
+    }
+
+    /// Adds `sign` x `demand` to what `queue` uses on `pool`.
+    fn add(&mut self, queue: &str, pool: &str, demand: &Resources, sign: Amount) {
+        let u = match self.usage.get_mut(queue) {
+            Some(u) => u,
+            None => self.usage.entry(queue.to_string()).or_default(),
+        };
+        let r = match u.get_mut(pool) {
+            Some(r) => r,
+            None => u.entry(pool.to_string()).or_default(),
+        };
         for (resource, a) in demand.iter() {
-            *u.entry((pool.to_string(), resource.to_string()))
-                .or_default() += a;
+            r.set(resource, r.get(resource).saturating_add(sign * a));
         }
     }
 
     /// Gives `demand` on `pool` back from `queue` (a job stopped, in a plan).
     pub fn give(&mut self, queue: &str, pool: &str, demand: &Resources) {
-        let u = self.usage.entry(queue.to_string()).or_default();
-        for (resource, a) in demand.iter() {
-            *u.entry((pool.to_string(), resource.to_string()))
-                .or_default() -= a;
-        }
+        self.add(queue, pool, demand, -1);
     }
 
     /// What `queue` borrows of `resource` on `pool`.
@@ -345,6 +381,11 @@ impl Ledger {
 
     /// `queue`'s weighted dominant resource share now.
     pub fn share(&self, queue: &str) -> Share {
+        self.share_after(queue, None)
+    }
+
+    /// `queue`'s share with `extra` (a pool and what more it would use there) counted.
+    fn share_after(&self, queue: &str, extra: Option<(&str, &Resources)>) -> Share {
         let Some(q) = self.quotas.get(queue) else {
             return Share::ZERO;
         };
@@ -353,8 +394,12 @@ impl Ledger {
         };
         let mut best = Share::ZERO;
         for (pool, quotas) in &q.pools {
-            for resource in quotas.keys() {
-                let borrowed = self.borrowed(queue, pool, resource);
+            for (resource, quota) in quotas {
+                let more = extra
+                    .filter(|(p, _)| *p == pool.as_str())
+                    .map_or(0, |(_, d)| d.get(resource));
+                let used = self.used(queue, pool, resource).saturating_add(more);
+                let borrowed = (used - quota.nominal).max(0);
                 if borrowed == 0 {
                     continue;
                 }
@@ -371,9 +416,7 @@ impl Ledger {
 
     /// `queue`'s share were it to take `demand` on `pool`.
     pub fn share_with(&self, queue: &str, pool: &str, demand: &Resources) -> Share {
-        let mut after = self.clone();
-        after.take(queue, pool, demand);
-        after.share(queue)
+        self.share_after(queue, Some((pool, demand)))
     }
 
     /// `status.pools` of `queue` ([`Ledger::status`] as quantities): per pool and resource,
