@@ -521,3 +521,100 @@ fn two_backlogged_teams_converge_to_their_nominal_quota() {
         assert!(balanced, "team-b never got its 16");
     }
 }
+
+/// A node view of `nodes` as they are now in `view` (what is free on each), with nothing
+/// remembered: the reference for what `view` answers.
+fn fresh(view: &Nodes) -> Nodes {
+    Nodes::new(
+        view.nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut requested = n.allocatable.clone();
+                requested.sub(view.free(i));
+                NodeInfo {
+                    requested,
+                    ..n.clone()
+                }
+            })
+            .collect(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(44),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// The node view remembers its answers (the nodes each constraint admits, how many members
+    /// of a shape fit, the shortfall) and keeps them through placements, undos, releases and
+    /// takes: every answer, after every step, is the one a view of the same nodes with nothing
+    /// remembered gives.
+    #[test]
+    fn the_node_views_remembered_answers_are_a_scans(
+        nodes in prop::collection::vec((prop::sample::select(vec![4i64, 8, 16]), 0usize..3, 0i64..=8), 1..10),
+        steps in prop::collection::vec((0usize..4, 0usize..4, 1u32..=4, 0usize..4, 0usize..10), 1..40),
+    ) {
+        let infos: Vec<NodeInfo> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &(gpus, pool, used))| {
+                let mut allocatable = Resources::new();
+                allocatable.set(GPU, gpus * ONE);
+                allocatable.set(PODS, 110 * ONE);
+                let mut requested = Resources::new();
+                requested.set(GPU, used.min(gpus) * ONE);
+                NodeInfo {
+                    name: format!("n{i}"),
+                    labels: [("pool".to_string(), format!("p{pool}"))].into(),
+                    allocatable,
+                    requested,
+                    ready: true,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let constraints: Vec<Constraints> = std::iter::once(Constraints::default())
+            .chain((0..3).map(|p| Constraints {
+                node_selector: [("pool".to_string(), format!("p{p}"))].into(),
+                ..Default::default()
+            }))
+            .collect();
+        let shapes: Vec<Resources> = [1, 2, 4, 8]
+            .iter()
+            .map(|&g| gpus(g, 1).per_member)
+            .collect();
+        let mut view = Nodes::new(infos);
+        let mut placed: Vec<(Resources, Vec<usize>)> = Vec::new();
+        for &(op, shape, count, c, node) in &steps {
+            let member = &shapes[shape];
+            let node = node % view.nodes().len();
+            match op {
+                0 => {
+                    if let Some(p) = view.place(member, count, &constraints[c]) {
+                        prop_assert_eq!(p.len(), count as usize);
+                        placed.push((member.clone(), p));
+                    }
+                }
+                1 => {
+                    if let Some((m, p)) = placed.pop() {
+                        view.unplace(&m, &p);
+                    }
+                }
+                2 => view.release(node, member),
+                _ => view.take_on(node, member),
+            }
+            let reference = fresh(&view);
+            for c in &constraints {
+                prop_assert_eq!(view.eligible(c), reference.eligible(c));
+                for m in &shapes {
+                    prop_assert_eq!(view.members_fit(m, c), reference.members_fit(m, c));
+                    prop_assert_eq!(view.shortfall(m, c), reference.shortfall(m, c));
+                }
+            }
+        }
+    }
+}

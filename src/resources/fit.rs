@@ -221,10 +221,38 @@ fn dominant(member: &Resources) -> &str {
 }
 
 /// The nodes of the cluster with what is free on each, as one scheduling pass sees them.
+///
+/// A pass asks the same questions many times (thousands of candidates, a few shapes of member
+/// on a few pools), so the view remembers its answers: the nodes each distinct [`Constraints`]
+/// admits (a node's labels, taints and readiness do not change within a view, only what is
+/// free on it), and per such set and member shape how many members fit now, kept exact as
+/// members are placed and released (only the changed node is counted again), and the
+/// [`Shortfall`], recomputed after a change to a node of its set. Every answer is the one a
+/// scan of all the nodes gives.
 #[derive(Clone, Debug, Default)]
 pub struct Nodes {
     nodes: Vec<NodeInfo>,
     free: Vec<Resources>,
+    memo: std::cell::RefCell<Memo>,
+}
+
+/// What a [`Nodes`] view remembers (see its doc).
+#[derive(Clone, Debug, Default)]
+struct Memo {
+    /// Each distinct constraints asked about, with the nodes it admits (ascending) and, by node
+    /// index, whether it admits that node.
+    sets: Vec<Eligible>,
+}
+
+#[derive(Clone, Debug)]
+struct Eligible {
+    constraints: Constraints,
+    nodes: Vec<usize>,
+    admits: Vec<bool>,
+    /// Per member shape: members that fit on these nodes now, all together.
+    fit: std::collections::HashMap<Resources, i64>,
+    /// Per member shape: the shortfall, until a node of the set changes.
+    shortfalls: std::collections::HashMap<Resources, Shortfall>,
 }
 
 /// Where an attempt's members were placed: the index of a node for each member.
@@ -252,7 +280,11 @@ impl Nodes {
     /// The view of `nodes`, everything bound already counted in their `requested`.
     pub fn new(nodes: Vec<NodeInfo>) -> Nodes {
         let free = nodes.iter().map(NodeInfo::free).collect();
-        Nodes { nodes, free }
+        Nodes {
+            nodes,
+            free,
+            memo: Default::default(),
+        }
     }
 
     /// The nodes.
@@ -265,19 +297,89 @@ impl Nodes {
         &self.free[i]
     }
 
-    /// True when `count` members asking for `member` fit on the nodes `constraints` admits now
-    /// (what [`Nodes::place`] would do, without taking anything).
-    pub fn fits(&self, member: &Resources, count: u32, constraints: &Constraints) -> bool {
-        let mut total: i64 = 0;
-        for i in 0..self.nodes.len() {
-            if constraints.admits(&self.nodes[i]) {
-                total = total.saturating_add(members_in(&self.free[i], member));
-                if total >= i64::from(count) {
-                    return true;
+    /// The index in the memo of the set of nodes `constraints` admits (computed on first use:
+    /// one scan of the nodes).
+    fn set_of(&self, constraints: &Constraints) -> usize {
+        let mut memo = self.memo.borrow_mut();
+        if let Some(k) = memo.sets.iter().position(|e| e.constraints == *constraints) {
+            return k;
+        }
+        let admits: Vec<bool> = self.nodes.iter().map(|n| constraints.admits(n)).collect();
+        let nodes = (0..self.nodes.len()).filter(|&i| admits[i]).collect();
+        memo.sets.push(Eligible {
+            constraints: constraints.clone(),
+            nodes,
+            admits,
+            fit: Default::default(),
+            shortfalls: Default::default(),
+        });
+        memo.sets.len() - 1
+    }
+
+    /// The nodes `constraints` admits at all, ascending.
+    pub fn eligible(&self, constraints: &Constraints) -> Vec<usize> {
+        let k = self.set_of(constraints);
+        self.memo.borrow().sets[k].nodes.clone()
+    }
+
+    /// How many members asking for `member` fit now on the nodes `constraints` admits, all
+    /// together (saturating).
+    pub fn members_fit(&self, member: &Resources, constraints: &Constraints) -> i64 {
+        let k = self.set_of(constraints);
+        let mut memo = self.memo.borrow_mut();
+        let set = &mut memo.sets[k];
+        if let Some(n) = set.fit.get(member) {
+            return *n;
+        }
+        let n = set
+            .nodes
+            .iter()
+            .map(|&i| members_in(&self.free[i], member))
+            .fold(0, i64::saturating_add);
+        set.fit.insert(member.clone(), n);
+        n
+    }
+
+    /// Changes what is free on node `i` by `change`, keeping the memo exact.
+    fn change(&mut self, i: usize, change: impl FnOnce(&mut Resources)) {
+        let memo = self.memo.get_mut();
+        let before: Vec<Vec<(Resources, i64)>> = memo
+            .sets
+            .iter()
+            .map(|set| {
+                if !set.admits[i] {
+                    return Vec::new();
+                }
+                set.fit
+                    .keys()
+                    .map(|m| (m.clone(), members_in(&self.free[i], m)))
+                    .collect()
+            })
+            .collect();
+        change(&mut self.free[i]);
+        for (set, before) in memo.sets.iter_mut().zip(before) {
+            if !set.admits[i] {
+                continue;
+            }
+            set.shortfalls.clear();
+            for (m, was) in before {
+                let now = members_in(&self.free[i], &m);
+                if let Some(total) = set.fit.get_mut(&m) {
+                    if *total == i64::MAX || was == i64::MAX || now == i64::MAX {
+                        // Saturated: count the set again on the next question.
+                        set.fit.remove(&m);
+                    } else {
+                        *total += now - was;
+                    }
                 }
             }
         }
-        false
+    }
+
+    /// True when `count` members asking for `member` fit on the nodes `constraints` admits now
+    /// (what [`Nodes::place`] would do, without taking anything).
+    pub fn fits(&self, member: &Resources, count: u32, constraints: &Constraints) -> bool {
+        self.members_fit(member, constraints) >= i64::from(count)
     }
 
     /// Places `count` members asking for `member` on nodes `constraints` admits, taking what
@@ -289,9 +391,13 @@ impl Nodes {
         count: u32,
         constraints: &Constraints,
     ) -> Option<Placed> {
+        if !self.fits(member, count, constraints) {
+            return None;
+        }
         let key = dominant(member);
-        let mut eligible: Vec<(usize, i64)> = (0..self.nodes.len())
-            .filter(|&i| constraints.admits(&self.nodes[i]))
+        let mut eligible: Vec<(usize, i64)> = self
+            .eligible(constraints)
+            .into_iter()
             .map(|i| (i, members_in(&self.free[i], member)))
             .filter(|(_, k)| *k > 0)
             .collect();
@@ -309,6 +415,7 @@ impl Nodes {
                 .then(a.0.cmp(&b.0))
         });
         let mut placed = Vec::with_capacity(count as usize);
+        let mut placed_on = Vec::with_capacity(count as usize);
         let mut left = i64::from(count);
         // Spread: one member per node per round, most free first, as long as members remain.
         while left > 0 {
@@ -318,10 +425,9 @@ impl Nodes {
                     break;
                 }
                 if *k > 0 {
-                    self.free[*i].sub(member);
+                    placed_on.push(*i);
                     *k -= 1;
                     left -= 1;
-                    placed.push(*i);
                     progressed = true;
                 }
             }
@@ -330,25 +436,29 @@ impl Nodes {
             }
         }
         debug_assert_eq!(left, 0);
+        for i in placed_on {
+            self.change(i, |free| free.sub(member));
+            placed.push(i);
+        }
         Some(placed)
     }
 
     /// Gives back what `place` took for `placed` (a plan undone).
     pub fn unplace(&mut self, member: &Resources, placed: &Placed) {
         for &i in placed {
-            self.free[i].add(member);
+            self.change(i, |free| free.add(member));
         }
     }
 
     /// Frees what a running member asking for `member` holds on node `i` (a preemption
     /// victim, in a plan).
     pub fn release(&mut self, i: usize, member: &Resources) {
-        self.free[i].add(member);
+        self.change(i, |free| free.add(member));
     }
 
     /// Takes what a member asking for `member` uses on node `i` (a plan undoing a release).
     pub fn take_on(&mut self, i: usize, member: &Resources) {
-        self.free[i].sub(member);
+        self.change(i, |free| free.sub(member));
     }
 
     /// The index of the node named `name`.
@@ -358,12 +468,17 @@ impl Nodes {
 
     /// What the nodes `constraints` admits offer a member asking for `member` now.
     pub fn shortfall(&self, member: &Resources, constraints: &Constraints) -> Shortfall {
+        let k = self.set_of(constraints);
+        if let Some(s) = self.memo.borrow().sets[k].shortfalls.get(member) {
+            return s.clone();
+        }
         let key = dominant(member).to_string();
         let mut s = Shortfall {
             largest_free: (key.clone(), 0),
             ..Default::default()
         };
-        for i in (0..self.nodes.len()).filter(|&i| constraints.admits(&self.nodes[i])) {
+        let eligible = self.memo.borrow().sets[k].nodes.clone();
+        for i in eligible {
             s.eligible += 1;
             let k = members_in(&self.free[i], member);
             s.members_fit = s.members_fit.saturating_add(k);
@@ -373,6 +488,9 @@ impl Nodes {
             s.members_ever = s.members_ever.saturating_add(members_in(all, member));
             s.largest_allocatable = s.largest_allocatable.max(all.get(&key));
         }
+        self.memo.borrow_mut().sets[k]
+            .shortfalls
+            .insert(member.clone(), s.clone());
         s
     }
 }
