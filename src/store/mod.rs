@@ -148,6 +148,14 @@ fn configure(conn: &Connection, cache_kib: u32) -> Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    temp_tables(conn)
+}
+
+/// The connection's own tables, in memory: the jobs a pass told their own reason
+/// ([`Store::tell_waiting_except`]).
+fn temp_tables(conn: &Connection) -> Result<()> {
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    conn.execute_batch("CREATE TEMP TABLE IF NOT EXISTS told_apart (id INTEGER PRIMARY KEY)")?;
     Ok(())
 }
 
@@ -258,6 +266,7 @@ impl Store {
     pub fn in_memory() -> Result<Store> {
         let mut conn = Connection::open_in_memory()?;
         schema::migrations().to_latest(&mut conn)?;
+        temp_tables(&conn)?;
         Ok(Store { conn })
     }
 }

@@ -66,8 +66,8 @@ const NEXT_TOLD_GROUP_SQL: &str = "SELECT queue, namespace, reason_key FROM jobs
 
 /// Tells the Waiting jobs of queue ?1 and namespace ?2 that were told ?3 the reason ?5 and
 /// message ?6 (digest ?7), unless in a back-off at ?4 or being cancelled; a status the API had
-/// seen whole waits only for its reason ([`super::jobs::REASON_ONLY`]). Every right-hand side
-/// reads the row as it was.
+/// seen whole waits only for its reason ([`super::jobs::REASON_ONLY`]), but for the jobs in
+/// `temp.told_apart` (told their own). Every right-hand side reads the row as it was.
 const TELL_GROUP_SQL: &str = "UPDATE jobs SET
         unsynced_since_seq = CASE
             WHEN (wait_reason IS NOT ?5 OR message IS NOT ?6) AND status_version <= synced_version
@@ -77,7 +77,7 @@ const TELL_GROUP_SQL: &str = "UPDATE jobs SET
      WHERE schedule_state = 'Waiting' AND queue = ?1 AND namespace = ?2 AND reason_key = ?3
         AND phase = 'Pending' AND cancel_requested = 0
         AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)
-        AND (?8 IS NULL OR id NOT IN (SELECT value FROM json_each(?8)))";
+        AND id NOT IN (SELECT id FROM temp.told_apart)";
 
 /// Tells Waiting job ?1 the reason ?3 and message ?4 (digest ?5) unless it is told them
 /// already, in a back-off at ?2 or being cancelled: one job's own reason
@@ -251,8 +251,6 @@ impl Store {
         skip: &[i64],
         mut why: impl FnMut(&str, &str) -> (WaitReason, String),
     ) -> Result<usize> {
-        let skip_json: Option<String> =
-            (!skip.is_empty()).then(|| serde_json::to_string(skip).expect("ids serialize"));
         // The groups told something else, found by reads alone (no write lock while every
         // group is told already, the steady state).
         let mut stale: Vec<(String, String, i64, WaitReason, String, i64)> = Vec::new();
@@ -302,6 +300,15 @@ impl Store {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut told = 0;
         {
+            // The jobs told their own reason, kept apart in a table of this connection: each
+            // UPDATE looks a row up in it (a list bound as JSON was parsed again by every
+            // UPDATE: 4,000 ids x 500 groups took 460 ms of a pass at 10,000 waiting).
+            tx.execute("DELETE FROM temp.told_apart", [])?;
+            let mut apart =
+                tx.prepare_cached("INSERT OR IGNORE INTO temp.told_apart (id) VALUES (?1)")?;
+            for id in skip {
+                apart.execute([id])?;
+            }
             let mut tell = tx.prepare_cached(TELL_GROUP_SQL)?;
             for (queue, namespace, key, reason, message, digest) in &stale {
                 told += tell.execute(params![
@@ -312,7 +319,6 @@ impl Store {
                     reason.as_str(),
                     message,
                     digest,
-                    skip_json
                 ])?;
             }
         }
