@@ -135,6 +135,18 @@ pub enum WhyNot {
 }
 
 impl WhyNot {
+    /// What the candidate needs and where, as its reason begins ("needs 8 nvidia.com/gpu on
+    /// pool a100"), for the reasons that go on in numbers (quota, fit); None for the others.
+    pub fn needs(&self) -> Option<String> {
+        match self {
+            WhyNot::Quota(short) => Some(short.needs()),
+            WhyNot::Fit { pool, demand, .. } => {
+                Some(format!("needs {} on pool {pool}", demand.shown()))
+            }
+            WhyNot::ClusterUnknown | WhyNot::PoolMissing(_) => None,
+        }
+    }
+
     /// The reason and the sentence a waiting job's status shows, in numbers: e.g. "needs 8
     /// nvidia.com/gpu on pool a100: team-b uses 16 of 16, cohort has 0 to lend (team-a
     /// borrows 16)", or "needs 1 x {nvidia.com/gpu: 8, pods: 1} on pool gpu: its Ready nodes
@@ -145,9 +157,7 @@ impl WhyNot {
         match self {
             WhyNot::Quota(short) => (WaitReason::InsufficientQuota, short.sentence(queue)),
             WhyNot::Fit {
-                pool,
-                demand,
-                shortfall,
+                demand, shortfall, ..
             } => {
                 let (name, free) = &shortfall.largest_free;
                 let what = if shortfall.eligible == 0 {
@@ -174,10 +184,8 @@ impl WhyNot {
                         show(name, *free),
                     )
                 };
-                (
-                    WaitReason::InsufficientCapacity,
-                    format!("needs {} on pool {pool}: {what}", demand.shown()),
-                )
+                let needs = self.needs().unwrap_or_default();
+                (WaitReason::InsufficientCapacity, format!("{needs}: {what}"))
             }
             WhyNot::ClusterUnknown => (
                 WaitReason::InsufficientCapacity,

@@ -185,32 +185,60 @@ pub fn pass_resources(
     }
     if result.usage.waiting > 0 {
         let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
-        // The first job of each queue that waits for its quota or the nodes: the others of
-        // the queue wait behind it.
-        let mut first: BTreeMap<&str, &WhyNot> = BTreeMap::new();
-        let mut told = Vec::with_capacity(waits.len());
-        for (id, queue, why) in &waits {
-            first.entry(queue.as_str()).or_insert(why);
-            let (reason, message) = why.said(queue);
-            told.push((*id, reason, message));
-        }
+        let told = told_apart(&waits);
         result.messages = store.tell_jobs(now, &told)?;
+        // The first job of each queue that waits for its quota or the nodes: the others of
+        // the queue wait behind it, told what it needs (the numbers are in its own status).
+        let mut first: BTreeMap<&str, (WaitReason, String)> = BTreeMap::new();
+        for ((_, queue, why), (_, reason, message)) in waits.iter().zip(&told) {
+            first.entry(queue.as_str()).or_insert_with(|| {
+                let said = why.needs().map_or_else(
+                    || message.clone(),
+                    |needs| format!("{needs}: its status says why in numbers"),
+                );
+                (*reason, said)
+            });
+        }
         let skip: Vec<i64> = waits.iter().map(|(id, _, _)| *id).collect();
         result.messages += store.tell_waiting_except(now, &skip, |queue, namespace| {
             let (reason, message) = why_waiting(&w, queue, Some(namespace));
             match first.get(queue) {
-                Some(why) if reason == WaitReason::Queued => {
-                    let (reason, said) = why.said(queue);
-                    (
-                        reason,
-                        format!("waiting behind earlier jobs of queue {queue}; the first {said}"),
-                    )
-                }
+                Some((first, said)) if reason == WaitReason::Queued => (
+                    *first,
+                    format!("waiting behind earlier jobs of queue {queue}; the first {said}"),
+                ),
                 _ => (reason, message),
             }
         })?;
     }
     Ok(result)
+}
+
+/// What each candidate that waits for its quota or the nodes is told (`waits` in admission
+/// order): the first of its queue that needs the same on the same pool for the same reason
+/// gets the numbers ([`WhyNot::said`]); the others, that they wait as it does, without them.
+/// The numbers (what a cohort lends, what is free on a node) change with every admission and
+/// end in the cohort: said to every candidate, each change was a status write for each (600
+/// a pass at 10,000 waiting, `bench --scenario poolpass`); said to one per queue and demand,
+/// the others' messages hold while that first job stays first.
+fn told_apart(waits: &Waits) -> Vec<(i64, WaitReason, String)> {
+    let mut firsts: std::collections::HashSet<(&str, WaitReason, String)> = Default::default();
+    waits
+        .iter()
+        .map(|(id, queue, why)| {
+            let (reason, message) = why.said(queue);
+            match why.needs() {
+                Some(needs) if !firsts.insert((queue, reason, needs.clone())) => (
+                    *id,
+                    reason,
+                    format!(
+                        "{needs}: waits as an earlier job of queue {queue} that needs as much does; its status says why in numbers"
+                    ),
+                ),
+                _ => (*id, reason, message),
+            }
+        })
+        .collect()
 }
 
 /// Chooses and requests preemptions ([`crate::preemption::plan`]) once the run cap is full,

@@ -2265,4 +2265,32 @@ fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
         told[1..].iter().all(|&n| n == 0),
         "passes that changed nothing told jobs a new reason: {told:?}"
     );
+    // A third node, as full: the numbers change ("its 3 Ready nodes"), for the first job of
+    // each size only; the others wait as it does and are not told again.
+    let mut grown = cluster.clone();
+    let mut third = grown.nodes[0].clone();
+    third.name = "node-2".into();
+    grown.nodes.push(third);
+    let r = scheduler::pass_resources(&mut store, caps, &queues, usize::MAX, Some(&grown)).unwrap();
+    let r_messages = r.messages;
+    let messages: Vec<String> = store
+        .waiting_brief()
+        .unwrap()
+        .into_iter()
+        .map(|j| j.message)
+        .collect();
+    let with_numbers = messages
+        .iter()
+        .filter(|m| m.contains("its 3 Ready nodes take 0 of 1 member now"))
+        .count();
+    let as_first = messages
+        .iter()
+        .filter(|m| m.contains("waits as an earlier job of queue team that needs as much does"))
+        .count();
+    assert_eq!(
+        (with_numbers, as_first),
+        (4, looked_at - 4),
+        "candidates: the first of each size with the numbers, the rest as it ({r_messages} told): {messages:#?}"
+    );
+    assert_eq!(r_messages, 4, "only the first of each size is told anew");
 }
