@@ -20,7 +20,7 @@
 //! With no queue objects every job of the default queue is in one pool: exactly the rules
 //! before queues existed ([`plan`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::admission::{Cluster, WhyNot};
 use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
@@ -166,7 +166,7 @@ pub fn pass_resources(
         run: caps.run.min(usage.alive.saturating_add(max_new)),
         ..caps
     };
-    let (mut result, waits) = admit(
+    let (mut result, waits, relaunches) = admit(
         store,
         admit_caps,
         queues,
@@ -185,7 +185,7 @@ pub fn pass_resources(
     }
     if result.usage.waiting > 0 {
         let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
-        let told = told_apart(&waits);
+        let told = told_apart(&waits, &relaunches);
         result.messages = store.tell_jobs(now, &told)?;
         // The first job of each queue that waits for its quota or the nodes: the others of
         // the queue wait behind it, told what it needs (the numbers are in its own status).
@@ -215,26 +215,42 @@ pub fn pass_resources(
 }
 
 /// What each candidate that waits for its quota or the nodes is told (`waits` in admission
-/// order): the first of its queue that needs the same on the same pool for the same reason
-/// gets the numbers ([`WhyNot::said`]); the others, that they wait as it does, without them.
+/// order): the first new job of its queue that needs the same on the same pool, where the same
+/// nodes admit it, for the same reason, gets the numbers ([`WhyNot::said`]); the others, that
+/// they wait as it does, without them. A relaunch (`relaunches`) is always told its own
+/// numbers: its quota is counted with what it holds given back.
 /// The numbers (what a cohort lends, what is free on a node) change with every admission and
 /// end in the cohort: said to every candidate, each change was a status write for each (600
 /// a pass at 10,000 waiting, `bench --scenario poolpass`); said to one per queue and demand,
 /// the others' messages hold while that first job stays first.
-fn told_apart(waits: &Waits) -> Vec<(i64, WaitReason, String)> {
-    let mut firsts: std::collections::HashSet<(&str, WaitReason, String)> = Default::default();
+fn told_apart(waits: &Waits, relaunches: &HashSet<i64>) -> Vec<(i64, WaitReason, String)> {
+    let mut firsts: HashSet<(&str, WaitReason, String, String)> = Default::default();
     waits
         .iter()
         .map(|(id, queue, why)| {
             let (reason, message) = why.said(queue);
+            // Where its members may go is part of what it needs: two jobs of one size with
+            // other node selectors wait for other nodes.
+            let nodes = match why {
+                WhyNot::Fit { demand, .. } => format!(
+                    "{:?}",
+                    (&demand.node_selector, &demand.affinity, &demand.tolerations)
+                ),
+                _ => String::new(),
+            };
             match why.needs() {
-                Some(needs) if !firsts.insert((queue, reason, needs.clone())) => (
+                Some(needs)
+                    if !relaunches.contains(id)
+                        && !firsts.insert((queue, reason, needs.clone(), nodes)) =>
+                {
+                    (
                     *id,
                     reason,
                     format!(
                         "{needs}: waits as an earlier job of queue {queue} that needs as much does; its status says why in numbers"
                     ),
-                ),
+                )
+                }
                 _ => (*id, reason, message),
             }
         })
@@ -468,7 +484,7 @@ fn admit(
     waiting_queues: &[String],
     now: i64,
     cluster: Option<&ClusterSnapshot>,
-) -> Result<(PassResult, Waits), StoreError> {
+) -> Result<(PassResult, Waits, HashSet<i64>), StoreError> {
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
         return Ok((
@@ -477,6 +493,7 @@ fn admit(
                 ..Default::default()
             },
             Vec::new(),
+            HashSet::new(),
         ));
     }
     let metered = queues.any_quotas();
@@ -621,7 +638,11 @@ fn admit(
         })
         .collect();
     waits.sort_by_key(|(id, _, _)| order.get(id).copied().unwrap_or(usize::MAX));
-    Ok((result, waits))
+    let relaunches = views
+        .iter()
+        .flat_map(|v| v.relaunches.iter().map(|c| c.id))
+        .collect();
+    Ok((result, waits, relaunches))
 }
 
 /// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):

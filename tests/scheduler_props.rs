@@ -2294,3 +2294,86 @@ fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
     );
     assert_eq!(r_messages, 4, "only the first of each size is told anew");
 }
+
+/// Two jobs of one queue and size on one pool whose node selectors differ wait for other
+/// nodes: each is told its own numbers, not to read the other's (found by a review: the
+/// second, whose zone has a node with 4 of its 8 GPUs free, was told to look at the first,
+/// whose zone has no node).
+#[test]
+fn jobs_of_one_size_with_other_node_selectors_are_each_told_their_numbers() {
+    use managed_jobs::api::{ManagedJobPool, ManagedJobQueue};
+    use managed_jobs::queues::Queues;
+    use managed_jobs::resources::Resources;
+    use managed_jobs::resources::amount::ONE;
+    use managed_jobs::resources::fit::{ClusterSnapshot, NodeInfo};
+
+    let queue: ManagedJobQueue = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+        "metadata": {"name": "team"},
+        "spec": {"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [
+            {"name": "nvidia.com/gpu", "nominalQuota": 16}]}]},
+    }))
+    .unwrap();
+    let pool: ManagedJobPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
+        "metadata": {"name": "gpu"}, "spec": {"nodeLabels": {"pool": "gpu"}},
+    }))
+    .unwrap();
+    let queues = Queues::resolve(&[queue], &BTreeMap::new(), &[pool]);
+    let mut allocatable = Resources::new();
+    allocatable.set("nvidia.com/gpu", 8 * ONE);
+    allocatable.set("pods", 110 * ONE);
+    let mut requested = Resources::new();
+    requested.set("nvidia.com/gpu", 4 * ONE);
+    // Zone a: one node, 4 of its 8 GPUs in use. Zone c: no node.
+    let cluster = ClusterSnapshot {
+        nodes: vec![NodeInfo {
+            name: "node-a".into(),
+            labels: BTreeMap::from([
+                ("pool".to_string(), "gpu".to_string()),
+                ("zone".to_string(), "a".to_string()),
+            ]),
+            taints: Vec::new(),
+            allocatable,
+            requested,
+            ready: true,
+            unschedulable: false,
+        }],
+        bound: Default::default(),
+        version: 1,
+    };
+    let mut store = Store::in_memory().unwrap();
+    for (i, zone) in ["c", "a"].iter().enumerate() {
+        let spec: ManagedJobSpec = serde_json::from_value(serde_json::json!({
+            "queue": "team",
+            "template": {"spec": {"restartPolicy": "Never", "nodeSelector": {"zone": zone},
+                "containers": [{"name": "train", "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": 8}}}]}},
+        }))
+        .unwrap();
+        store
+            .upsert(&format!("uid-{i}"), "ns", &format!("zone-{zone}"), 1, &spec)
+            .unwrap();
+    }
+    let caps = Caps {
+        launch: 8,
+        run: 1000,
+    };
+    for _ in 0..2 {
+        scheduler::pass_resources(&mut store, caps, &queues, usize::MAX, Some(&cluster)).unwrap();
+    }
+    let said: BTreeMap<String, String> = store
+        .waiting_brief()
+        .unwrap()
+        .into_iter()
+        .map(|j| (j.name, j.message))
+        .collect();
+    assert!(
+        said["zone-c"].contains("no Ready, schedulable node of it matches"),
+        "{said:#?}"
+    );
+    assert!(
+        said["zone-a"].contains("the most nvidia.com/gpu free on one node is 4"),
+        "{said:#?}"
+    );
+}

@@ -365,11 +365,10 @@ impl Nodes {
             for (m, was) in before {
                 let now = members_in(&self.free[i], &m);
                 if let Some(total) = set.fit.get_mut(&m) {
+                    *total = total.saturating_add(now - was);
                     if *total == i64::MAX || was == i64::MAX || now == i64::MAX {
                         // Saturated: count the set again on the next question.
                         set.fit.remove(&m);
-                    } else {
-                        *total += now - was;
                     }
                 }
             }
