@@ -2190,57 +2190,19 @@ fn a_new_jobs_first_status_waits_for_the_first_status_delay() {
 /// 1,600 status writes a pass at 10,000 waiting, with nothing changed.
 #[test]
 fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
-    use managed_jobs::api::{ManagedJobPool, ManagedJobQueue};
-    use managed_jobs::queues::Queues;
-    use managed_jobs::resources::Resources;
-    use managed_jobs::resources::amount::ONE;
-    use managed_jobs::resources::fit::{ClusterSnapshot, NodeInfo};
-
-    let queue: ManagedJobQueue = serde_json::from_value(serde_json::json!({
-        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
-        "metadata": {"name": "team"},
-        "spec": {"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [
-            {"name": "nvidia.com/gpu", "nominalQuota": 16}]}]},
-    }))
-    .unwrap();
-    let pool: ManagedJobPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
-        "metadata": {"name": "gpu"}, "spec": {"nodeLabels": {"pool": "gpu"}},
-    }))
-    .unwrap();
-    let queues = Queues::resolve(&[queue], &BTreeMap::new(), &[pool]);
+    let queues = team_on_the_gpu_pool();
     // Two nodes of 8 GPUs, full of other teams' Pods: nothing of ours fits.
-    let mut gpus = Resources::new();
-    gpus.set("nvidia.com/gpu", 8 * ONE);
-    gpus.set("pods", 110 * ONE);
-    let cluster = ClusterSnapshot {
-        nodes: (0..2)
-            .map(|i| NodeInfo {
-                name: format!("node-{i}"),
-                labels: BTreeMap::from([("pool".to_string(), "gpu".to_string())]),
-                taints: Vec::new(),
-                allocatable: gpus.clone(),
-                requested: gpus.clone(),
-                ready: true,
-                unschedulable: false,
-            })
+    let cluster = snapshot(
+        (0..2)
+            .map(|i| gpu_node(&format!("node-{i}"), 8, &[]))
             .collect(),
-        bound: Default::default(),
-        version: 1,
-    };
+    );
     let mut store = Store::in_memory().unwrap();
     // More jobs than a pass looks at (the launch cap plus LOOKAHEAD), of 1 to 8 GPUs: each
     // candidate's own reason names its size.
     let looked_at = 8 + scheduler::LOOKAHEAD;
     for i in 0..looked_at + 20 {
-        let gpus = [1, 2, 4, 8][i % 4];
-        let spec: ManagedJobSpec = serde_json::from_value(serde_json::json!({
-            "queue": "team",
-            "template": {"spec": {"restartPolicy": "Never", "containers": [{
-                "name": "train", "image": "busybox",
-                "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}},
-        }))
-        .unwrap();
+        let spec = gpu_job_of_team([1, 2, 4, 8][i % 4], None);
         store
             .upsert(&format!("uid-{i}"), "ns", &format!("j{i}"), 1, &spec)
             .unwrap();
@@ -2267,10 +2229,11 @@ fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
     );
     // A third node, as full: the numbers change ("its 3 Ready nodes"), for the first job of
     // each size only; the others wait as it does and are not told again.
-    let mut grown = cluster.clone();
-    let mut third = grown.nodes[0].clone();
-    third.name = "node-2".into();
-    grown.nodes.push(third);
+    let grown = snapshot(
+        (0..3)
+            .map(|i| gpu_node(&format!("node-{i}"), 8, &[]))
+            .collect(),
+    );
     let r = scheduler::pass_resources(&mut store, caps, &queues, usize::MAX, Some(&grown)).unwrap();
     let r_messages = r.messages;
     let messages: Vec<String> = store
@@ -2301,56 +2264,12 @@ fn a_pass_in_resources_that_changes_nothing_tells_no_waiting_job_anything() {
 /// whose zone has no node).
 #[test]
 fn jobs_of_one_size_with_other_node_selectors_are_each_told_their_numbers() {
-    use managed_jobs::api::{ManagedJobPool, ManagedJobQueue};
-    use managed_jobs::queues::Queues;
-    use managed_jobs::resources::Resources;
-    use managed_jobs::resources::amount::ONE;
-    use managed_jobs::resources::fit::{ClusterSnapshot, NodeInfo};
-
-    let queue: ManagedJobQueue = serde_json::from_value(serde_json::json!({
-        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
-        "metadata": {"name": "team"},
-        "spec": {"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [
-            {"name": "nvidia.com/gpu", "nominalQuota": 16}]}]},
-    }))
-    .unwrap();
-    let pool: ManagedJobPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
-        "metadata": {"name": "gpu"}, "spec": {"nodeLabels": {"pool": "gpu"}},
-    }))
-    .unwrap();
-    let queues = Queues::resolve(&[queue], &BTreeMap::new(), &[pool]);
-    let mut allocatable = Resources::new();
-    allocatable.set("nvidia.com/gpu", 8 * ONE);
-    allocatable.set("pods", 110 * ONE);
-    let mut requested = Resources::new();
-    requested.set("nvidia.com/gpu", 4 * ONE);
+    let queues = team_on_the_gpu_pool();
     // Zone a: one node, 4 of its 8 GPUs in use. Zone c: no node.
-    let cluster = ClusterSnapshot {
-        nodes: vec![NodeInfo {
-            name: "node-a".into(),
-            labels: BTreeMap::from([
-                ("pool".to_string(), "gpu".to_string()),
-                ("zone".to_string(), "a".to_string()),
-            ]),
-            taints: Vec::new(),
-            allocatable,
-            requested,
-            ready: true,
-            unschedulable: false,
-        }],
-        bound: Default::default(),
-        version: 1,
-    };
+    let cluster = snapshot(vec![gpu_node("node-a", 4, &[("zone", "a")])]);
     let mut store = Store::in_memory().unwrap();
     for (i, zone) in ["c", "a"].iter().enumerate() {
-        let spec: ManagedJobSpec = serde_json::from_value(serde_json::json!({
-            "queue": "team",
-            "template": {"spec": {"restartPolicy": "Never", "nodeSelector": {"zone": zone},
-                "containers": [{"name": "train", "image": "busybox",
-                    "resources": {"limits": {"nvidia.com/gpu": 8}}}]}},
-        }))
-        .unwrap();
+        let spec = gpu_job_of_team(8, Some(zone));
         store
             .upsert(&format!("uid-{i}"), "ns", &format!("zone-{zone}"), 1, &spec)
             .unwrap();
@@ -2376,4 +2295,73 @@ fn jobs_of_one_size_with_other_node_selectors_are_each_told_their_numbers() {
         said["zone-a"].contains("the most nvidia.com/gpu free on one node is 4"),
         "{said:#?}"
     );
+}
+
+/// Queue `team` (every namespace), 16 `nvidia.com/gpu` nominal on the pool `gpu` of the nodes
+/// labelled `pool: gpu`.
+fn team_on_the_gpu_pool() -> managed_jobs::queues::Queues {
+    use managed_jobs::api::{ManagedJobPool, ManagedJobQueue};
+    let queue: ManagedJobQueue = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobQueue",
+        "metadata": {"name": "team"},
+        "spec": {"namespaceSelector": {}, "pools": [{"name": "gpu", "resources": [
+            {"name": "nvidia.com/gpu", "nominalQuota": 16}]}]},
+    }))
+    .unwrap();
+    let pool: ManagedJobPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "managedjobs.dev/v1alpha1", "kind": "ManagedJobPool",
+        "metadata": {"name": "gpu"}, "spec": {"nodeLabels": {"pool": "gpu"}},
+    }))
+    .unwrap();
+    managed_jobs::queues::Queues::resolve(&[queue], &BTreeMap::new(), &[pool])
+}
+
+/// A Ready node of the pool `gpu` (and `labels`) with 8 GPUs and 110 Pods, `used` GPUs of
+/// them requested by other teams' Pods.
+fn gpu_node(
+    name: &str,
+    used: i64,
+    labels: &[(&str, &str)],
+) -> managed_jobs::resources::fit::NodeInfo {
+    use managed_jobs::resources::Resources;
+    use managed_jobs::resources::amount::ONE;
+    let mut allocatable = Resources::new();
+    allocatable.set("nvidia.com/gpu", 8 * ONE);
+    allocatable.set("pods", 110 * ONE);
+    let mut requested = Resources::new();
+    requested.set("nvidia.com/gpu", used * ONE);
+    managed_jobs::resources::fit::NodeInfo {
+        name: name.into(),
+        labels: std::iter::once(("pool", "gpu"))
+            .chain(labels.iter().copied())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        taints: Vec::new(),
+        allocatable,
+        requested,
+        ready: true,
+        unschedulable: false,
+    }
+}
+
+/// The cluster of `nodes`, as the operator's watches would show it (nothing of ours bound).
+fn snapshot(
+    nodes: Vec<managed_jobs::resources::fit::NodeInfo>,
+) -> managed_jobs::resources::fit::ClusterSnapshot {
+    managed_jobs::resources::fit::ClusterSnapshot {
+        nodes,
+        bound: Default::default(),
+        version: 1,
+    }
+}
+
+/// A job of queue `team`: one Pod asking for `gpus` GPUs, on nodes of `zone` when given.
+fn gpu_job_of_team(gpus: i64, zone: Option<&str>) -> ManagedJobSpec {
+    let mut template = serde_json::json!({"spec": {"restartPolicy": "Never", "containers": [{
+        "name": "train", "image": "busybox",
+        "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}});
+    if let Some(zone) = zone {
+        template["spec"]["nodeSelector"] = serde_json::json!({ "zone": zone });
+    }
+    serde_json::from_value(serde_json::json!({"queue": "team", "template": template})).unwrap()
 }
