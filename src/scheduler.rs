@@ -219,6 +219,7 @@ pub fn pass_resources(
 /// nodes admit it, for the same reason, gets the numbers ([`WhyNot::said`]); the others, that
 /// they wait as it does, without them. A relaunch (`relaunches`) is always told its own
 /// numbers: its quota is counted with what it holds given back.
+///
 /// The numbers (what a cohort lends, what is free on a node) change with every admission and
 /// end in the cohort: said to every candidate, each change was a status write for each (600
 /// a pass at 10,000 waiting, `bench --scenario poolpass`); said to one per queue and demand,
@@ -243,13 +244,10 @@ fn told_apart(waits: &Waits, relaunches: &HashSet<i64>) -> Vec<(i64, WaitReason,
                     if !relaunches.contains(id)
                         && !firsts.insert((queue, reason, needs.clone(), nodes)) =>
                 {
-                    (
-                    *id,
-                    reason,
-                    format!(
+                    let message = format!(
                         "{needs}: waits as an earlier job of queue {queue} that needs as much does; its status says why in numbers"
-                    ),
-                )
+                    );
+                    (*id, reason, message)
                 }
                 _ => (*id, reason, message),
             }
