@@ -896,6 +896,26 @@ async fn a_thousand_jobs_deleted_at_once_count_no_error() {
     // One job holds the only run slot, so the thousand wait: each deletion is a cancel of a
     // queued job, its final status, then the finalizer's release.
     support::create_yaml(&client, &ns.name, &job("holder", "  run: sleep 600\n")).await;
+    let metric = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    let metrics = move || support::http_get(port, "/metrics").1;
+    // The holder runs before the thousand exist: created while the operator starts, it could
+    // otherwise be listed with some of them and submitted after one, which a pass then admits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = tokio::task::spawn_blocking(metrics).await.unwrap();
+        let alive = metric(&text, "managedjobs_jobs_by_schedule_state{state=\"Alive\"}");
+        if alive == Some(1.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never ran (Alive: {alive:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("jobs.yaml");
     let docs: Vec<String> = (0..1000)
@@ -904,11 +924,6 @@ async fn a_thousand_jobs_deleted_at_once_count_no_error() {
     std::fs::write(&file, docs.join("---\n")).unwrap();
     let (ok, out) = support::kubectl(cp, &["apply", "-n", &ns.name, "-f", file.to_str().unwrap()]);
     assert!(ok, "kubectl apply: {out}");
-    let metric = |text: &str, name: &str| -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    };
-    let metrics = move || support::http_get(port, "/metrics").1;
     // Every job in the store (waiting) before the delete.
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
