@@ -17,6 +17,7 @@
 //! its cohort's pool of that resource, divided by its weight; the queue with the lower share
 //! after an admission borrows first. Shares are compared exactly, as fractions.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
@@ -185,6 +186,20 @@ pub struct Ledger {
     usage: BTreeMap<String, BTreeMap<String, Resources>>,
     /// Per cohort: its queues, by name (read by every quota check: built once).
     cohorts: BTreeMap<String, Vec<String>>,
+    /// What was found of each cohort, pool and resource asked of ([`Ledger::cohort_pool`],
+    /// [`Ledger::borrowers`]: each a walk over the cohort's queues, asked by every candidate's
+    /// quota check and share), until a queue of the cohort takes or gives that resource on
+    /// that pool.
+    memo: RefCell<BTreeMap<String, BTreeMap<String, BTreeMap<String, CohortFacts>>>>,
+}
+
+/// What a [`Ledger`] remembers of one cohort, pool and resource.
+#[derive(Clone, Debug, Default)]
+struct CohortFacts {
+    /// [`Ledger::cohort_pool`]'s answer.
+    pool: Option<(Amount, Amount)>,
+    /// [`Ledger::borrowers`]' answer.
+    borrowers: Option<Vec<(String, Amount)>>,
 }
 
 impl Ledger {
@@ -212,7 +227,35 @@ impl Ledger {
             quotas,
             usage: by_pool,
             cohorts,
+            memo: Default::default(),
         }
+    }
+
+    /// Runs `f` on what is remembered of `cohort`, `pool` and `resource` (an empty entry the
+    /// first time).
+    fn facts<T>(
+        &self,
+        (cohort, pool, resource): (&str, &str, &str),
+        f: impl FnOnce(&mut CohortFacts) -> T,
+    ) -> T {
+        let mut memo = self.memo.borrow_mut();
+        let known = memo
+            .get(cohort)
+            .and_then(|m| m.get(pool))
+            .is_some_and(|m| m.contains_key(resource));
+        if !known {
+            memo.entry(cohort.to_string())
+                .or_default()
+                .entry(pool.to_string())
+                .or_default()
+                .insert(resource.to_string(), CohortFacts::default());
+        }
+        let facts = memo
+            .get_mut(cohort)
+            .and_then(|m| m.get_mut(pool))
+            .and_then(|m| m.get_mut(resource))
+            .expect("inserted above");
+        f(facts)
     }
 
     /// The queues with quotas.
@@ -247,6 +290,17 @@ impl Ledger {
 
     /// The cohort's pool of `resource` on `pool` and what is free of it.
     fn cohort_pool(&self, cohort: &str, pool: &str, resource: &str) -> (Amount, Amount) {
+        let key = (cohort, pool, resource);
+        if let Some(known) = self.facts(key, |f| f.pool) {
+            return known;
+        }
+        let found = self.walk_cohort_pool(cohort, pool, resource);
+        self.facts(key, |f| f.pool = Some(found));
+        found
+    }
+
+    /// [`Ledger::cohort_pool`] found by walking the cohort's queues.
+    fn walk_cohort_pool(&self, cohort: &str, pool: &str, resource: &str) -> (Amount, Amount) {
         let (mut total, mut drawn) = (0, 0);
         for q in self.cohort_members(cohort) {
             if let Some(quota) = self.quota(q, pool, resource) {
@@ -356,6 +410,18 @@ impl Ledger {
         for (resource, a) in demand.iter() {
             r.set(resource, r.get(resource).saturating_add(sign * a));
         }
+        // What the queue's cohort had of these resources on this pool is no longer known.
+        if let Some(cohort) = self.quotas.get(queue).and_then(|q| q.cohort.as_deref())
+            && let Some(by_resource) = self
+                .memo
+                .get_mut()
+                .get_mut(cohort)
+                .and_then(|m| m.get_mut(pool))
+        {
+            for (resource, _) in demand.iter() {
+                by_resource.remove(resource);
+            }
+        }
     }
 
     /// Gives `demand` on `pool` back from `queue` (a job stopped, in a plan).
@@ -371,6 +437,17 @@ impl Ledger {
 
     /// The queues of `cohort` that borrow `resource` on `pool`, and how much, by name.
     pub fn borrowers(&self, cohort: &str, pool: &str, resource: &str) -> Vec<(String, Amount)> {
+        let key = (cohort, pool, resource);
+        if let Some(known) = self.facts(key, |f| f.borrowers.clone()) {
+            return known;
+        }
+        let found = self.walk_borrowers(cohort, pool, resource);
+        self.facts(key, |f| f.borrowers = Some(found.clone()));
+        found
+    }
+
+    /// [`Ledger::borrowers`] found by walking the cohort's queues.
+    fn walk_borrowers(&self, cohort: &str, pool: &str, resource: &str) -> Vec<(String, Amount)> {
         self.cohort_members(cohort)
             .filter_map(|q| {
                 let b = self.borrowed(q, pool, resource);
@@ -620,5 +697,123 @@ mod tests {
         // a borrows 6 with weight 3, b borrows 2 with weight 1: 6/3 = 2 = 2/1.
         assert_eq!(l.share("a").cmp(&l.share("b")), Ordering::Equal);
         assert!(l.share_with("a", "gpu", &gpus(1)) > l.share("b"));
+    }
+
+    /// The ledger's remembered answers about a cohort are those of walking it: after every
+    /// random take and give (queues in one cohort, one outside it, two pools, two resources,
+    /// with and without limits), every quota check, share, borrowers' list and status equals
+    /// that of a copy with nothing remembered.
+    mod remembered {
+        use super::*;
+        use proptest::prelude::*;
+
+        const QUEUES: [&str; 4] = ["a", "b", "c", "solo"];
+        const POOLS: [&str; 2] = ["gpu", "spot"];
+
+        fn demand(gpu: i64, cpu: i64) -> Resources {
+            let mut r = Resources::new();
+            r.set("nvidia.com/gpu", gpu * ONE);
+            r.set("cpu", cpu * ONE);
+            r
+        }
+
+        fn quotas(limits: &[(i64, Option<i64>, Option<i64>)]) -> BTreeMap<String, QueueQuotas> {
+            QUEUES
+                .iter()
+                .zip(limits)
+                .enumerate()
+                .map(|(i, (name, (nominal, borrowing, lending)))| {
+                    let quota = Quota {
+                        nominal: nominal * ONE,
+                        borrowing_limit: borrowing.map(|b| b * ONE),
+                        lending_limit: lending.map(|l| l * ONE),
+                    };
+                    // Queue "b" lists no cpu quota on "spot": it draws all it uses there.
+                    let pools = POOLS
+                        .iter()
+                        .map(|p| {
+                            let mut q: BTreeMap<String, Quota> =
+                                [("nvidia.com/gpu".to_string(), quota)].into();
+                            if !(*name == "b" && *p == "spot") {
+                                q.insert("cpu".into(), quota);
+                            }
+                            (p.to_string(), q)
+                        })
+                        .collect();
+                    let q = QueueQuotas {
+                        cohort: (*name != "solo").then(|| "c".to_string()),
+                        weight: 1 + i as u32,
+                        pools,
+                    };
+                    (name.to_string(), q)
+                })
+                .collect()
+        }
+
+        fn forgetful(l: &Ledger) -> Ledger {
+            Ledger {
+                memo: Default::default(),
+                ..l.clone()
+            }
+        }
+
+        fn same_answers(l: &Ledger) -> Result<(), TestCaseError> {
+            let fresh = forgetful(l);
+            for queue in QUEUES {
+                prop_assert_eq!(l.share(queue), fresh.share(queue));
+                prop_assert_eq!(l.status(queue), fresh.status(queue));
+                for pool in POOLS {
+                    for (gpu, cpu) in [(1, 0), (4, 2), (8, 16)] {
+                        let d = demand(gpu, cpu);
+                        prop_assert_eq!(l.admits(queue, pool, &d), fresh.admits(queue, pool, &d));
+                        prop_assert_eq!(
+                            l.share_with(queue, pool, &d),
+                            fresh.share_with(queue, pool, &d)
+                        );
+                    }
+                    for resource in ["nvidia.com/gpu", "cpu"] {
+                        prop_assert_eq!(
+                            l.borrowers("c", pool, resource),
+                            fresh.borrowers("c", pool, resource)
+                        );
+                        prop_assert_eq!(
+                            l.cohort_pool("c", pool, resource),
+                            fresh.cohort_pool("c", pool, resource)
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn after_any_takes_and_gives(
+                limits in proptest::collection::vec(
+                    (0i64..16, proptest::option::of(0i64..8), proptest::option::of(0i64..16)),
+                    4,
+                ),
+                ops in proptest::collection::vec(
+                    (0usize..4, 0usize..2, 0i64..9, 0i64..17, any::<bool>()),
+                    1..40,
+                ),
+            ) {
+                let mut l = Ledger::new(quotas(&limits), BTreeMap::new());
+                same_answers(&l)?;
+                let mut held: Vec<(usize, usize, Resources)> = Vec::new();
+                for (queue, pool, gpu, cpu, give) in ops {
+                    match (give, held.pop()) {
+                        (true, Some((q, p, d))) => l.give(QUEUES[q], POOLS[p], &d),
+                        (_, back) => {
+                            held.extend(back);
+                            let d = demand(gpu, cpu);
+                            l.take(QUEUES[queue], POOLS[pool], &d);
+                            held.push((queue, pool, d));
+                        }
+                    }
+                    same_answers(&l)?;
+                }
+            }
+        }
     }
 }
