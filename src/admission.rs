@@ -147,15 +147,24 @@ impl WhyNot {
         }
     }
 
+    /// The reason a waiting job's status gives ([`WhyNot::said`]'s first half).
+    pub fn reason(&self) -> crate::api::WaitReason {
+        use crate::api::WaitReason;
+        match self {
+            WhyNot::Quota(_) => WaitReason::InsufficientQuota,
+            WhyNot::Fit { .. } | WhyNot::ClusterUnknown => WaitReason::InsufficientCapacity,
+            WhyNot::PoolMissing(_) => WaitReason::PoolMissing,
+        }
+    }
+
     /// The reason and the sentence a waiting job's status shows, in numbers: e.g. "needs 8
     /// nvidia.com/gpu on pool a100: team-b uses 16 of 16, cohort has 0 to lend (team-a
     /// borrows 16)", or "needs 1 x {nvidia.com/gpu: 8, pods: 1} on pool gpu: its Ready nodes
     /// take none now (2 nodes; the most nvidia.com/gpu free on one node is 4)".
     pub fn said(&self, queue: &str) -> (crate::api::WaitReason, String) {
-        use crate::api::WaitReason;
         use crate::resources::amount::show;
         match self {
-            WhyNot::Quota(short) => (WaitReason::InsufficientQuota, short.sentence(queue)),
+            WhyNot::Quota(short) => (self.reason(), short.sentence(queue)),
             WhyNot::Fit {
                 demand, shortfall, ..
             } => {
@@ -185,16 +194,16 @@ impl WhyNot {
                     )
                 };
                 let needs = self.needs().unwrap_or_default();
-                (WaitReason::InsufficientCapacity, format!("{needs}: {what}"))
+                (self.reason(), format!("{needs}: {what}"))
             }
             WhyNot::ClusterUnknown => (
-                WaitReason::InsufficientCapacity,
+                self.reason(),
                 "waiting for the operator to list the cluster's nodes and Pods (is it allowed to \
                  watch them? docs/concepts/quotas-pools-and-fit.md)"
                     .into(),
             ),
             WhyNot::PoolMissing(pools) => (
-                WaitReason::PoolMissing,
+                self.reason(),
                 format!(
                     "none of queue {queue}'s pools exists: no ManagedJobPool named {}",
                     pools.join(", ")

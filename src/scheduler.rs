@@ -166,7 +166,7 @@ pub fn pass_resources(
         run: caps.run.min(usage.alive.saturating_add(max_new)),
         ..caps
     };
-    let (mut result, waits, relaunches) = admit(
+    let (mut result, waits, seen) = admit(
         store,
         admit_caps,
         queues,
@@ -185,8 +185,8 @@ pub fn pass_resources(
     }
     if result.usage.waiting > 0 {
         let w = wait_context(store, caps, queues, &loads, &waiting_queues, result.usage)?;
-        let told = told_apart(&waits, &relaunches);
-        result.messages = store.tell_jobs(now, &told)?;
+        let told = told_apart(&waits, &seen.relaunches);
+        result.messages = store.tell_jobs(now, &told, &seen.said)?;
         // The first job of each queue that waits for its quota or the nodes: the others of
         // the queue wait behind it, told what it needs (the numbers are in its own status).
         let mut first: BTreeMap<&str, (WaitReason, String)> = BTreeMap::new();
@@ -229,27 +229,42 @@ fn told_apart(waits: &Waits, relaunches: &HashSet<i64>) -> Vec<(i64, WaitReason,
     waits
         .iter()
         .map(|(id, queue, why)| {
-            let (reason, message) = why.said(queue);
-            // Where its members may go is part of what it needs: two jobs of one size with
-            // other node selectors wait for other nodes.
-            let nodes = match why {
-                WhyNot::Fit { demand, .. } => format!(
-                    "{:?}",
-                    (&demand.node_selector, &demand.affinity, &demand.tolerations)
-                ),
-                _ => String::new(),
+            let reason = why.reason();
+            let follows = match why.needs() {
+                Some(needs) if !relaunches.contains(id) => {
+                    // Where its members may go is part of what it needs: two jobs of one size
+                    // with other node selectors wait for other nodes.
+                    let nodes = match why {
+                        WhyNot::Fit { demand, .. } => format!(
+                            "{:?}",
+                            (&demand.node_selector, &demand.affinity, &demand.tolerations)
+                        ),
+                        _ => String::new(),
+                    };
+                    let first = (queue.as_str(), reason, needs, nodes);
+                    match firsts.contains(&first) {
+                        true => Some(first.2),
+                        false => {
+                            firsts.insert(first);
+                            None
+                        }
+                    }
+                }
+                _ => None,
             };
-            match why.needs() {
-                Some(needs)
-                    if !relaunches.contains(id)
-                        && !firsts.insert((queue, reason, needs.clone(), nodes)) =>
-                {
-                    let message = format!(
+            // Only a first job's sentence is made: the numbers cost a format each.
+            match follows {
+                Some(needs) => (
+                    *id,
+                    reason,
+                    format!(
                         "{needs}: waits as an earlier job of queue {queue} that needs as much does; its status says why in numbers"
-                    );
+                    ),
+                ),
+                None => {
+                    let (reason, message) = why.said(queue);
                     (*id, reason, message)
                 }
-                _ => (*id, reason, message),
             }
         })
         .collect()
@@ -368,7 +383,7 @@ fn reclaim(
         .collect();
     // One read of the pooled jobs serves the nodes' reservations and the holders.
     let pooled = store.pooled_jobs()?;
-    let ledger = Ledger::new(queues.quotas(), store.quota_usage()?);
+    let ledger = Ledger::new(queues.quotas(), crate::store::resources::usage_of(&pooled));
     let nodes = nodes_now(cluster, &pooled);
     let holders: Vec<crate::preemption::Holder> = pooled
         .into_iter()
@@ -437,11 +452,17 @@ fn resources_now(
     queues: &Queues,
     cluster: Option<&ClusterSnapshot>,
 ) -> Result<Cluster, StoreError> {
-    let ledger = Ledger::new(queues.quotas(), store.quota_usage()?);
-    let nodes = match cluster {
-        None => None,
-        Some(snapshot) => Some(nodes_now(snapshot, &store.pooled_jobs()?)),
+    // With the cluster known, one read of the pooled jobs serves the quotas' usage and the
+    // nodes' reservations.
+    let (usage, nodes) = match cluster {
+        None => (store.quota_usage()?, None),
+        Some(snapshot) => {
+            let pooled = store.pooled_jobs()?;
+            let usage = crate::store::resources::usage_of(&pooled);
+            (usage, Some(nodes_now(snapshot, &pooled)))
+        }
     };
+    let ledger = Ledger::new(queues.quotas(), usage);
     Ok(Cluster { ledger, nodes })
 }
 
@@ -472,6 +493,15 @@ fn nodes_now(snapshot: &ClusterSnapshot, pooled: &[crate::store::resources::Pool
 /// id, with their queue), in admission order.
 type Waits = Vec<(i64, String, WhyNot)>;
 
+/// The candidates [`admit`] read.
+#[derive(Default)]
+struct Seen {
+    /// The relaunches among them.
+    relaunches: HashSet<i64>,
+    /// Each one's digest of what it was last told ([`crate::store::Queued::reason_key`]).
+    said: HashMap<i64, i64>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn admit(
     store: &mut Store,
@@ -482,7 +512,7 @@ fn admit(
     waiting_queues: &[String],
     now: i64,
     cluster: Option<&ClusterSnapshot>,
-) -> Result<(PassResult, Waits, HashSet<i64>), StoreError> {
+) -> Result<(PassResult, Waits, Seen), StoreError> {
     let free_launch = caps.launch.saturating_sub(usage.launching);
     if free_launch == 0 {
         return Ok((
@@ -491,7 +521,7 @@ fn admit(
                 ..Default::default()
             },
             Vec::new(),
-            HashSet::new(),
+            Seen::default(),
         ));
     }
     let metered = queues.any_quotas();
@@ -506,8 +536,10 @@ fn admit(
             new_jobs: Vec::new(),
         }
     };
+    let mut said = HashMap::new();
     if usage.alive_waiting > 0 {
         for r in store.relaunch_candidates(now)? {
+            said.insert(r.id, r.reason_key);
             views
                 .entry(r.queue.clone())
                 .or_insert_with(|| view(&r.queue, loads))
@@ -547,6 +579,7 @@ fn admit(
             if !pooled(policy) {
                 found += 1;
             }
+            said.extend(heads.iter().map(|q| (q.id, q.reason_key)));
             views
                 .entry(name.to_string())
                 .or_insert_with(|| view(name, loads))
@@ -640,7 +673,7 @@ fn admit(
         .iter()
         .flat_map(|v| v.relaunches.iter().map(|c| c.id))
         .collect();
-    Ok((result, waits, relaunches))
+    Ok((result, waits, Seen { relaunches, said }))
 }
 
 /// What [`why_waiting`] needs, read from the store after a pass (or on a visibility request):

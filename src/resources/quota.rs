@@ -190,8 +190,11 @@ pub struct Ledger {
     /// [`Ledger::borrowers`]: each a walk over the cohort's queues, asked by every candidate's
     /// quota check and share), until a queue of the cohort takes or gives that resource on
     /// that pool.
-    memo: RefCell<BTreeMap<String, BTreeMap<String, BTreeMap<String, CohortFacts>>>>,
+    memo: RefCell<CohortMemo>,
 }
+
+/// Per cohort, pool and resource: what a [`Ledger`] remembers of it.
+type CohortMemo = BTreeMap<String, BTreeMap<String, BTreeMap<String, CohortFacts>>>;
 
 /// What a [`Ledger`] remembers of one cohort, pool and resource.
 #[derive(Clone, Debug, Default)]

@@ -2,7 +2,7 @@
 //! queues that have waiting jobs, a queue's head in admission order, its counts. Each is served
 //! by a partial index (`jobs_live_by_queue`, `jobs_waiting_in_order`, `jobs_waiting_told`): none reads finished jobs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rusqlite::{OptionalExtension, params};
 
@@ -25,6 +25,9 @@ pub struct Queued {
     pub message: String,
     /// Why it waits, as last said.
     pub wait_reason: Option<WaitReason>,
+    /// The digest of the reason a pass last told it ([`crate::lifecycle::said_key`]; 0: its
+    /// message was set otherwise).
+    pub reason_key: i64,
 }
 
 fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
@@ -36,10 +39,11 @@ fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
         priority: r.get(3)?,
         message: r.get(4)?,
         wait_reason: reason.as_deref().and_then(WaitReason::parse),
+        reason_key: r.get(6)?,
     })
 }
 
-const QUEUED_COLUMNS: &str = "id, queue, namespace, priority, message, wait_reason";
+const QUEUED_COLUMNS: &str = "id, queue, namespace, priority, message, wait_reason, reason_key";
 
 /// Queued jobs a pass may admit at the time bound to parameter `?{now}` (ms since epoch; 0: any
 /// time): not cancelled, not in a back-off.
@@ -222,9 +226,24 @@ impl Store {
 
     /// Tells each waiting job its own reason (`told`: id, reason, message), where a pass knows
     /// more of it than its group's ([`crate::admission::WhyNot`]: the quota or the nodes it
-    /// waits for); written only when it changed. Returns how many jobs were told.
-    pub fn tell_jobs(&mut self, now_ms: i64, told: &[(i64, WaitReason, String)]) -> Result<usize> {
-        if told.is_empty() {
+    /// waits for); written only when it changed: a job whose digest in `said` (what the pass
+    /// read, [`Queued::reason_key`]) is the new one's is not written to at all (no write lock
+    /// is taken when none changed). Returns how many jobs were told.
+    pub fn tell_jobs(
+        &mut self,
+        now_ms: i64,
+        told: &[(i64, WaitReason, String)],
+        said: &HashMap<i64, i64>,
+    ) -> Result<usize> {
+        let changed: Vec<(i64, WaitReason, String, i64)> = told
+            .iter()
+            .filter_map(|(id, reason, message)| {
+                let message = crate::lifecycle::tasks::capped(message);
+                let digest = crate::lifecycle::said_key(*reason, &message);
+                (said.get(id) != Some(&digest)).then_some((*id, *reason, message, digest))
+            })
+            .collect();
+        if changed.is_empty() {
             return Ok(0);
         }
         let tx = self
@@ -233,9 +252,7 @@ impl Store {
         let mut n = 0;
         {
             let mut tell = tx.prepare_cached(TELL_JOB_SQL)?;
-            for (id, reason, message) in told {
-                let message = crate::lifecycle::tasks::capped(message);
-                let digest = crate::lifecycle::said_key(*reason, &message);
+            for (id, reason, message, digest) in changed {
                 n += tell.execute(params![id, now_ms, reason.as_str(), message, digest])?;
             }
         }
@@ -512,7 +529,7 @@ mod tests {
             WaitReason::InsufficientQuota,
             "needs 8 nvidia.com/gpu".to_string(),
         )];
-        assert_eq!(store.tell_jobs(0, &own).unwrap(), 1);
+        assert_eq!(store.tell_jobs(0, &own, &HashMap::new()).unwrap(), 1);
         assert_eq!(
             store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
             2
@@ -530,7 +547,7 @@ mod tests {
         );
         assert_eq!(said(&store, 0).0, Some(WaitReason::RunCapReached));
         // Told again the same: nothing written; once no longer its own, its group's.
-        assert_eq!(store.tell_jobs(0, &own).unwrap(), 0);
+        assert_eq!(store.tell_jobs(0, &own, &HashMap::new()).unwrap(), 0);
         assert_eq!(
             store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
             0

@@ -69,6 +69,26 @@ pub struct Pooled {
     pub leaving_for: Option<String>,
 }
 
+/// What the jobs of `pooled` use, per queue, pool and resource (milli-units): what
+/// [`Store::quota_usage`] sums in SQL, summed from a read of the pooled jobs a pass has made
+/// anyway (their demands are read once, not twice).
+pub fn usage_of(pooled: &[Pooled]) -> BTreeMap<String, BTreeMap<Dim, Amount>> {
+    let mut out: BTreeMap<String, BTreeMap<Dim, Amount>> = BTreeMap::new();
+    for job in pooled {
+        let queue = match out.get_mut(&job.queue) {
+            Some(q) => q,
+            None => out.entry(job.queue.clone()).or_default(),
+        };
+        for (resource, a) in job.demand.per_member.iter() {
+            let used = queue
+                .entry((job.pool.clone(), resource.to_string()))
+                .or_default();
+            *used = used.saturating_add(a.saturating_mul(i64::from(job.demand.members)));
+        }
+    }
+    out
+}
+
 /// A job's current demand and the pool it holds quota on.
 pub type DemandAndPool = (Option<Demand>, Option<String>);
 
@@ -251,6 +271,7 @@ mod tests {
         assert_eq!(a[&("gpu".to_string(), "pods".to_string())], 4_000);
         assert_eq!(usage.len(), 1);
         let pooled = store.pooled_jobs().unwrap();
+        assert_eq!(usage_of(&pooled), usage);
         assert_eq!(pooled.len(), 1);
         assert_eq!(pooled[0].placement.as_ref(), Some(&placement));
         assert_eq!(pooled[0].demand.members, 4);
