@@ -21,6 +21,7 @@
 //! before queues existed ([`plan`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::admission::{Cluster, WhyNot};
 use crate::api::{DEFAULT_QUEUE, ScheduleState, WaitReason};
@@ -398,7 +399,7 @@ fn reclaim(
             priority: j.priority,
             running_since_ms: j.running_since_ms,
             pool: j.pool,
-            demand: j.demand,
+            demand: Arc::unwrap_or_clone(j.demand),
             leaving_for: j.leaving_for,
         })
         .collect();

@@ -165,6 +165,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// A handle on the SQLite file. Not `Sync`: each process (and each thread) opens its own.
 pub struct Store {
     conn: Connection,
+    /// The demands and placements read so far, by their stored text ([`resources::Parsed`]).
+    parsed: std::cell::RefCell<resources::Parsed>,
 }
 
 /// Prepared statements the operator keeps ([`Store::keep_statements`]): all of them, about 40.
@@ -215,7 +217,10 @@ impl Store {
         }
         configure(&conn, cache_kib)?;
         schema::migrations().to_latest(&mut conn)?;
-        Ok(Store { conn })
+        Ok(Store {
+            conn,
+            parsed: Default::default(),
+        })
     }
 
     /// Opens the existing store at `path` without migrating it: a job controller's and the
@@ -230,7 +235,10 @@ impl Store {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
-        let store = Store { conn };
+        let store = Store {
+            conn,
+            parsed: Default::default(),
+        };
         store.check_step(path)?;
         configure(&store.conn, cache_kib)?;
         Ok(store)
@@ -267,6 +275,9 @@ impl Store {
         let mut conn = Connection::open_in_memory()?;
         schema::migrations().to_latest(&mut conn)?;
         temp_tables(&conn)?;
-        Ok(Store { conn })
+        Ok(Store {
+            conn,
+            parsed: Default::default(),
+        })
     }
 }
