@@ -26,6 +26,7 @@ use rusqlite::Connection;
 pub mod claims;
 pub mod history;
 pub mod jobs;
+mod parsed;
 pub mod pods;
 pub mod queues;
 pub mod resources;
@@ -165,8 +166,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// A handle on the SQLite file. Not `Sync`: each process (and each thread) opens its own.
 pub struct Store {
     conn: Connection,
-    /// The demands and placements read so far, by their stored text ([`resources::Parsed`]).
-    parsed: std::cell::RefCell<resources::Parsed>,
+    /// The demands and placements read so far, by their stored text ([`parsed::Parsed`]).
+    parsed: std::cell::RefCell<parsed::Parsed>,
 }
 
 /// Prepared statements the operator keeps ([`Store::keep_statements`]): all of them, about 40.
