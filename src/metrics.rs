@@ -435,7 +435,7 @@ impl Metrics {
     pub fn render(&self, store: &Store, queues: Option<&crate::queues::Queues>) -> String {
         self.quotas(store, queues);
         if let Ok(counts) = store.counts_by_state() {
-            for p in JobPhase::ALL {
+            for &p in JobPhase::ALL {
                 let n = counts.iter().filter(|c| c.0 == p).map(|c| c.2).sum::<i64>();
                 self.jobs_by_phase
                     .get_or_create(&PhaseLabel {
@@ -443,7 +443,7 @@ impl Metrics {
                     })
                     .set(n);
             }
-            for s in ScheduleState::ALL {
+            for &s in ScheduleState::ALL {
                 let n = counts.iter().filter(|c| c.1 == s).map(|c| c.2).sum::<i64>();
                 self.jobs_by_schedule_state
                     .get_or_create(&StateLabel {

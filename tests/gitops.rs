@@ -145,7 +145,7 @@ fn sample_object_with(
 fn samples() -> BTreeMap<String, String> {
     let mut store = Store::in_memory().expect("in-memory store");
     let mut out = BTreeMap::new();
-    for (i, phase) in JobPhase::ALL.into_iter().enumerate() {
+    for (i, phase) in JobPhase::ALL.iter().copied().enumerate() {
         // A cancelled job that stays was cancelled by its spec (a deleted one goes).
         let cancel = matches!(phase, JobPhase::Cancelling | JobPhase::Cancelled);
         let spec = ManagedJobSpec {
@@ -463,7 +463,7 @@ fn committed_samples_are_up_to_date() {
 fn samples_carry_the_conditions_of_their_phase() {
     // A cheap in-Rust guard; the real verdicts come from Argo CD's and Flux's code in hack/gitops.
     let samples = samples();
-    for phase in JobPhase::ALL {
+    for &phase in JobPhase::ALL {
         let text = &samples[&format!("{}.yaml", phase.as_str())];
         let obj: serde_json::Value = serde_norway::from_str(text).expect("a sample parses");
         assert_eq!(obj["status"]["phase"], phase.as_str());

@@ -220,3 +220,183 @@ fn the_previous_release_is_the_last_release_before_this_version() {
         );
     }
 }
+
+/// A release reads what earlier ones stored: the names of every enum the store, the status, the metrics or the history keep are
+/// derived from the variants (strum), in declaration order; pinned here, so that renaming
+/// a variant (which would strand what earlier releases stored) fails a test, and each name
+/// parses back to its variant and is the one serde writes.
+#[test]
+fn stored_names_never_change() {
+    fn names<T: Copy + PartialEq + std::fmt::Debug>(
+        all: &[T],
+        name: impl Fn(T) -> &'static str,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> Vec<&'static str> {
+        for &v in all {
+            assert_eq!(parse(name(v)), Some(v));
+        }
+        all.iter().map(|&v| name(v)).collect()
+    }
+    use managed_jobs::api::{ExecutorKind, FailureAction, JobPhase, ScheduleState, WaitReason};
+    use managed_jobs::lifecycle::reason::{FailureReason, Reason};
+    use managed_jobs::lifecycle::rules::Verdict;
+    use managed_jobs::store::pods::PodState;
+    assert_eq!(
+        names(JobPhase::ALL, JobPhase::as_str, JobPhase::parse),
+        [
+            "Pending",
+            "Submitted",
+            "Starting",
+            "Running",
+            "Recovering",
+            "Succeeded",
+            "Cancelling",
+            "Suspended",
+            "Cancelled",
+            "Failed",
+            "FailedSetup",
+            "FailedPrecheck",
+            "FailedNoResource",
+            "FailedController"
+        ]
+    );
+    assert_eq!(
+        names(
+            ScheduleState::ALL,
+            ScheduleState::as_str,
+            ScheduleState::parse
+        ),
+        [
+            "Inactive",
+            "Waiting",
+            "Launching",
+            "Alive",
+            "AliveWaiting",
+            "Done"
+        ]
+    );
+    assert_eq!(
+        names(ExecutorKind::ALL, ExecutorKind::as_str, ExecutorKind::parse),
+        ["local", "pod"]
+    );
+    assert_eq!(
+        names(WaitReason::ALL, WaitReason::as_str, WaitReason::parse),
+        [
+            "QueueMissing",
+            "NamespaceNotAdmitted",
+            "QueueMaxRunning",
+            "QueueMaxLaunching",
+            "ShareUsed",
+            "RunCapReached",
+            "LaunchCapReached",
+            "Queued",
+            "Preempted",
+            "InsufficientQuota",
+            "InsufficientCapacity",
+            "PoolMissing"
+        ]
+    );
+    assert_eq!(
+        names(FailureAction::ALL, FailureAction::as_str, |s| s
+            .parse()
+            .ok()),
+        ["FailJob", "Restart", "Recover", "Ignore"]
+    );
+    assert_eq!(
+        names(PodState::ALL, PodState::as_str, PodState::parse),
+        [
+            "pending",
+            "unschedulable",
+            "running",
+            "succeeded",
+            "failed",
+            "setup-failed",
+            "refused",
+            "deadline-exceeded",
+            "invalid",
+            "terminating",
+            "lost"
+        ]
+    );
+    assert_eq!(
+        names(Reason::ALL, Reason::as_str, Reason::parse),
+        [
+            "Created",
+            "Submitted",
+            "KeptFinalStatus",
+            "Restored",
+            "Scheduled",
+            "ControllerStarted",
+            "ControllerExited",
+            "Starting",
+            "Launch",
+            "Running",
+            "Unschedulable",
+            "WaitingToStart",
+            "PodTerminating",
+            "Stopping",
+            "LaunchTimedOut",
+            "WaitingForLaunchSlot",
+            "Restarting",
+            "Recovering",
+            "Ignored",
+            "TaskSucceeded",
+            "Succeeded",
+            "Failed",
+            "Cancelling",
+            "Cancelled",
+            "Requeued",
+            "Queued",
+            "ClaimLapsed",
+            "Suspended",
+            "Resumed",
+            "PreemptionRequested",
+            "Preempted"
+        ]
+    );
+    assert_eq!(
+        names(
+            FailureReason::ALL,
+            FailureReason::as_str,
+            FailureReason::parse
+        ),
+        [
+            "InvalidSpec",
+            "ExecutorDisabled",
+            "LaunchFailed",
+            "PodRejected",
+            "DeadlineExceeded",
+            "LaunchTimeout",
+            "RecoveryBudgetSpent",
+            "ControllerCrashed",
+            "ControllerStartFailed",
+            "NamespaceTerminating",
+            "Unschedulable",
+            "CreateFailed",
+            "PodNotSeen",
+            "FailureRule"
+        ]
+    );
+    assert_eq!(
+        names(Verdict::ALL, Verdict::as_str, Verdict::parse),
+        ["Succeeded", "FailJob", "Restart", "Recover", "Ignore"]
+    );
+    // What serde writes (the API, the spec) is the same name; Display too.
+    let serde_name = |v: serde_json::Value| v.as_str().unwrap().to_string();
+    for &p in JobPhase::ALL {
+        assert_eq!(serde_name(serde_json::to_value(p).unwrap()), p.as_str());
+        assert_eq!(p.to_string(), p.as_str());
+    }
+    for &s in ScheduleState::ALL {
+        assert_eq!(serde_name(serde_json::to_value(s).unwrap()), s.as_str());
+    }
+    for &k in ExecutorKind::ALL {
+        assert_eq!(serde_name(serde_json::to_value(k).unwrap()), k.as_str());
+        assert_eq!(k.to_string(), k.as_str());
+    }
+    for &a in FailureAction::ALL {
+        assert_eq!(serde_name(serde_json::to_value(a).unwrap()), a.as_str());
+    }
+    assert_eq!(PodState::SetupFailed.to_string(), "setup-failed");
+    assert_eq!(Reason::KeptFinalStatus.to_string(), "KeptFinalStatus");
+}

@@ -79,7 +79,22 @@ pub struct FailureRule {
 }
 
 /// What a matching rule does with the job.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    JsonSchema,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum FailureAction {
     /// Fail the job at once (batch/v1 `FailJob`), whatever budget is left.
     #[default]
@@ -99,27 +114,11 @@ pub enum FailureAction {
 
 impl FailureAction {
     /// Every action.
-    pub const ALL: [FailureAction; 4] = [
-        FailureAction::FailJob,
-        FailureAction::Restart,
-        FailureAction::Recover,
-        FailureAction::Ignore,
-    ];
+    pub const ALL: &'static [FailureAction] = <FailureAction as strum::VariantArray>::VARIANTS;
 
     /// The CamelCase name, as written in the spec.
     pub fn as_str(self) -> &'static str {
-        match self {
-            FailureAction::FailJob => "FailJob",
-            FailureAction::Restart => "Restart",
-            FailureAction::Recover => "Recover",
-            FailureAction::Ignore => "Ignore",
-        }
-    }
-}
-
-impl std::fmt::Display for FailureAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

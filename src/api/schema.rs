@@ -82,7 +82,8 @@ fn rule(rule: &str, message: &str) -> Value {
 /// sync (Flux dry-runs the whole set). The rule sits at the root because it reads the status.
 fn cancel_rule() -> Value {
     let terminal: Vec<String> = JobPhase::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|p| p.is_terminal())
         .map(|p| format!("'{p}'"))
         .collect();

@@ -2,8 +2,6 @@
 //! `docs/design.md#two-state-machines`), a pipeline task's phase ([`TaskPhase`]) and the
 //! executors ([`ExecutorKind`]), as the API shows them and the store keeps them.
 
-use std::fmt;
-
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -79,7 +77,21 @@ impl TaskPhase {
 
 /// The phase a user sees. Terminal: Succeeded, Cancelled and the five Failed*. Cancelling is
 /// not terminal.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    JsonSchema,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum JobPhase {
     /// Waiting for a slot.
     Pending,
@@ -114,22 +126,7 @@ pub enum JobPhase {
 
 impl JobPhase {
     /// Every phase, in SkyPilot's order.
-    pub const ALL: [JobPhase; 14] = [
-        JobPhase::Pending,
-        JobPhase::Submitted,
-        JobPhase::Starting,
-        JobPhase::Running,
-        JobPhase::Recovering,
-        JobPhase::Succeeded,
-        JobPhase::Cancelling,
-        JobPhase::Suspended,
-        JobPhase::Cancelled,
-        JobPhase::Failed,
-        JobPhase::FailedSetup,
-        JobPhase::FailedPrecheck,
-        JobPhase::FailedNoResource,
-        JobPhase::FailedController,
-    ];
+    pub const ALL: &'static [JobPhase] = <JobPhase as strum::VariantArray>::VARIANTS;
 
     /// True for Succeeded, Cancelled and every Failed*. Cancelling is not terminal.
     pub fn is_terminal(self) -> bool {
@@ -150,33 +147,12 @@ impl JobPhase {
 
     /// The name as stored and shown (`Pending`, `FailedSetup`, ...).
     pub fn as_str(self) -> &'static str {
-        match self {
-            JobPhase::Pending => "Pending",
-            JobPhase::Submitted => "Submitted",
-            JobPhase::Starting => "Starting",
-            JobPhase::Running => "Running",
-            JobPhase::Recovering => "Recovering",
-            JobPhase::Succeeded => "Succeeded",
-            JobPhase::Cancelling => "Cancelling",
-            JobPhase::Suspended => "Suspended",
-            JobPhase::Cancelled => "Cancelled",
-            JobPhase::Failed => "Failed",
-            JobPhase::FailedSetup => "FailedSetup",
-            JobPhase::FailedPrecheck => "FailedPrecheck",
-            JobPhase::FailedNoResource => "FailedNoResource",
-            JobPhase::FailedController => "FailedController",
-        }
+        self.into()
     }
 
     /// Parses [`JobPhase::as_str`]'s output; `None` for anything else.
     pub fn parse(s: &str) -> Option<JobPhase> {
-        JobPhase::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-impl fmt::Display for JobPhase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        s.parse().ok()
     }
 }
 
@@ -184,7 +160,21 @@ impl fmt::Display for JobPhase {
 ///
 /// `Inactive -> Waiting -> Launching -> Alive -> (AliveWaiting -> Launching -> Alive)* -> Done`;
 /// Inactive/Waiting may go straight to Done when cancelled. Nothing leaves Done.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    JsonSchema,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum ScheduleState {
     /// Known to the store, not yet submitted to the scheduler; or suspended (`spec.suspend`,
     /// phase Suspended): never admitted until resumed.
@@ -203,14 +193,7 @@ pub enum ScheduleState {
 
 impl ScheduleState {
     /// Every schedule state, in lifecycle order.
-    pub const ALL: [ScheduleState; 6] = [
-        ScheduleState::Inactive,
-        ScheduleState::Waiting,
-        ScheduleState::Launching,
-        ScheduleState::Alive,
-        ScheduleState::AliveWaiting,
-        ScheduleState::Done,
-    ];
+    pub const ALL: &'static [ScheduleState] = <ScheduleState as strum::VariantArray>::VARIANTS;
 
     /// The states that hold a run slot and have a job controller process.
     pub const LIVE: [ScheduleState; 3] = [
@@ -226,30 +209,31 @@ impl ScheduleState {
 
     /// The name as stored and shown.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ScheduleState::Inactive => "Inactive",
-            ScheduleState::Waiting => "Waiting",
-            ScheduleState::Launching => "Launching",
-            ScheduleState::Alive => "Alive",
-            ScheduleState::AliveWaiting => "AliveWaiting",
-            ScheduleState::Done => "Done",
-        }
+        self.into()
     }
 
     /// Parses [`ScheduleState::as_str`]'s output.
     pub fn parse(s: &str) -> Option<ScheduleState> {
-        ScheduleState::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
-
-impl fmt::Display for ScheduleState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        s.parse().ok()
     }
 }
 
 /// Which executor runs a spec: `local` for `run`, `pod` for `template`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
+#[strum(serialize_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum ExecutorKind {
     /// A process group on the controller node.
@@ -277,7 +261,7 @@ pub struct ExecutorFacts {
 
 impl ExecutorKind {
     /// Every kind.
-    pub const ALL: [ExecutorKind; 2] = [ExecutorKind::Local, ExecutorKind::Pod];
+    pub const ALL: &'static [ExecutorKind] = <ExecutorKind as strum::VariantArray>::VARIANTS;
 
     /// What the operator knows of this kind.
     pub const fn facts(self) -> ExecutorFacts {
@@ -302,13 +286,7 @@ impl ExecutorKind {
 
     /// Parses `local` or `pod`.
     pub fn parse(s: &str) -> Option<ExecutorKind> {
-        ExecutorKind::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl fmt::Display for ExecutorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        s.parse().ok()
     }
 }
 
@@ -319,12 +297,13 @@ mod tests {
     #[test]
     fn terminal_phases_match_the_design() {
         let terminal: Vec<_> = JobPhase::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|p| p.is_terminal())
             .collect();
         assert_eq!(terminal.len(), 7);
         assert!(!JobPhase::Cancelling.is_terminal());
-        for p in JobPhase::ALL {
+        for &p in JobPhase::ALL {
             assert_eq!(JobPhase::parse(p.as_str()), Some(p));
         }
     }
@@ -333,7 +312,18 @@ mod tests {
 /// Why a queued job is not admitted yet (the reason of its `Admitted` condition,
 /// `docs/design.md#queues`): its queue, its namespace, its queue's limits, its queue's share or
 /// the operator's caps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum WaitReason {
     /// Its queue (`spec.queue`) has no ManagedJobQueue object: it waits until one is applied.
     QueueMissing,
@@ -368,47 +358,15 @@ pub enum WaitReason {
 
 impl WaitReason {
     /// Every reason.
-    pub const ALL: [WaitReason; 12] = [
-        WaitReason::QueueMissing,
-        WaitReason::NamespaceNotAdmitted,
-        WaitReason::QueueMaxRunning,
-        WaitReason::QueueMaxLaunching,
-        WaitReason::ShareUsed,
-        WaitReason::RunCapReached,
-        WaitReason::LaunchCapReached,
-        WaitReason::Queued,
-        WaitReason::Preempted,
-        WaitReason::InsufficientQuota,
-        WaitReason::InsufficientCapacity,
-        WaitReason::PoolMissing,
-    ];
+    pub const ALL: &'static [WaitReason] = <WaitReason as strum::VariantArray>::VARIANTS;
 
     /// The CamelCase name, as stored and shown.
     pub fn as_str(self) -> &'static str {
-        match self {
-            WaitReason::QueueMissing => "QueueMissing",
-            WaitReason::NamespaceNotAdmitted => "NamespaceNotAdmitted",
-            WaitReason::QueueMaxRunning => "QueueMaxRunning",
-            WaitReason::QueueMaxLaunching => "QueueMaxLaunching",
-            WaitReason::Preempted => "Preempted",
-            WaitReason::ShareUsed => "ShareUsed",
-            WaitReason::RunCapReached => "RunCapReached",
-            WaitReason::LaunchCapReached => "LaunchCapReached",
-            WaitReason::Queued => "Queued",
-            WaitReason::InsufficientQuota => "InsufficientQuota",
-            WaitReason::InsufficientCapacity => "InsufficientCapacity",
-            WaitReason::PoolMissing => "PoolMissing",
-        }
+        self.into()
     }
 
     /// Parses [`WaitReason::as_str`]'s output.
     pub fn parse(s: &str) -> Option<WaitReason> {
-        WaitReason::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
-
-impl fmt::Display for WaitReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        s.parse().ok()
     }
 }

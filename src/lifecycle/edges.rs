@@ -226,7 +226,7 @@ mod tests {
     fn the_tables_refuse_what_the_design_forbids() {
         use JobPhase::*;
         // Nothing leaves a terminal phase or Done.
-        for p in JobPhase::ALL.into_iter().filter(|p| p.is_terminal()) {
+        for p in JobPhase::ALL.iter().copied().filter(|p| p.is_terminal()) {
             assert!(JobPhase::ALL.iter().all(|&to| !legal_phase_edge(p, to)));
         }
         assert!(!legal_schedule_edge(

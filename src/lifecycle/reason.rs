@@ -5,7 +5,18 @@ use std::fmt;
 
 /// Why a job moved: recorded with each history entry (`transitions.reason`) and read by the
 /// Events (`events::events_for`). CamelCase, as Kubernetes reasons are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum Reason {
     /// The object was first seen (-> Pending + Inactive).
     Created,
@@ -83,86 +94,16 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for parsing and tests.
-    pub const ALL: [Reason; 31] = [
-        Reason::Created,
-        Reason::Submitted,
-        Reason::KeptFinalStatus,
-        Reason::Restored,
-        Reason::Scheduled,
-        Reason::ControllerStarted,
-        Reason::ControllerExited,
-        Reason::Starting,
-        Reason::Launch,
-        Reason::Running,
-        Reason::Unschedulable,
-        Reason::WaitingToStart,
-        Reason::PodTerminating,
-        Reason::Stopping,
-        Reason::LaunchTimedOut,
-        Reason::WaitingForLaunchSlot,
-        Reason::Restarting,
-        Reason::Recovering,
-        Reason::Ignored,
-        Reason::TaskSucceeded,
-        Reason::Succeeded,
-        Reason::Failed,
-        Reason::Cancelling,
-        Reason::Cancelled,
-        Reason::Requeued,
-        Reason::Queued,
-        Reason::ClaimLapsed,
-        Reason::Suspended,
-        Reason::Resumed,
-        Reason::PreemptionRequested,
-        Reason::Preempted,
-    ];
+    pub const ALL: &'static [Reason] = <Reason as strum::VariantArray>::VARIANTS;
 
     /// The CamelCase name stored in the history.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Created => "Created",
-            Reason::Submitted => "Submitted",
-            Reason::KeptFinalStatus => "KeptFinalStatus",
-            Reason::Restored => "Restored",
-            Reason::Scheduled => "Scheduled",
-            Reason::ControllerStarted => "ControllerStarted",
-            Reason::ControllerExited => "ControllerExited",
-            Reason::Starting => "Starting",
-            Reason::Launch => "Launch",
-            Reason::Running => "Running",
-            Reason::Unschedulable => "Unschedulable",
-            Reason::WaitingToStart => "WaitingToStart",
-            Reason::PodTerminating => "PodTerminating",
-            Reason::Stopping => "Stopping",
-            Reason::LaunchTimedOut => "LaunchTimedOut",
-            Reason::WaitingForLaunchSlot => "WaitingForLaunchSlot",
-            Reason::Restarting => "Restarting",
-            Reason::Recovering => "Recovering",
-            Reason::Ignored => "Ignored",
-            Reason::TaskSucceeded => "TaskSucceeded",
-            Reason::Succeeded => "Succeeded",
-            Reason::Failed => "Failed",
-            Reason::Cancelling => "Cancelling",
-            Reason::Cancelled => "Cancelled",
-            Reason::Requeued => "Requeued",
-            Reason::Queued => "Queued",
-            Reason::ClaimLapsed => "ClaimLapsed",
-            Reason::Suspended => "Suspended",
-            Reason::Resumed => "Resumed",
-            Reason::PreemptionRequested => "PreemptionRequested",
-            Reason::Preempted => "Preempted",
-        }
+        self.into()
     }
 
     /// The reason named `s`, if any.
     pub fn parse(s: &str) -> Option<Reason> {
-        Reason::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        s.parse().ok()
     }
 }
 
@@ -170,7 +111,18 @@ impl fmt::Display for Reason {
 /// as [`Failure::Operator`]). A workload's own failure carries the workload's reason instead
 /// ([`Failure::Workload`]: `ExitCode`, `OOMKilled`, `KilledBySignal9`, an init container's
 /// reason...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum FailureReason {
     /// The spec fails validation the API schema could not express.
     InvalidSpec,
@@ -212,45 +164,15 @@ pub enum FailureReason {
 impl FailureReason {
     /// The CamelCase name written to `status.failureReason`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            FailureReason::InvalidSpec => "InvalidSpec",
-            FailureReason::ExecutorDisabled => "ExecutorDisabled",
-            FailureReason::LaunchFailed => "LaunchFailed",
-            FailureReason::PodRejected => "PodRejected",
-            FailureReason::DeadlineExceeded => "DeadlineExceeded",
-            FailureReason::LaunchTimeout => "LaunchTimeout",
-            FailureReason::RecoveryBudgetSpent => "RecoveryBudgetSpent",
-            FailureReason::ControllerCrashed => "ControllerCrashed",
-            FailureReason::ControllerStartFailed => "ControllerStartFailed",
-            FailureReason::NamespaceTerminating => "NamespaceTerminating",
-            FailureReason::Unschedulable => "Unschedulable",
-            FailureReason::CreateFailed => "CreateFailed",
-            FailureReason::PodNotSeen => "PodNotSeen",
-            FailureReason::FailureRule => "FailureRule",
-        }
+        self.into()
     }
 
     /// Every reason, for parsing and tests.
-    pub const ALL: [FailureReason; 14] = [
-        FailureReason::InvalidSpec,
-        FailureReason::ExecutorDisabled,
-        FailureReason::LaunchFailed,
-        FailureReason::PodRejected,
-        FailureReason::DeadlineExceeded,
-        FailureReason::LaunchTimeout,
-        FailureReason::RecoveryBudgetSpent,
-        FailureReason::ControllerCrashed,
-        FailureReason::ControllerStartFailed,
-        FailureReason::NamespaceTerminating,
-        FailureReason::Unschedulable,
-        FailureReason::CreateFailed,
-        FailureReason::PodNotSeen,
-        FailureReason::FailureRule,
-    ];
+    pub const ALL: &'static [FailureReason] = <FailureReason as strum::VariantArray>::VARIANTS;
 
     /// The reason named `s`, if it is one of the operator's.
     pub fn parse(s: &str) -> Option<FailureReason> {
-        FailureReason::ALL.into_iter().find(|r| r.as_str() == s)
+        s.parse().ok()
     }
 }
 
@@ -296,23 +218,17 @@ impl fmt::Display for Failure {
     }
 }
 
-impl fmt::Display for FailureReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn reasons_round_trip() {
-        for r in Reason::ALL {
+        for &r in Reason::ALL {
             assert_eq!(Reason::parse(r.as_str()), Some(r));
         }
         assert_eq!(Reason::parse("Bench"), None);
-        for r in FailureReason::ALL {
+        for &r in FailureReason::ALL {
             assert_eq!(Failure::parse(r.as_str()), Failure::Operator(r));
         }
         let oom = Failure::parse("OOMKilled");

@@ -12,15 +12,24 @@
 //! matches wins; none: the default for the outcome ([`Verdict::default_for`]). Rules never
 //! apply to a success or to a workload that can never start ([`Outcome::Invalid`]).
 
-use std::fmt;
-
 use crate::api::{ExitCodeOperator, FailureAction, FailurePolicy, FailureRule};
 
 use super::outcome::{Evidence, Outcome};
 
 /// What an ended attempt leads to, before budgets: the label of `status.attempts[].action` and
 /// of the `managedjobs_attempts_total` metric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
 pub enum Verdict {
     /// Every part exited 0.
     Succeeded,
@@ -36,28 +45,16 @@ pub enum Verdict {
 
 impl Verdict {
     /// Every verdict.
-    pub const ALL: [Verdict; 5] = [
-        Verdict::Succeeded,
-        Verdict::FailJob,
-        Verdict::Restart,
-        Verdict::Recover,
-        Verdict::Ignore,
-    ];
+    pub const ALL: &'static [Verdict] = <Verdict as strum::VariantArray>::VARIANTS;
 
     /// The CamelCase name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Succeeded => "Succeeded",
-            Verdict::FailJob => "FailJob",
-            Verdict::Restart => "Restart",
-            Verdict::Recover => "Recover",
-            Verdict::Ignore => "Ignore",
-        }
+        self.into()
     }
 
     /// The verdict named `s`, if any.
     pub fn parse(s: &str) -> Option<Verdict> {
-        Verdict::ALL.into_iter().find(|v| v.as_str() == s)
+        s.parse().ok()
     }
 
     /// What the operator does with `outcome` when no rule matches (docs/design.md#failures):
@@ -84,12 +81,6 @@ impl From<FailureAction> for Verdict {
             FailureAction::Recover => Verdict::Recover,
             FailureAction::Ignore => Verdict::Ignore,
         }
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -1,7 +1,5 @@
 //! What the operator's shared Pod watch saw of each attempt's Pod (the pod executor's input).
 
-use std::fmt;
-
 use rusqlite::{OptionalExtension, params};
 
 use super::{Result, Store};
@@ -9,7 +7,19 @@ use super::{Result, Store};
 use crate::lifecycle::{Evidence, now_ms};
 
 /// Where an attempt's Pod stands, as the job controller needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum PodState {
     /// Created; not running yet (scheduling, pulling images, init containers running).
     Pending,
@@ -47,40 +57,16 @@ pub const TERMINATING_MARGIN: std::time::Duration = std::time::Duration::from_se
 
 impl PodState {
     /// Every state.
-    pub const ALL: [PodState; 11] = [
-        PodState::Pending,
-        PodState::Unschedulable,
-        PodState::Running,
-        PodState::Succeeded,
-        PodState::Failed,
-        PodState::SetupFailed,
-        PodState::Refused,
-        PodState::DeadlineExceeded,
-        PodState::Invalid,
-        PodState::Terminating,
-        PodState::Lost,
-    ];
+    pub const ALL: &'static [PodState] = <PodState as strum::VariantArray>::VARIANTS;
 
     /// The name stored in `pod_observations.state`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            PodState::Pending => "pending",
-            PodState::Unschedulable => "unschedulable",
-            PodState::Running => "running",
-            PodState::Succeeded => "succeeded",
-            PodState::Failed => "failed",
-            PodState::SetupFailed => "setup-failed",
-            PodState::Refused => "refused",
-            PodState::DeadlineExceeded => "deadline-exceeded",
-            PodState::Invalid => "invalid",
-            PodState::Terminating => "terminating",
-            PodState::Lost => "lost",
-        }
+        self.into()
     }
 
     /// The state named `s`, if any.
     pub fn parse(s: &str) -> Option<PodState> {
-        PodState::ALL.into_iter().find(|p| p.as_str() == s)
+        s.parse().ok()
     }
 
     /// The attempt's fate is decided by what the Pod showed (it exited, was refused, or can
@@ -95,12 +81,6 @@ impl PodState {
                 | PodState::DeadlineExceeded
                 | PodState::Invalid
         )
-    }
-}
-
-impl fmt::Display for PodState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -289,7 +269,7 @@ mod tests {
 
     #[test]
     fn pod_states_round_trip() {
-        for s in PodState::ALL {
+        for &s in PodState::ALL {
             assert_eq!(PodState::parse(s.as_str()), Some(s));
         }
     }
