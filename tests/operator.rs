@@ -448,6 +448,43 @@ async fn killed_job_controller_is_resumed_and_the_job_succeeds() {
     assert_eq!(runs, "run\n");
 }
 
+/// Jobs created while no operator runs start in the order the API server accepted them, not
+/// in the order the operator records them (its first list comes in name order, and its
+/// reconciles finish in any order): 12 jobs created last name first, one run slot, and they
+/// run first created first.
+#[tokio::test]
+async fn jobs_created_before_the_operator_started_run_in_the_order_they_were_created() {
+    let cp = control_plane_or_skip!();
+    let client = support::client(cp).await;
+    let ns = support::TestNamespace::new(&client, cp, "fifostart").await;
+    let runs = tempfile::tempdir().unwrap();
+    let runs_file = runs.path().join("runs.txt");
+    let names: Vec<String> = (0..12).rev().map(|i| format!("job-{i:02}")).collect();
+    let body = format!("  run: echo $MANAGEDJOB_NAME >> {}\n", runs_file.display());
+    for name in &names {
+        support::create_yaml(&client, &ns.name, &job(name, &body)).await;
+    }
+    let _op =
+        support::OperatorProcess::start(cp, &ns.name, &["--launch-cap", "1", "--run-cap", "1"]);
+    for name in &names {
+        support::wait_status(
+            &client,
+            &ns.name,
+            name,
+            T,
+            "Succeeded",
+            support::phase_is(JobPhase::Succeeded),
+        )
+        .await;
+    }
+    let text = std::fs::read_to_string(&runs_file).unwrap();
+    let ran: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        ran, names,
+        "the jobs ran in another order than they were created"
+    );
+}
+
 #[tokio::test]
 async fn killed_operator_restarts_without_running_any_job_twice() {
     let cp = control_plane_or_skip!();

@@ -375,7 +375,14 @@ pub async fn run(client: Client, cfg: Config, options: Options) -> anyhow::Resul
         match event {
             // A deletion the finalizer did not hold (removed by hand): the world check cancels
             // the job soon, before its workload is relaunched.
-            Ok(watcher::Event::Delete(_)) => objects_deleted.notify_one(),
+            Ok(watcher::Event::Delete(mj)) => {
+                watched.forget_arrival(mj);
+                objects_deleted.notify_one()
+            }
+            // A job not recorded yet holds back the jobs after it in its queue until it is.
+            Ok(watcher::Event::Apply(mj) | watcher::Event::InitApply(mj)) => {
+                watched.note_arrival(mj)
+            }
             Ok(watcher::Event::InitDone) => {
                 objects_listed.store(true, std::sync::atomic::Ordering::SeqCst);
                 first_listed.notify_one();
@@ -479,6 +486,10 @@ async fn reconcile(mj: Arc<ManagedJob>, op: Arc<Operator>) -> Result<Action, Err
     // Looked at again after [`NOT_ACTING_RECHECK`] too: a job must never depend on one event
     // to be picked up (each look is a read of the claim in memory, no API request).
     if !op.acts_on(&ns) {
+        // Not yet this operator's (its claim not acquired yet), it stays noted as arriving.
+        if op.claimed_elsewhere(&ns) {
+            op.forget_arrival(&mj);
+        }
         return Ok(Action::requeue(NOT_ACTING_RECHECK));
     }
     let uid = mj.uid();
@@ -584,6 +595,46 @@ impl Operator {
     }
 
     /// Mirror, submit, cancel on request, delete after the TTL.
+    /// Notes `mj` as arriving when it is not recorded yet (and not being deleted, nor another
+    /// operator's): the jobs after it in its queue are not admitted until it is, for at most
+    /// [`crate::store::ARRIVAL_HOLD_MS`] (`Store::arriving`). The operator records jobs in the
+    /// order its reconciles finish, not the order the API server accepted them (a list at
+    /// start comes in name order); without this, a pass could admit a later job first.
+    fn note_arrival(&self, mj: &ManagedJob) {
+        if mj.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let (Some(uid), Some(ns)) = (mj.uid(), mj.namespace()) else {
+            return;
+        };
+        if self.claimed_elsewhere(&ns) {
+            return;
+        }
+        let now = now_ms();
+        let version = crate::lifecycle::entry::version_key(&first_seen_version(mj));
+        let arriving = self.engine.store().arriving(
+            &uid,
+            mj.spec.queue_name(),
+            mj.spec.priority,
+            rebuild::created_ms(mj, now),
+            version.as_deref().unwrap_or_default(),
+            now,
+        );
+        if let Err(e) = arriving {
+            tracing::warn!(job = %mj.name_any(), error = %e, "noting an arriving job failed: the jobs after it may be admitted first");
+        }
+    }
+
+    /// Forgets `mj`'s arrival ([`Operator::note_arrival`]): recorded, deleted, or another
+    /// operator's to record.
+    fn forget_arrival(&self, mj: &ManagedJob) {
+        if let Some(uid) = mj.uid()
+            && let Err(e) = self.engine.store().arrived(&uid, now_ms())
+        {
+            tracing::warn!(job = %mj.name_any(), error = %e, "forgetting an arriving job failed");
+        }
+    }
+
     async fn apply(&self, mj: &ManagedJob) -> Result<Action, Error> {
         let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
         let ns = mj
@@ -610,6 +661,7 @@ impl Operator {
             match rebuild::restore_one(&self.client, &self.engine, mj, self.claims.identity()).await
             {
                 Ok(Some(row)) => {
+                    self.forget_arrival(mj);
                     let from = mj
                         .status
                         .as_ref()
@@ -630,6 +682,7 @@ impl Operator {
             }
         }
         let up = self.engine.store().submit(&object, mj.status.as_ref())?;
+        self.forget_arrival(mj);
         let mut row = up.row;
         if up.inserted {
             self.engine.pacer.arrive(created_at_ms);

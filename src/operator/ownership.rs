@@ -387,4 +387,10 @@ impl Operator {
             CellState::Paused | CellState::Elsewhere(_) => false,
         }
     }
+
+    /// True when another operator holds `namespace`'s claim: its jobs are not this one's to
+    /// record (nor to wait for).
+    pub(super) fn claimed_elsewhere(&self, namespace: &str) -> bool {
+        matches!(self.claims.state(namespace), CellState::Elsewhere(_))
+    }
 }

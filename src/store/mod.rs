@@ -43,7 +43,7 @@ pub const ADMISSION_ORDER: &str = "priority DESC, queued_at_ms, entry_version, i
 
 pub use claims::ClaimRow;
 pub use jobs::{Cas, UnsyncedBrief, Upserted};
-pub use queues::{QueueCounts, Queued};
+pub use queues::{ARRIVAL_HOLD_MS, QueueCounts, Queued};
 pub use settings::Settings;
 
 /// How long a writer waits for another process's write lock before failing.
@@ -156,7 +156,18 @@ fn configure(conn: &Connection, cache_kib: u32) -> Result<()> {
 /// ([`Store::tell_waiting_except`]).
 fn temp_tables(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "temp_store", "MEMORY")?;
-    conn.execute_batch("CREATE TEMP TABLE IF NOT EXISTS told_apart (id INTEGER PRIMARY KEY)")?;
+    conn.execute_batch(
+        "CREATE TEMP TABLE IF NOT EXISTS told_apart (id INTEGER PRIMARY KEY);
+         CREATE TEMP TABLE IF NOT EXISTS arriving (
+            uid TEXT PRIMARY KEY,
+            queue TEXT NOT NULL,
+            priority INTEGER NOT NULL,
+            queued_at_ms INTEGER NOT NULL,
+            entry_version TEXT NOT NULL,
+            seen_at_ms INTEGER NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS temp.arriving_by_queue ON arriving (queue);",
+    )?;
     Ok(())
 }
 

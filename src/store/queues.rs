@@ -99,11 +99,26 @@ const TELL_JOB_SQL: &str = "UPDATE jobs SET
 const WAITING_COUNTS_SQL: &str =
     "SELECT queue, count(*) FROM jobs WHERE schedule_state = 'Waiting' GROUP BY queue";
 
+/// How long a job seen arriving ([`Store::arriving`]) holds back the jobs after it in its
+/// queue while it is not recorded yet: the operator records a job once its finalizer is on,
+/// within a second when it keeps up; past this (a burst paced at the API budget), the jobs
+/// behind it are admitted without it.
+pub const ARRIVAL_HOLD_MS: i64 = 10_000;
+
+/// The Waiting jobs of queue ?1 a pass may admit at ?3 (see [`admissible`]), of the namespaces
+/// in ?4 (a JSON list; NULL: any), in admission order, at most ?2; none behind a job of the
+/// queue seen arriving since ?5 and not recorded yet ([`Store::arriving`]): the queue's order
+/// is the API server's, whatever order the operator records the jobs in.
 fn candidates_sql() -> String {
     format!(
         "SELECT {QUEUED_COLUMNS} FROM jobs
          WHERE schedule_state = 'Waiting' AND queue = ?1 AND {}
             AND (?4 IS NULL OR namespace IN (SELECT value FROM json_each(?4)))
+            AND NOT EXISTS (SELECT 1 FROM temp.arriving a
+                WHERE a.queue = ?1 AND a.seen_at_ms >= ?5
+                    AND (a.priority > jobs.priority OR (a.priority = jobs.priority
+                        AND (a.queued_at_ms, a.entry_version) < (jobs.queued_at_ms, jobs.entry_version)))
+                    AND NOT EXISTS (SELECT 1 FROM jobs k WHERE k.uid = a.uid))
          ORDER BY {ADMISSION_ORDER} LIMIT ?2",
         admissible(3)
     )
@@ -191,8 +206,50 @@ impl Store {
             serde_json::to_string(&set.iter().collect::<Vec<_>>()).expect("names serialize")
         });
         let mut stmt = self.conn.prepare_cached(&candidates_sql())?;
-        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed], queued)?;
+        let since = now_ms.saturating_sub(ARRIVAL_HOLD_MS);
+        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed, since], queued)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Notes a job the operator has seen, unless it is recorded already (a job of `uid`):
+    /// its queue, priority and entry ([`crate::lifecycle::entry`]: its creation second,
+    /// `queued_at_ms`, and the [`crate::lifecycle::entry::version_key`] it was first seen at),
+    /// seen at `now_ms`. While it is not recorded, and for at most [`ARRIVAL_HOLD_MS`], no job
+    /// after it in its queue is a candidate. Kept in memory (a table of this connection).
+    pub fn arriving(
+        &self,
+        uid: &str,
+        queue: &str,
+        priority: i32,
+        queued_at_ms: i64,
+        entry_version: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO temp.arriving
+                 (uid, queue, priority, queued_at_ms, entry_version, seen_at_ms)
+                 SELECT ?1, ?2, ?3, ?4, ?5, ?6
+                 WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE uid = ?1)",
+            )?
+            .execute(params![
+                uid,
+                queue,
+                priority,
+                queued_at_ms,
+                entry_version,
+                now_ms
+            ])?;
+        Ok(())
+    }
+
+    /// Forgets the arrivals of `uid` (recorded, deleted, or not this operator's) and those
+    /// older than [`ARRIVAL_HOLD_MS`] at `now_ms`.
+    pub fn arrived(&self, uid: &str, now_ms: i64) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM temp.arriving WHERE uid = ?1 OR seen_at_ms < ?2")?
+            .execute(params![uid, now_ms.saturating_sub(ARRIVAL_HOLD_MS)])?;
+        Ok(())
     }
 
     /// Every AliveWaiting job (a relaunch or a pipeline's next task, waiting for a launch slot)
@@ -513,6 +570,72 @@ mod tests {
             let brief: Vec<i64> = store.waiting_brief().unwrap().iter().map(|b| b.id).collect();
             proptest::prop_assert_eq!(brief, want);
         }
+    }
+
+    /// A job seen arriving and not recorded yet holds back the jobs after it in its queue's
+    /// order (its priority, its creation second, the version it was first seen at), not those
+    /// before it nor other queues'; not once recorded, forgotten, or older than the hold.
+    #[test]
+    fn a_job_not_recorded_yet_holds_back_the_jobs_after_it() {
+        let mut store = Store::in_memory().unwrap();
+        let rows: Vec<_> = [(0, "10"), (1, "20"), (2, "30")]
+            .iter()
+            .map(|(i, v)| submit(&mut store, *i, "ns", &spec("q", 0), 5000, v))
+            .collect();
+        let other = submit(&mut store, 3, "ns", &spec("other", 0), 5000, "40");
+        let candidates = |store: &Store, queue: &str, now: i64| -> Vec<i64> {
+            let got = store.queue_candidates(queue, None, 100, now).unwrap();
+            got.iter().map(|q| q.id).collect()
+        };
+        let now = 100_000;
+        let all: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        assert_eq!(candidates(&store, "q", now), all);
+        // Created in the same second, first seen at version 15: between the first two.
+        store
+            .arriving("x", "q", 0, 5000, &version("15"), now)
+            .unwrap();
+        assert_eq!(candidates(&store, "q", now), [rows[0].id]);
+        assert_eq!(candidates(&store, "other", now), [other.id]);
+        // Past the hold, the jobs behind it go on without it.
+        assert_eq!(candidates(&store, "q", now + ARRIVAL_HOLD_MS + 1), all);
+        store.arrived("x", now).unwrap();
+        assert_eq!(candidates(&store, "q", now), all);
+        // A higher priority holds back every job of lower priority, whenever created.
+        store
+            .arriving("y", "q", 5, 9000, &version("99"), now)
+            .unwrap();
+        assert!(candidates(&store, "q", now).is_empty());
+        // A recorded job is not noted; an arrival whose job was recorded since holds nothing
+        // back.
+        store.arrived("y", now).unwrap();
+        store
+            .arriving(&rows[1].uid, "q", 0, 5000, &version("20"), now)
+            .unwrap();
+        let noted: i64 = store
+            .conn
+            .query_row("SELECT count(*) FROM temp.arriving", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(noted, 0);
+        store
+            .conn
+            .execute(
+                "INSERT INTO temp.arriving VALUES (?1, 'q', 0, 5000, ?2, ?3)",
+                params![rows[1].uid, version("20"), now],
+            )
+            .unwrap();
+        assert_eq!(candidates(&store, "q", now), all);
+        // Arrivals past the hold are forgotten by the next one forgotten.
+        store.arriving("z", "q", 0, 0, "", now).unwrap();
+        store.arrived("none", now + ARRIVAL_HOLD_MS + 1).unwrap();
+        let left: i64 = store
+            .conn
+            .query_row("SELECT count(*) FROM temp.arriving", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 0);
+    }
+
+    fn version(rv: &str) -> String {
+        crate::lifecycle::entry::version_key(rv).unwrap()
     }
 
     /// A job told its own reason (the quota or the nodes it waits for) keeps it while the
