@@ -85,6 +85,14 @@ pub fn admission_order(a: &Entry<'_>, b: &Entry<'_>) -> Ordering {
         .then(a.id.cmp(&b.id))
 }
 
+/// True when `job` comes after `arrival` in their queue: `arrival` is a job seen and not
+/// recorded yet (it has no id), so only their priority, second and version count; a job in
+/// the same place is not behind it.
+pub fn behind(job: &Entry<'_>, arrival: &Entry<'_>) -> bool {
+    let (arrival, job) = (Entry { id: 0, ..*arrival }, Entry { id: 0, ..*job });
+    admission_order(&arrival, &job) == Ordering::Less
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

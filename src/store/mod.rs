@@ -166,7 +166,8 @@ fn temp_tables(conn: &Connection) -> Result<()> {
             entry_version TEXT NOT NULL,
             seen_at_ms INTEGER NOT NULL
          );
-         CREATE INDEX IF NOT EXISTS temp.arriving_by_queue ON arriving (queue);",
+         CREATE INDEX IF NOT EXISTS temp.arriving_in_order
+            ON arriving (queue, priority DESC, queued_at_ms, entry_version);",
     )?;
     Ok(())
 }

@@ -28,6 +28,22 @@ pub struct Queued {
     /// The digest of the reason a pass last told it ([`crate::lifecycle::said_key`]; 0: its
     /// message was set otherwise).
     pub reason_key: i64,
+    /// When it entered its queue (ms since epoch; [`crate::lifecycle::entry`]).
+    pub queued_at_ms: i64,
+    /// The version that orders it inside its second ([`crate::lifecycle::entry::version_key`]).
+    pub entry_version: String,
+}
+
+impl Queued {
+    /// Its place in its queue.
+    pub fn entry(&self) -> crate::lifecycle::entry::Entry<'_> {
+        crate::lifecycle::entry::Entry {
+            priority: self.priority,
+            queued_at_ms: self.queued_at_ms,
+            version: &self.entry_version,
+            id: self.id,
+        }
+    }
 }
 
 fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
@@ -40,10 +56,13 @@ fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
         message: r.get(4)?,
         wait_reason: reason.as_deref().and_then(WaitReason::parse),
         reason_key: r.get(6)?,
+        queued_at_ms: r.get(7)?,
+        entry_version: r.get(8)?,
     })
 }
 
-const QUEUED_COLUMNS: &str = "id, queue, namespace, priority, message, wait_reason, reason_key";
+const QUEUED_COLUMNS: &str =
+    "id, queue, namespace, priority, message, wait_reason, reason_key, queued_at_ms, entry_version";
 
 /// Queued jobs a pass may admit at the time bound to parameter `?{now}` (ms since epoch; 0: any
 /// time): not cancelled, not in a back-off.
@@ -105,24 +124,24 @@ const WAITING_COUNTS_SQL: &str =
 /// behind it are admitted without it.
 pub const ARRIVAL_HOLD_MS: i64 = 10_000;
 
-/// The Waiting jobs of queue ?1 a pass may admit at ?3 (see [`admissible`]), of the namespaces
-/// in ?4 (a JSON list; NULL: any), in admission order, at most ?2; none behind a job of the
-/// queue seen arriving since ?5 and not recorded yet ([`Store::arriving`]): the queue's order
-/// is the API server's, whatever order the operator records the jobs in.
 fn candidates_sql() -> String {
     format!(
         "SELECT {QUEUED_COLUMNS} FROM jobs
          WHERE schedule_state = 'Waiting' AND queue = ?1 AND {}
             AND (?4 IS NULL OR namespace IN (SELECT value FROM json_each(?4)))
-            AND NOT EXISTS (SELECT 1 FROM temp.arriving a
-                WHERE a.queue = ?1 AND a.seen_at_ms >= ?5
-                    AND (a.priority > jobs.priority OR (a.priority = jobs.priority
-                        AND (a.queued_at_ms, a.entry_version) < (jobs.queued_at_ms, jobs.entry_version)))
-                    AND NOT EXISTS (SELECT 1 FROM jobs k WHERE k.uid = a.uid))
          ORDER BY {ADMISSION_ORDER} LIMIT ?2",
         admissible(3)
     )
 }
+
+/// The first job of queue ?1 in admission order seen arriving since ?2 and not recorded yet
+/// ([`Store::arriving`]): its priority, second and version. Read once per queue a pass looks
+/// at (an index seek, then one lookup by uid per arrival recorded since).
+const FIRST_ARRIVING_SQL: &str = "SELECT priority, queued_at_ms, entry_version
+     FROM temp.arriving a INDEXED BY arriving_in_order
+     WHERE a.queue = ?1 AND a.seen_at_ms >= ?2
+        AND NOT EXISTS (SELECT 1 FROM jobs k WHERE k.uid = a.uid)
+     ORDER BY priority DESC, queued_at_ms, entry_version LIMIT 1";
 
 fn relaunches_sql() -> String {
     format!(
@@ -205,10 +224,36 @@ impl Store {
         let allowed = namespaces.map(|set| {
             serde_json::to_string(&set.iter().collect::<Vec<_>>()).expect("names serialize")
         });
-        let mut stmt = self.conn.prepare_cached(&candidates_sql())?;
+        // None behind a job of the queue seen arriving and not recorded yet: the queue's order
+        // is the API server's, whatever order the operator records the jobs in.
         let since = now_ms.saturating_sub(ARRIVAL_HOLD_MS);
-        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed, since], queued)?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
+        let first_arriving: Option<(i32, i64, String)> = self
+            .conn
+            .prepare_cached(FIRST_ARRIVING_SQL)?
+            .query_row(params![queue, since], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()?;
+        let mut stmt = self.conn.prepare_cached(&candidates_sql())?;
+        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed], queued)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let row = row?;
+            // In admission order: every job after the first one behind is behind too.
+            if let Some((priority, queued_at_ms, version)) = &first_arriving {
+                let arrival = crate::lifecycle::entry::Entry {
+                    priority: *priority,
+                    queued_at_ms: *queued_at_ms,
+                    version,
+                    id: 0,
+                };
+                if crate::lifecycle::entry::behind(&row.entry(), &arrival) {
+                    break;
+                }
+            }
+            out.push(row);
+        }
+        Ok(out)
     }
 
     /// Notes a job the operator has seen, unless it is recorded already (a job of `uid`):
@@ -462,6 +507,7 @@ mod tests {
             NEXT_WAITING_QUEUE_SQL.to_string(),
             WAITING_COUNTS_SQL.to_string(),
             candidates_sql(),
+            FIRST_ARRIVING_SQL.to_string(),
             LIVE_SQL.to_string(),
             RECENT_PREEMPTIONS_SQL.to_string(),
             relaunches_sql(),
