@@ -594,7 +594,6 @@ impl Operator {
         }
     }
 
-    /// Mirror, submit, cancel on request, delete after the TTL.
     /// Notes `mj` as arriving when it is not recorded yet (and not being deleted, nor another
     /// operator's): the jobs after it in its queue are not admitted until it is, for at most
     /// [`crate::store::ARRIVAL_HOLD_MS`] (`Store::arriving`). The operator records jobs in the
@@ -635,6 +634,7 @@ impl Operator {
         }
     }
 
+    /// Mirror, submit, cancel on request, delete after the TTL.
     async fn apply(&self, mj: &ManagedJob) -> Result<Action, Error> {
         let uid = mj.uid().ok_or(Error::MissingField("metadata.uid"))?;
         let ns = mj
