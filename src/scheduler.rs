@@ -395,12 +395,12 @@ fn reclaim(
                 .map(|names| names.iter().filter_map(|n| nodes.index(n)).collect())
                 .unwrap_or_default(),
             id: j.id,
-            queue: j.queue,
+            queue: j.queue.clone(),
             priority: j.priority,
             running_since_ms: j.running_since_ms,
-            pool: j.pool,
-            demand: Arc::unwrap_or_clone(j.demand),
-            leaving_for: j.leaving_for,
+            pool: j.pool.clone(),
+            demand: (*j.demand).clone(),
+            leaving_for: j.leaving_for.clone(),
         })
         .collect();
     let recent = store.recent_preemptions(now - crate::preemption::RATE_WINDOW_MS)?;
@@ -469,7 +469,7 @@ fn resources_now(
 
 /// The nodes of `snapshot` with what is free on each, less what the members of `pooled` that
 /// are not bound yet reserved by their admission.
-fn nodes_now(snapshot: &ClusterSnapshot, pooled: &[crate::store::resources::Pooled]) -> Nodes {
+fn nodes_now(snapshot: &ClusterSnapshot, pooled: &[Arc<crate::store::resources::Pooled>]) -> Nodes {
     let mut nodes = Nodes::new(snapshot.nodes.clone());
     for job in pooled {
         let (Some(placement), false) = (&job.placement, job.demand.local) else {
@@ -538,9 +538,13 @@ fn admit(
         }
     };
     let mut said = HashMap::new();
+    // Each candidate's demand and pool, as read with it.
+    let mut demands: HashMap<i64, (Option<Arc<crate::resources::Demand>>, Option<String>)> =
+        HashMap::new();
     if usage.alive_waiting > 0 {
         for r in store.relaunch_candidates(now)? {
             said.insert(r.id, r.reason_key);
+            demands.insert(r.id, (r.demand.clone(), r.pool.clone()));
             views
                 .entry(r.queue.clone())
                 .or_insert_with(|| view(&r.queue, loads))
@@ -581,6 +585,11 @@ fn admit(
                 found += 1;
             }
             said.extend(heads.iter().map(|q| (q.id, q.reason_key)));
+            demands.extend(
+                heads
+                    .iter()
+                    .map(|q| (q.id, (q.demand.clone(), q.pool.clone()))),
+            );
             views
                 .entry(name.to_string())
                 .or_insert_with(|| view(name, loads))
@@ -591,16 +600,13 @@ fn admit(
     let mut views: Vec<QueueView> = views.into_values().collect();
     // The demands (and a relaunch's pool) of the candidates of queues with pools.
     if metered {
-        let ids: Vec<i64> = views
-            .iter()
+        for v in views
+            .iter_mut()
             .filter(|v| v.policy.as_ref().is_some_and(pooled))
-            .flat_map(|v| v.relaunches.iter().chain(&v.new_jobs).map(|c| c.id))
-            .collect();
-        let mut demands = store.demands_of(&ids)?;
-        for v in &mut views {
+        {
             for c in v.relaunches.iter_mut().chain(v.new_jobs.iter_mut()) {
                 if let Some((demand, pool)) = demands.remove(&c.id) {
-                    c.demand = demand;
+                    c.demand = demand.map(Arc::unwrap_or_clone);
                     c.pool = pool;
                 }
             }

@@ -14,6 +14,7 @@
 //! - [`pods`]: what the Pod watch saw of each attempt's Pod;
 //! - [`queues`]: the queues' queries (each queue's slots, head and counts);
 //! - [`resources`]: admission's reads in resources (quota used, jobs holding quota, demands);
+//! - [`memo`]: what a scheduling pass read of each queue, kept until the queue changes;
 //! - [`settings`]: the configuration the operator shares with its job controllers;
 //! - [`claims`]: the store's identity and its operator's claims on namespaces (one owner per
 //!   job), which its job controllers read before launching.
@@ -26,6 +27,7 @@ use rusqlite::Connection;
 pub mod claims;
 pub mod history;
 pub mod jobs;
+pub mod memo;
 mod parsed;
 pub mod pods;
 pub mod queues;
@@ -180,6 +182,8 @@ pub struct Store {
     conn: Connection,
     /// The demands and placements read so far, by their stored text ([`parsed::Parsed`]).
     parsed: std::cell::RefCell<parsed::Parsed>,
+    /// What the scheduling pass read of each queue, until it changes ([`memo`]).
+    memo: std::cell::RefCell<memo::Memo>,
 }
 
 /// Prepared statements the operator keeps ([`Store::keep_statements`]): all of them, about 40.
@@ -233,6 +237,7 @@ impl Store {
         Ok(Store {
             conn,
             parsed: Default::default(),
+            memo: Default::default(),
         })
     }
 
@@ -251,6 +256,7 @@ impl Store {
         let store = Store {
             conn,
             parsed: Default::default(),
+            memo: Default::default(),
         };
         store.check_step(path)?;
         configure(&store.conn, cache_kib)?;
@@ -291,6 +297,7 @@ impl Store {
         Ok(Store {
             conn,
             parsed: Default::default(),
+            memo: Default::default(),
         })
     }
 }

@@ -2,67 +2,37 @@
 //! queues that have waiting jobs, a queue's head in admission order, its counts. Each is served
 //! by a partial index (`jobs_live_by_queue`, `jobs_waiting_in_order`, `jobs_waiting_told`): none reads finished jobs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use rusqlite::{OptionalExtension, params};
 
+use super::parsed::Parsed;
 use super::{ADMISSION_ORDER, Result, Store};
 use crate::api::WaitReason;
 use crate::queues::QueueLoad;
 
-/// A queued job, briefly: what a scheduling pass reads of a queue's head.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Queued {
-    /// Store id.
-    pub id: i64,
-    /// Its queue.
-    pub queue: String,
-    /// Its namespace (its queue must admit it).
-    pub namespace: String,
-    /// Its priority.
-    pub priority: i32,
-    /// Its message now.
-    pub message: String,
-    /// Why it waits, as last said.
-    pub wait_reason: Option<WaitReason>,
-    /// The digest of the reason a pass last told it ([`crate::lifecycle::said_key`]; 0: its
-    /// message was set otherwise).
-    pub reason_key: i64,
-    /// When it entered its queue (ms since epoch; [`crate::lifecycle::entry`]).
-    pub queued_at_ms: i64,
-    /// The version that orders it inside its second ([`crate::lifecycle::entry::version_key`]).
-    pub entry_version: String,
-}
+pub use super::memo::Queued;
 
-impl Queued {
-    /// Its place in its queue.
-    pub fn entry(&self) -> crate::lifecycle::entry::Entry<'_> {
-        crate::lifecycle::entry::Entry {
-            priority: self.priority,
-            queued_at_ms: self.queued_at_ms,
-            version: &self.entry_version,
-            id: self.id,
-        }
-    }
-}
-
-fn queued(r: &rusqlite::Row<'_>) -> rusqlite::Result<Queued> {
-    let reason: Option<String> = r.get(5)?;
+/// A row of [`QUEUED_COLUMNS`], its demand parsed once per text (`parsed`).
+fn queued(r: &rusqlite::Row<'_>, parsed: &mut Parsed) -> rusqlite::Result<Queued> {
+    let demands = r.get_ref(7)?.as_str()?;
+    let task: i64 = r.get(8)?;
     Ok(Queued {
         id: r.get(0)?,
         queue: r.get(1)?,
         namespace: r.get(2)?,
         priority: r.get(3)?,
-        message: r.get(4)?,
-        wait_reason: reason.as_deref().and_then(WaitReason::parse),
-        reason_key: r.get(6)?,
-        queued_at_ms: r.get(7)?,
-        entry_version: r.get(8)?,
+        reason_key: r.get(4)?,
+        queued_at_ms: r.get(5)?,
+        entry_version: r.get(6)?,
+        demand: parsed.demand(demands, task),
+        pool: r.get(9)?,
     })
 }
 
-const QUEUED_COLUMNS: &str =
-    "id, queue, namespace, priority, message, wait_reason, reason_key, queued_at_ms, entry_version";
+/// What a pass reads of a candidate (every column is one of [`super::memo::ADMISSION_READS`]).
+pub(super) const QUEUED_COLUMNS: &str = "id, queue, namespace, priority, reason_key, queued_at_ms, \
+     entry_version, demands, task_index, pool";
 
 /// Queued jobs a pass may admit at the time bound to parameter `?{now}` (ms since epoch; 0: any
 /// time): not cancelled, not in a back-off.
@@ -102,6 +72,13 @@ const TELL_GROUP_SQL: &str = "UPDATE jobs SET
         AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)
         AND id NOT IN (SELECT id FROM temp.told_apart)";
 
+/// The jobs [`TELL_GROUP_SQL`] would tell of group (?1, ?2, ?3) at ?4, but for those told
+/// their own reason (`temp.told_apart`, checked by the caller).
+const GROUP_JOBS_SQL: &str = "SELECT id FROM jobs INDEXED BY jobs_waiting_told
+     WHERE schedule_state = 'Waiting' AND queue = ?1 AND namespace = ?2 AND reason_key = ?3
+        AND phase = 'Pending' AND cancel_requested = 0
+        AND (backoff_until_ms IS NULL OR backoff_until_ms <= ?4)";
+
 /// Tells Waiting job ?1 the reason ?3 and message ?4 (digest ?5) unless it is told them
 /// already, in a back-off at ?2 or being cancelled: one job's own reason
 /// ([`Store::tell_jobs`]), as [`TELL_GROUP_SQL`] tells a group.
@@ -124,7 +101,7 @@ const WAITING_COUNTS_SQL: &str =
 /// behind it are admitted without it.
 pub const ARRIVAL_HOLD_MS: i64 = 10_000;
 
-fn candidates_sql() -> String {
+pub(super) fn candidates_sql() -> String {
     format!(
         "SELECT {QUEUED_COLUMNS} FROM jobs
          WHERE schedule_state = 'Waiting' AND queue = ?1 AND {}
@@ -142,6 +119,12 @@ const FIRST_ARRIVING_SQL: &str = "SELECT priority, queued_at_ms, entry_version
      WHERE a.queue = ?1 AND a.seen_at_ms >= ?2
         AND NOT EXISTS (SELECT 1 FROM jobs k WHERE k.uid = a.uid)
      ORDER BY priority DESC, queued_at_ms, entry_version LIMIT 1";
+
+/// When the first back-off of queue ?1's Waiting jobs ends after ?2 (ms since epoch; NULL:
+/// none): an index seek (`jobs_waiting_backoff`).
+pub(super) const NEXT_BACKOFF_END_SQL: &str = "SELECT min(backoff_until_ms) FROM jobs
+     WHERE schedule_state = 'Waiting' AND backoff_until_ms IS NOT NULL
+        AND queue = ?1 AND backoff_until_ms > ?2";
 
 fn relaunches_sql() -> String {
     format!(
@@ -162,6 +145,13 @@ const LIVE_SQL: &str = "SELECT id, queue, priority,
 
 const RECENT_PREEMPTIONS_SQL: &str = "SELECT preempted_by, count(*) FROM jobs
      WHERE preempted_at_ms IS NOT NULL AND preempted_at_ms > ?1 GROUP BY preempted_by";
+
+/// Every queue's count of changes ([`super::memo`]), read on `conn` (a transaction's).
+fn all_changes(conn: &rusqlite::Connection) -> Result<HashMap<String, i64>> {
+    let mut stmt = conn.prepare_cached("SELECT queue, n FROM queue_changes")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
 
 /// The counts a queue's status shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -234,9 +224,25 @@ impl Store {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .optional()?;
+        // A queue with a job arriving is read every time (its hold ends with time); any other
+        // is answered from the last read while its count of changes holds (`super::memo`).
+        let changes = match first_arriving {
+            None => Some(self.changes_of(queue)?),
+            Some(_) => None,
+        };
+        if let Some(changes) = changes
+            && let Some(kept) = &self.memo.borrow_mut().at(queue, changes).candidates
+            && let Some(rows) = kept.answer(allowed.as_deref(), limit, now_ms)
+        {
+            return Ok(rows);
+        }
         let mut stmt = self.conn.prepare_cached(&candidates_sql())?;
-        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed], queued)?;
+        let mut parsed = self.parsed.borrow_mut();
+        let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed], |r| {
+            queued(r, &mut parsed)
+        })?;
         let mut out = Vec::new();
+        let mut cut = false;
         for row in rows {
             let row = row?;
             // In admission order: every job after the first one behind is behind too.
@@ -248,12 +254,40 @@ impl Store {
                     id: 0,
                 };
                 if crate::lifecycle::entry::behind(&row.entry(), &arrival) {
+                    cut = true;
                     break;
                 }
             }
             out.push(row);
         }
+        if let (Some(changes), false) = (changes, cut) {
+            let until_ms: Option<i64> = self
+                .conn
+                .prepare_cached(NEXT_BACKOFF_END_SQL)?
+                .query_row(params![queue, now_ms], |r| r.get(0))?;
+            self.memo.borrow_mut().at(queue, changes).candidates = Some(super::memo::Candidates {
+                allowed,
+                limit,
+                rows: out.clone(),
+                until_ms: until_ms.unwrap_or(i64::MAX),
+            });
+        }
         Ok(out)
+    }
+
+    /// The count of changes of `queue` ([`super::memo`]; 0 before its first job).
+    pub fn changes_of(&self, queue: &str) -> Result<i64> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT n FROM queue_changes WHERE queue = ?1")?
+            .query_row([queue], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    /// Every queue's count of changes ([`super::memo`]).
+    pub fn all_changes(&self) -> Result<HashMap<String, i64>> {
+        all_changes(&self.conn)
     }
 
     /// Notes a job the operator has seen, unless it is recorded already (a job of `uid`):
@@ -301,7 +335,8 @@ impl Store {
     /// a pass may admit at `now_ms`, in admission order; at most the run cap's worth.
     pub fn relaunch_candidates(&self, now_ms: i64) -> Result<Vec<Queued>> {
         let mut stmt = self.conn.prepare_cached(&relaunches_sql())?;
-        let rows = stmt.query_map([now_ms], queued)?;
+        let mut parsed = self.parsed.borrow_mut();
+        let rows = stmt.query_map([now_ms], |r| queued(r, &mut parsed))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -351,15 +386,22 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let mut n = 0;
+        // No other writer until the commit: what changed each queue's count between the two
+        // reads is these writes alone, which the reads kept of it take in.
+        let before = all_changes(&tx)?;
+        let mut written = HashMap::new();
         {
             let mut tell = tx.prepare_cached(TELL_JOB_SQL)?;
             for (id, reason, message, digest) in changed {
-                n += tell.execute(params![id, now_ms, reason.as_str(), message, digest])?;
+                if tell.execute(params![id, now_ms, reason.as_str(), message, digest])? > 0 {
+                    written.insert(id, digest);
+                }
             }
         }
+        let after = all_changes(&tx)?;
         tx.commit()?;
-        Ok(n)
+        self.memo.borrow_mut().told(&before, &after, &written);
+        Ok(written.len())
     }
 
     /// [`Store::tell_waiting`] for every waiting job but those of `skip` (told their own reason
@@ -409,6 +451,29 @@ impl Store {
                 }
                 after = (group.0, group.1, key);
             }
+        }
+        // A group whose only jobs are told their own reason (`skip`: a candidate's) needs no
+        // write: found by reading its jobs until the first other (the candidates told alike
+        // form such groups, found stale by every pass: each was a write transaction that
+        // matched nothing).
+        if !stale.is_empty() {
+            let skip: HashSet<i64> = skip.iter().copied().collect();
+            let mut jobs = self.conn.prepare_cached(GROUP_JOBS_SQL)?;
+            let mut needed = Vec::with_capacity(stale.len());
+            for group in stale {
+                let mut rows = jobs.query(params![group.0, group.1, group.2, now_ms])?;
+                let mut other = false;
+                while let Some(r) = rows.next()? {
+                    if !skip.contains(&r.get::<_, i64>(0)?) {
+                        other = true;
+                        break;
+                    }
+                }
+                if other {
+                    needed.push(group);
+                }
+            }
+            stale = needed;
         }
         if stale.is_empty() {
             return Ok(0);
@@ -497,6 +562,210 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// The trigger of schema step 16 watches exactly [`super::super::memo::ADMISSION_READS`], and every column of
+    /// `jobs` the kept queries name is among them: a column added to a kept query without the
+    /// trigger watching it would leave a kept read stale.
+    #[test]
+    fn the_trigger_watches_every_column_the_kept_reads_name() {
+        let store = Store::in_memory().unwrap();
+        let columns: BTreeSet<String> = store
+            .conn
+            .prepare("SELECT name FROM pragma_table_info('jobs')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        let named = |sql: &str| -> BTreeSet<String> {
+            sql.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| columns.contains(*w))
+                .map(str::to_string)
+                .collect()
+        };
+        let trigger: String = store
+            .conn
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'jobs_queue_changes_update'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let when = &trigger[trigger.find("WHEN").unwrap()..trigger.find("BEGIN").unwrap()];
+        let reads: BTreeSet<String> = super::super::memo::ADMISSION_READS
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        assert_eq!(named(when), reads, "the trigger's columns");
+        for sql in [
+            candidates_sql(),
+            NEXT_BACKOFF_END_SQL.to_string(),
+            super::super::resources::pooled_sql(),
+        ] {
+            let missing: Vec<_> = named(&sql).difference(&reads).cloned().collect();
+            assert!(missing.is_empty(), "{sql}\nnames {missing:?}, not watched");
+        }
+    }
+
+    /// Over a store file written by another connection (a job controller, another process),
+    /// every change of a column a kept read depends on is seen: after each, the operator's
+    /// store (which keeps its reads) answers as a store that keeps nothing does. Its own writes
+    /// of reasons are taken in without a read again, and a back-off that ends is seen with no
+    /// write at all.
+    #[test]
+    fn kept_reads_answer_as_fresh_ones_after_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let mut ours = Store::open(&path, 2048).unwrap();
+        let spec = |queue: &str, gpus: u32| -> crate::api::ManagedJobSpec {
+            serde_json::from_value(serde_json::json!({
+                "queue": queue,
+                "template": {"spec": {"containers": [
+                    {"name": "t", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}}
+            }))
+            .unwrap()
+        };
+        let mut ids = Vec::new();
+        for k in 0..12 {
+            let queue = ["a", "b"][k % 2];
+            let uid = format!("u{k}");
+            let name = format!("j{k}");
+            let spec = spec(queue, 1 + k as u32 % 3);
+            let object = crate::lifecycle::Object {
+                uid: &uid,
+                namespace: "n",
+                name: &name,
+                generation: 1,
+                spec: &spec,
+                created_at_ms: 1_000 * k as i64,
+                resource_version: "",
+            };
+            ids.push(ours.submit(&object, None).unwrap().row.id);
+        }
+        // Four hold quota on pool p, the rest wait.
+        for id in &ids[..4] {
+            let row = ours.get(*id).unwrap();
+            let placement = crate::resources::Placement {
+                pool: "p".into(),
+                ..Default::default()
+            };
+            ours.transition(*id, &crate::lifecycle::admit_onto(&row, Some(placement)))
+                .unwrap();
+        }
+        let now = 1_000_000;
+        let answers = |s: &Store| {
+            let candidates: Vec<_> = ["a", "b"]
+                .iter()
+                .map(|q| s.queue_candidates(q, None, 20, now).unwrap())
+                .collect();
+            let pooled: Vec<super::super::memo::Pooled> = s
+                .pooled_jobs()
+                .unwrap()
+                .into_iter()
+                .map(std::sync::Arc::unwrap_or_clone)
+                .collect();
+            (candidates, pooled)
+        };
+        let fresh = || Store::open_current(&path, 256).unwrap();
+        let other = fresh();
+        other
+            .conn
+            .execute("UPDATE jobs SET preempted_by = 'x'", [])
+            .unwrap();
+        assert_eq!(answers(&ours), answers(&fresh()));
+        let changes: &[(&str, &str)] = &[
+            ("queue", "CASE queue WHEN 'a' THEN 'b' ELSE 'a' END"),
+            ("namespace", "'m'"),
+            ("priority", "priority + 5"),
+            ("queued_at_ms", "queued_at_ms - 100000"),
+            ("entry_version", "'zz'"),
+            ("reason_key", "reason_key + 7"),
+            (
+                "schedule_state",
+                "CASE schedule_state WHEN 'Waiting' THEN 'Alive' ELSE 'Waiting' END",
+            ),
+            ("cancel_requested", "1 - cancel_requested"),
+            ("backoff_until_ms", "2000000"),
+            ("demands", "'[]'"),
+            ("task_index", "task_index + 1"),
+            ("pool", "CASE WHEN pool IS NULL THEN 'p' ELSE 'p2' END"),
+            ("placement", "'{\"pool\":\"p3\"}'"),
+            ("attempt", "attempt + 1"),
+            ("phase", "'Running'"),
+            ("spec", "json_set(spec, '$.suspend', json('true'))"),
+            ("running_since_ms", "5"),
+            ("preempted_by", "'y'"),
+            ("preempt_requested", "1"),
+        ];
+        for (k, (column, value)) in changes.iter().enumerate() {
+            // A waiting job and a job holding quota.
+            let before = answers(&ours);
+            let waits: Vec<i64> = before.0.iter().flatten().map(|q| q.id).collect();
+            let (waiting, holding) = (waits[k % waits.len()], before.1[k % before.1.len()].id);
+            other
+                .conn
+                .execute(
+                    &format!("UPDATE jobs SET {column} = {value} WHERE id IN (?1, ?2)"),
+                    [waiting, holding],
+                )
+                .unwrap();
+            let (kept, read) = (answers(&ours), answers(&fresh()));
+            assert_eq!(
+                kept, read,
+                "after {column} of jobs {waiting} and {holding} changed"
+            );
+            assert!(
+                before != read
+                    || matches!(
+                        *column,
+                        "preempted_by" | "spec" | "phase" | "running_since_ms"
+                    ),
+                "the change of {column} changed no read: the test proves nothing"
+            );
+        }
+        // Its own reasons: taken in.
+        let waiting = ours.queue_candidates("a", None, 4, now).unwrap();
+        let told: Vec<_> = waiting
+            .iter()
+            .map(|q| {
+                (
+                    q.id,
+                    crate::api::WaitReason::Queued,
+                    format!("told {}", q.id),
+                )
+            })
+            .collect();
+        let said = waiting.iter().map(|q| (q.id, q.reason_key)).collect();
+        assert!(ours.tell_jobs(now, &told, &said).unwrap() > 0);
+        let kept_at = ours
+            .memo
+            .borrow_mut()
+            .at("a", ours.changes_of("a").unwrap())
+            .changes;
+        assert!(
+            ours.memo.borrow_mut().at("a", kept_at).candidates.is_some(),
+            "kept"
+        );
+        assert_eq!(answers(&ours), answers(&fresh()));
+        // A back-off that ends: seen with no write.
+        let id = waiting[0].id;
+        other
+            .conn
+            .execute(
+                "UPDATE jobs SET backoff_until_ms = ?2 WHERE id = ?1",
+                [id, now + 50],
+            )
+            .unwrap();
+        let (kept, read) = (answers(&ours), answers(&fresh()));
+        assert_eq!(kept, read);
+        assert!(!kept.0[0].iter().any(|q| q.id == id));
+        let later = ours.queue_candidates("a", None, 4, now + 60).unwrap();
+        assert_eq!(
+            later,
+            fresh().queue_candidates("a", None, 4, now + 60).unwrap()
+        );
+        assert!(later.iter().any(|q| q.id == id), "its back-off ended");
+    }
+
     /// Every query of the queues is served by an index: none reads the whole jobs table (so
     /// finished jobs never slow a pass down), and none sorts the waiting jobs.
     #[test]
@@ -507,11 +776,13 @@ mod tests {
             NEXT_WAITING_QUEUE_SQL.to_string(),
             WAITING_COUNTS_SQL.to_string(),
             candidates_sql(),
+            NEXT_BACKOFF_END_SQL.to_string(),
             FIRST_ARRIVING_SQL.to_string(),
             LIVE_SQL.to_string(),
             RECENT_PREEMPTIONS_SQL.to_string(),
             relaunches_sql(),
             NEXT_TOLD_GROUP_SQL.to_string(),
+            GROUP_JOBS_SQL.to_string(),
             TELL_GROUP_SQL.to_string(),
         ] {
             let mut stmt = store

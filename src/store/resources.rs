@@ -16,7 +16,7 @@ use super::{Result, Store};
 use crate::admission::{HOLDS_RUN_SLOT, states_sql};
 use crate::api::ScheduleState;
 use crate::resources::quota::Dim;
-use crate::resources::{Amount, Demand, Placement};
+use crate::resources::{Amount, Demand};
 
 fn usage_sql() -> String {
     format!(
@@ -30,7 +30,9 @@ fn usage_sql() -> String {
     )
 }
 
-fn pooled_sql() -> String {
+/// The jobs of queue ?1 holding quota on a pool (an index seek of `jobs_live_by_pool`), in the
+/// index's order.
+pub(super) fn pooled_sql() -> String {
     format!(
         "SELECT id, uid, queue, attempt, priority, schedule_state, pool, placement,
                 demands, task_index,
@@ -38,42 +40,18 @@ fn pooled_sql() -> String {
                     AND json_extract(spec, '$.suspend') IS NOT 1 THEN running_since_ms END,
                 CASE WHEN preempt_requested = 1 THEN preempted_by END
          FROM jobs INDEXED BY jobs_live_by_pool
-         WHERE schedule_state IN ({}) AND pool IS NOT NULL",
+         WHERE queue = ?1 AND schedule_state IN ({}) AND pool IS NOT NULL
+         ORDER BY pool, id",
         states_sql(HOLDS_RUN_SLOT)
     )
 }
 
-/// A job holding quota on a pool (a run slot and its demand there).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Pooled {
-    /// Store id.
-    pub id: i64,
-    /// The ManagedJob's uid (its Pods' owner).
-    pub uid: String,
-    /// Its queue.
-    pub queue: String,
-    /// Its current attempt (its Pods' attempt label).
-    pub attempt: i32,
-    /// Its priority.
-    pub priority: i32,
-    /// Its schedule state.
-    pub schedule_state: ScheduleState,
-    /// The pool.
-    pub pool: String,
-    /// What the pool adds to its Pods.
-    pub placement: Option<Arc<Placement>>,
-    /// What its current task's attempt needs.
-    pub demand: Arc<Demand>,
-    /// When its current attempt began to run (only a running job, not being stopped).
-    pub running_since_ms: Option<i64>,
-    /// The queue it is stopping for, when a preemption is under way.
-    pub leaving_for: Option<String>,
-}
+pub use super::memo::Pooled;
 
 /// What the jobs of `pooled` use, per queue, pool and resource (milli-units): what
 /// [`Store::quota_usage`] sums in SQL, summed from a read of the pooled jobs a pass has made
 /// anyway (their demands are read once, not twice).
-pub fn usage_of(pooled: &[Pooled]) -> BTreeMap<String, BTreeMap<Dim, Amount>> {
+pub fn usage_of(pooled: &[Arc<Pooled>]) -> BTreeMap<String, BTreeMap<Dim, Amount>> {
     let mut out: BTreeMap<String, BTreeMap<Dim, Amount>> = BTreeMap::new();
     for job in pooled {
         let queue = match out.get_mut(&job.queue) {
@@ -116,16 +94,35 @@ impl Store {
         Ok(out)
     }
 
-    /// Every job holding quota on a pool, with its demand and placement.
-    pub fn pooled_jobs(&self) -> Result<Vec<Pooled>> {
+    /// Every job holding quota on a pool, with its demand and placement, by queue name, then
+    /// pool, then id. A queue's jobs are read again only when it changed since they were last
+    /// ([`super::memo`]): one index seek per queue that did.
+    pub fn pooled_jobs(&self) -> Result<Vec<Arc<Pooled>>> {
+        // The counts first: a write after them makes what is read look older, never newer.
+        let mut changes: Vec<(String, i64)> = self.all_changes()?.into_iter().collect();
+        changes.sort_unstable();
+        let mut memo = self.memo.borrow_mut();
+        let mut out = Vec::new();
+        for (queue, n) in changes {
+            let kept = memo.at(&queue, n);
+            if kept.pooled.is_none() {
+                kept.pooled = Some(self.pooled_of(&queue)?);
+            }
+            out.extend(kept.pooled.iter().flatten().cloned());
+        }
+        Ok(out)
+    }
+
+    /// The jobs of `queue` holding quota on a pool.
+    fn pooled_of(&self, queue: &str) -> Result<Vec<Arc<Pooled>>> {
         let mut stmt = self.conn.prepare_cached(&pooled_sql())?;
         let mut parsed = self.parsed.borrow_mut();
-        let rows = stmt.query_map([], |r| {
+        let rows = stmt.query_map([queue], |r| {
             let state: String = r.get(5)?;
             let placement = r.get_ref(7)?.as_str_or_null()?;
             let demands = r.get_ref(8)?.as_str()?;
             let task: i64 = r.get(9)?;
-            Ok(Pooled {
+            Ok(Arc::new(Pooled {
                 id: r.get(0)?,
                 uid: r.get(1)?,
                 queue: r.get(2)?,
@@ -137,7 +134,7 @@ impl Store {
                 demand: parsed.demand(demands, task).unwrap_or_default(),
                 running_since_ms: r.get(10)?,
                 leaving_for: r.get(11)?,
-            })
+            }))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -212,8 +209,11 @@ mod tests {
                 .conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .unwrap();
+            let params = vec!["team-a"; stmt.parameter_count()];
             let steps: Vec<String> = stmt
-                .query_map([], |r| r.get::<_, String>(3))
+                .query_map(rusqlite::params_from_iter(params), |r| {
+                    r.get::<_, String>(3)
+                })
                 .unwrap()
                 .map(|r| r.unwrap())
                 .collect();
@@ -252,7 +252,7 @@ mod tests {
         let gang = store.submit(&object("u1", "gang"), None).unwrap().row;
         let plain = store.submit(&object("u2", "plain"), None).unwrap().row;
         assert_eq!(gang.demands[0].total().get("nvidia.com/gpu"), 32_000);
-        let placement = Placement {
+        let placement = crate::resources::Placement {
             pool: "gpu".into(),
             ..Default::default()
         };

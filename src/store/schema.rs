@@ -314,4 +314,47 @@ const STEPS: &[M<'static>] = &[
             WHERE schedule_state IN ('Launching', 'Alive', 'AliveWaiting') AND pool IS NOT NULL;
         "#,
     ),
+    // Step 16: a count of changes per queue (issue 44: a scheduling pass keeps what it read of
+    // a queue until it changes, `super::memo`): every insert and delete of a job, and every
+    // update that changes a column a pass reads of it (`super::memo::ADMISSION_READS`; a unit
+    // test holds the list, this trigger and the pass's queries together), counts one on its
+    // queue, whichever process writes. The Waiting jobs in a back-off, by queue: when the next
+    // one of a queue ends (a pass's read of the queue holds until then).
+    M::up(
+        r#"
+        CREATE TABLE queue_changes (queue TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
+        INSERT INTO queue_changes (queue, n) SELECT DISTINCT queue, 1 FROM jobs;
+        CREATE INDEX jobs_waiting_backoff ON jobs (queue, backoff_until_ms)
+            WHERE schedule_state = 'Waiting' AND backoff_until_ms IS NOT NULL;
+        CREATE TRIGGER jobs_queue_changes_insert AFTER INSERT ON jobs BEGIN
+            INSERT INTO queue_changes (queue, n) VALUES (NEW.queue, 1)
+                ON CONFLICT (queue) DO UPDATE SET n = n + 1;
+        END;
+        CREATE TRIGGER jobs_queue_changes_delete AFTER DELETE ON jobs BEGIN
+            INSERT INTO queue_changes (queue, n) VALUES (OLD.queue, 1)
+                ON CONFLICT (queue) DO UPDATE SET n = n + 1;
+        END;
+        CREATE TRIGGER jobs_queue_changes_update AFTER UPDATE ON jobs
+        WHEN OLD.id IS NOT NEW.id OR OLD.uid IS NOT NEW.uid OR OLD.queue IS NOT NEW.queue
+            OR OLD.namespace IS NOT NEW.namespace OR OLD.priority IS NOT NEW.priority
+            OR OLD.queued_at_ms IS NOT NEW.queued_at_ms
+            OR OLD.entry_version IS NOT NEW.entry_version
+            OR OLD.reason_key IS NOT NEW.reason_key
+            OR OLD.schedule_state IS NOT NEW.schedule_state
+            OR OLD.cancel_requested IS NOT NEW.cancel_requested
+            OR OLD.backoff_until_ms IS NOT NEW.backoff_until_ms
+            OR OLD.demands IS NOT NEW.demands OR OLD.task_index IS NOT NEW.task_index
+            OR OLD.pool IS NOT NEW.pool OR OLD.placement IS NOT NEW.placement
+            OR OLD.attempt IS NOT NEW.attempt OR OLD.phase IS NOT NEW.phase
+            OR OLD.spec IS NOT NEW.spec OR OLD.running_since_ms IS NOT NEW.running_since_ms
+            OR OLD.preempt_requested IS NOT NEW.preempt_requested
+            OR OLD.preempted_by IS NOT NEW.preempted_by
+        BEGIN
+            INSERT INTO queue_changes (queue, n) VALUES (NEW.queue, 1)
+                ON CONFLICT (queue) DO UPDATE SET n = n + 1;
+            INSERT INTO queue_changes (queue, n) SELECT OLD.queue, 1 WHERE OLD.queue IS NOT NEW.queue
+                ON CONFLICT (queue) DO UPDATE SET n = n + 1;
+        END;
+        "#,
+    ),
 ];
