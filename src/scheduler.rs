@@ -200,7 +200,7 @@ pub fn pass_resources(
                 (*reason, said)
             });
         }
-        let skip: Vec<i64> = waits.iter().map(|(id, _, _)| *id).collect();
+        let skip: Vec<(i64, &str)> = waits.iter().map(|(id, q, _)| (*id, q.as_str())).collect();
         result.messages += store.tell_waiting_except(now, &skip, |queue, namespace| {
             let (reason, message) = why_waiting(&w, queue, Some(namespace));
             match first.get(queue) {

@@ -53,6 +53,38 @@ pub const ADMISSION_READS: &[&str] = &[
 #[derive(Debug, Default)]
 pub struct Memo {
     queues: HashMap<String, Kept>,
+    /// What telling each queue's waiting jobs found last ([`super::Store::tell_waiting_except`]).
+    pub told: HashMap<String, Told>,
+}
+
+/// What telling a queue's waiting jobs found, after its writes: every group of the queue
+/// (namespace and digest of what it was told) was told it, but for jobs told their own reason
+/// (`skip`), jobs being cancelled or in a back-off, and jobs not Pending. Another call finds
+/// the same, and need not scan the queue, while the queue's count of changes is `changes`, its
+/// jobs told their own reason are `skip`, no back-off ended (`until_ms`) and every group is
+/// to be told what it was.
+#[derive(Clone, Debug)]
+pub struct Told {
+    /// The queue's count of changes after the writes.
+    pub changes: i64,
+    /// Its jobs told their own reason, by id.
+    pub skip: Vec<i64>,
+    /// Each namespace's group of the queue and the digest of what it was told.
+    pub said: Vec<(String, i64)>,
+    /// When the first back-off of its Waiting jobs ends (ms since epoch; `i64::MAX`: none).
+    pub until_ms: i64,
+    /// When it was found (ms since epoch).
+    pub at_ms: i64,
+}
+
+impl Told {
+    /// Whether a call at `now_ms` that finds the queue at count `changes` with `skip` told their
+    /// own reason finds what this one did (the digests checked apart).
+    pub fn holds(&self, changes: i64, skip: &[i64], now_ms: i64) -> bool {
+        self.changes == changes
+            && self.skip == skip
+            && (self.at_ms..self.until_ms).contains(&now_ms)
+    }
 }
 
 /// What is kept of one queue, all read at one count of its changes.
@@ -85,6 +117,8 @@ pub struct Candidates<C> {
     pub limit: usize,
     /// What it found, in admission order.
     pub rows: Vec<C>,
+    /// When it was read (ms since epoch; the back-offs it saw ended by then).
+    pub read_at_ms: i64,
     /// When the first back-off of the queue's Waiting jobs ends after the read (ms since
     /// epoch; `i64::MAX`: none): that job becomes a candidate then, with no write.
     pub until_ms: i64,
@@ -92,12 +126,12 @@ pub struct Candidates<C> {
 
 impl<C: Clone> Candidates<C> {
     /// The answer to a read of at most `limit` candidates admitting `allowed` at `now_ms`, when
-    /// this read gives it: the same namespaces, before the next back-off ends, and either no
-    /// more than it asked for or all there were.
+    /// this read gives it: the same namespaces, not before it was read (a clock set back) nor
+    /// after the next back-off ends, and either no more than it asked for or all there were.
     pub fn answer(&self, allowed: Option<&str>, limit: usize, now_ms: i64) -> Option<Vec<C>> {
         let complete = self.rows.len() < self.limit;
         (self.allowed.as_deref() == allowed
-            && now_ms < self.until_ms
+            && (self.read_at_ms..self.until_ms).contains(&now_ms)
             && (limit <= self.limit || complete))
             .then(|| self.rows[..limit.min(self.rows.len())].to_vec())
     }
@@ -147,6 +181,7 @@ impl Memo {
     /// Forgets everything (tests).
     pub fn clear(&mut self) {
         self.queues.clear();
+        self.told.clear();
     }
 }
 
@@ -225,16 +260,18 @@ mod tests {
             allowed: None,
             limit: 3,
             rows: vec![1, 2, 3],
+            read_at_ms: 10,
             until_ms: 100,
         };
-        assert_eq!(kept.answer(None, 2, 0).unwrap().len(), 2);
+        assert_eq!(kept.answer(None, 2, 10).unwrap().len(), 2);
         assert_eq!(kept.answer(None, 3, 99).unwrap().len(), 3);
-        assert_eq!(kept.answer(None, 4, 0), None, "it may have stopped at 3");
-        assert_eq!(kept.answer(Some("[\"n\"]"), 2, 0), None);
+        assert_eq!(kept.answer(None, 4, 10), None, "it may have stopped at 3");
+        assert_eq!(kept.answer(Some("[\"n\"]"), 2, 10), None);
         assert_eq!(kept.answer(None, 2, 100), None, "a back-off ended");
+        assert_eq!(kept.answer(None, 2, 9), None, "the clock was set back");
         let all = Candidates { limit: 10, ..kept };
         assert_eq!(
-            all.answer(None, 50, 0).unwrap().len(),
+            all.answer(None, 50, 10).unwrap().len(),
             3,
             "it read them all"
         );

@@ -260,7 +260,8 @@ impl Store {
             }
             out.push(row);
         }
-        if let (Some(changes), false) = (changes, cut) {
+        // A read at time 0 ("any time": back-offs ignored) is never kept.
+        if let (Some(changes), false, true) = (changes, cut, now_ms > 0) {
             let until_ms: Option<i64> = self
                 .conn
                 .prepare_cached(NEXT_BACKOFF_END_SQL)?
@@ -269,6 +270,7 @@ impl Store {
                 allowed,
                 limit,
                 rows: out.clone(),
+                read_at_ms: now_ms,
                 until_ms: until_ms.unwrap_or(i64::MAX),
             });
         }
@@ -405,13 +407,31 @@ impl Store {
     }
 
     /// [`Store::tell_waiting`] for every waiting job but those of `skip` (told their own reason
-    /// by [`Store::tell_jobs`]).
+    /// by [`Store::tell_jobs`], with their queue).
+    ///
+    /// A queue is not scanned again while nothing would come of it ([`super::memo::Told`]):
+    /// its count of changes is the one after the last call's writes, its jobs of `skip` are the
+    /// same, no back-off of its jobs ended since, and every group it had is told what it was.
     pub fn tell_waiting_except(
         &mut self,
         now_ms: i64,
-        skip: &[i64],
+        skip: &[(i64, &str)],
         mut why: impl FnMut(&str, &str) -> (WaitReason, String),
     ) -> Result<usize> {
+        // The counts before the scan: a write after them makes what is kept look older.
+        let changes = all_changes(&self.conn)?;
+        let mut skip_of: HashMap<&str, Vec<i64>> = HashMap::new();
+        for (id, queue) in skip {
+            skip_of.entry(queue).or_default().push(*id);
+        }
+        for ids in skip_of.values_mut() {
+            ids.sort_unstable();
+        }
+        let kept = std::mem::take(&mut self.memo.borrow_mut().told);
+        let mut scanned: HashMap<String, super::memo::Told> = HashMap::new();
+        let digest_of = |reason: WaitReason, message: &str| {
+            crate::lifecycle::said_key(reason, &crate::lifecycle::tasks::capped(message))
+        };
         // The groups told something else, found by reads alone (no write lock while every
         // group is told already, the steady state).
         let mut stale: Vec<(String, String, i64, WaitReason, String, i64)> = Vec::new();
@@ -431,11 +451,42 @@ impl Store {
                 })
                 .optional()?
             {
+                if queue != after.0 {
+                    // A queue not seen yet in this scan: passed over when nothing would come
+                    // of it (every group after it in the index is of a later queue).
+                    let count = changes.get(&queue).copied().unwrap_or(0);
+                    let queue_skip = skip_of.get(queue.as_str()).map_or(&[][..], |v| &v[..]);
+                    if let Some(k) = kept.get(&queue)
+                        && k.holds(count, queue_skip, now_ms)
+                        && k.said.iter().all(|(ns, d)| {
+                            let (reason, message) = why(&queue, ns);
+                            digest_of(reason, &message) == *d
+                        })
+                    {
+                        let k = kept.get(&queue).expect("checked").clone();
+                        after = (queue.clone(), "\u{10FFFF}".to_string(), i64::MAX);
+                        scanned.insert(queue, k);
+                        continue;
+                    }
+                    scanned.insert(
+                        queue.clone(),
+                        super::memo::Told {
+                            changes: count,
+                            skip: queue_skip.to_vec(),
+                            said: Vec::new(),
+                            until_ms: i64::MAX,
+                            at_ms: now_ms,
+                        },
+                    );
+                }
                 let group = (queue, namespace);
                 if said.as_ref().is_none_or(|(g, _)| *g != group) {
                     let (reason, message) = why(&group.0, &group.1);
                     let message = crate::lifecycle::tasks::capped(&message);
                     let digest = crate::lifecycle::said_key(reason, &message);
+                    if let Some(t) = scanned.get_mut(&group.0) {
+                        t.said.push((group.1.clone(), digest));
+                    }
                     said = Some((group.clone(), (reason, message, digest)));
                 }
                 let (reason, message, digest) = &said.as_ref().expect("set above").1;
@@ -451,13 +502,22 @@ impl Store {
                 }
                 after = (group.0, group.1, key);
             }
+            // A queue scanned is passed over next time only until its next back-off ends.
+            let mut backoff = self.conn.prepare_cached(NEXT_BACKOFF_END_SQL)?;
+            for (queue, t) in scanned.iter_mut() {
+                if t.until_ms == i64::MAX && !t.said.is_empty() {
+                    let until: Option<i64> =
+                        backoff.query_row(params![queue, now_ms], |r| r.get(0))?;
+                    t.until_ms = until.unwrap_or(i64::MAX);
+                }
+            }
         }
         // A group whose only jobs are told their own reason (`skip`: a candidate's) needs no
         // write: found by reading its jobs until the first other (the candidates told alike
         // form such groups, found stale by every pass: each was a write transaction that
         // matched nothing).
         if !stale.is_empty() {
-            let skip: HashSet<i64> = skip.iter().copied().collect();
+            let skip: HashSet<i64> = skip.iter().map(|(id, _)| *id).collect();
             let mut jobs = self.conn.prepare_cached(GROUP_JOBS_SQL)?;
             let mut needed = Vec::with_capacity(stale.len());
             for group in stale {
@@ -476,6 +536,7 @@ impl Store {
             stale = needed;
         }
         if stale.is_empty() {
+            self.memo.borrow_mut().told = scanned;
             return Ok(0);
         }
         // Each UPDATE matches only the jobs still told what the scan saw.
@@ -483,6 +544,7 @@ impl Store {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut told = 0;
+        let before;
         {
             // The jobs told their own reason, kept apart in a table of this connection: each
             // UPDATE looks a row up in it (a list bound as JSON was parsed again by every
@@ -490,9 +552,10 @@ impl Store {
             tx.execute("DELETE FROM temp.told_apart", [])?;
             let mut apart =
                 tx.prepare_cached("INSERT OR IGNORE INTO temp.told_apart (id) VALUES (?1)")?;
-            for id in skip {
+            for (id, _) in skip {
                 apart.execute([id])?;
             }
+            before = all_changes(&tx)?;
             let mut tell = tx.prepare_cached(TELL_GROUP_SQL)?;
             for (queue, namespace, key, reason, message, digest) in &stale {
                 told += tell.execute(params![
@@ -506,7 +569,20 @@ impl Store {
                 ])?;
             }
         }
+        // No other writer until the commit: a queue written only by these UPDATEs since the
+        // scan is kept at its count after them; one another writer changed too is not kept.
+        let after = all_changes(&tx)?;
         tx.commit()?;
+        scanned.retain(|queue, t| {
+            let (was, now) = (before.get(queue), after.get(queue));
+            if was == now {
+                return true;
+            }
+            let kept = was.copied().unwrap_or(0) == t.changes;
+            t.changes = now.copied().unwrap_or(0);
+            kept
+        });
+        self.memo.borrow_mut().told = scanned;
         Ok(told)
     }
 
@@ -591,6 +667,17 @@ mod tests {
             )
             .unwrap();
         let when = &trigger[trigger.find("WHEN").unwrap()..trigger.find("BEGIN").unwrap()];
+        // Each column compared with itself.
+        for pair in when.split(" OR ") {
+            let words: Vec<&str> = pair
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                .filter(|w| w.starts_with("OLD.") || w.starts_with("NEW."))
+                .collect();
+            assert!(
+                words.len() == 2 && words[0][4..] == words[1][4..],
+                "{pair}: not one column's old and new"
+            );
+        }
         let reads: BTreeSet<String> = super::super::memo::ADMISSION_READS
             .iter()
             .map(|c| c.to_string())
@@ -713,6 +800,22 @@ mod tests {
                 kept, read,
                 "after {column} of jobs {waiting} and {holding} changed"
             );
+            // Telling the groups (what kept of its last scan, a queue passed over): it leaves
+            // nothing a store that keeps nothing would tell.
+            let skip: Vec<(i64, &str)> = kept
+                .0
+                .iter()
+                .flat_map(|c| c.iter().take(2))
+                .map(|q| (q.id, q.queue.as_str()))
+                .collect();
+            let why = |q: &str, ns: &str| (WaitReason::Queued, format!("{q} {ns} {}", k / 3));
+            ours.tell_waiting_except(now, &skip, why).unwrap();
+            assert_eq!(
+                fresh().tell_waiting_except(now, &skip, why).unwrap(),
+                0,
+                "after {column} changed, a group was left untold"
+            );
+            assert_eq!(ours.tell_waiting_except(now, &skip, why).unwrap(), 0);
             assert!(
                 before != read
                     || matches!(
@@ -720,6 +823,37 @@ mod tests {
                         "preempted_by" | "spec" | "phase" | "running_since_ms"
                     ),
                 "the change of {column} changed no read: the test proves nothing"
+            );
+        }
+        // A job another process records, and one it deletes; fewer rows, then more, of one
+        // namespace.
+        let spec = spec("a", 2);
+        let object = crate::lifecycle::Object {
+            uid: "u-other",
+            namespace: "n",
+            name: "other",
+            generation: 1,
+            spec: &spec,
+            created_at_ms: 0,
+            resource_version: "",
+        };
+        let mut writer = fresh();
+        let added = writer.submit(&object, None).unwrap().row.id;
+        assert_eq!(answers(&ours), answers(&fresh()));
+        assert!(answers(&ours).0.iter().flatten().any(|q| q.id == added));
+        writer
+            .conn
+            .execute("DELETE FROM jobs WHERE id = ?1", [added])
+            .unwrap();
+        assert_eq!(answers(&ours), answers(&fresh()));
+        let only: BTreeSet<String> = ["n".to_string()].into();
+        for limit in [1, 2, 9, 2, 20] {
+            assert_eq!(
+                ours.queue_candidates("a", Some(&only), limit, now).unwrap(),
+                fresh()
+                    .queue_candidates("a", Some(&only), limit, now)
+                    .unwrap(),
+                "{limit} of namespace n"
             );
         }
         // Its own reasons: taken in.
@@ -971,7 +1105,9 @@ mod tests {
         )];
         assert_eq!(store.tell_jobs(0, &own, &HashMap::new()).unwrap(), 1);
         assert_eq!(
-            store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
+            store
+                .tell_waiting_except(0, &[(rows[1].id, rows[1].queue.as_str())], group)
+                .unwrap(),
             2
         );
         let said = |store: &Store, i: usize| {
@@ -989,7 +1125,9 @@ mod tests {
         // Told again the same: nothing written; once no longer its own, its group's.
         assert_eq!(store.tell_jobs(0, &own, &HashMap::new()).unwrap(), 0);
         assert_eq!(
-            store.tell_waiting_except(0, &[rows[1].id], group).unwrap(),
+            store
+                .tell_waiting_except(0, &[(rows[1].id, rows[1].queue.as_str())], group)
+                .unwrap(),
             0
         );
         assert_eq!(store.tell_waiting(0, group).unwrap(), 1);
