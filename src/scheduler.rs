@@ -429,12 +429,15 @@ fn policy_room(policy: &QueuePolicy, load: QueueLoad) -> usize {
     run.min(launch)
 }
 
-fn candidate(q: &Queued) -> Candidate {
+/// `q` as the planner sees it: with its demand and pool (a relaunch's) when its queue has
+/// pools (`metered`), slots only otherwise.
+fn candidate(q: &Queued, metered: bool) -> Candidate {
     Candidate {
         id: q.id,
         priority: q.priority,
         namespace: q.namespace.clone(),
-        ..Default::default()
+        demand: q.demand.as_deref().filter(|_| metered).cloned(),
+        pool: q.pool.clone().filter(|_| metered),
     }
 }
 
@@ -538,18 +541,15 @@ fn admit(
         }
     };
     let mut said = HashMap::new();
-    // Each candidate's demand and pool, as read with it.
-    let mut demands: HashMap<i64, (Option<Arc<crate::resources::Demand>>, Option<String>)> =
-        HashMap::new();
     if usage.alive_waiting > 0 {
         for r in store.relaunch_candidates(now)? {
             said.insert(r.id, r.reason_key);
-            demands.insert(r.id, (r.demand.clone(), r.pool.clone()));
+            let with_pools = queues.get(&r.queue).is_some_and(pooled);
             views
                 .entry(r.queue.clone())
                 .or_insert_with(|| view(&r.queue, loads))
                 .relaunches
-                .push(candidate(&r));
+                .push(candidate(&r, with_pools));
         }
     }
     // New jobs: only the queues that could get one of the `free` slots, in share order.
@@ -585,33 +585,14 @@ fn admit(
                 found += 1;
             }
             said.extend(heads.iter().map(|q| (q.id, q.reason_key)));
-            demands.extend(
-                heads
-                    .iter()
-                    .map(|q| (q.id, (q.demand.clone(), q.pool.clone()))),
-            );
             views
                 .entry(name.to_string())
                 .or_insert_with(|| view(name, loads))
                 .new_jobs
-                .extend(heads.iter().map(candidate));
+                .extend(heads.iter().map(|q| candidate(q, pooled(policy))));
         }
     }
-    let mut views: Vec<QueueView> = views.into_values().collect();
-    // The demands (and a relaunch's pool) of the candidates of queues with pools.
-    if metered {
-        for v in views
-            .iter_mut()
-            .filter(|v| v.policy.as_ref().is_some_and(pooled))
-        {
-            for c in v.relaunches.iter_mut().chain(v.new_jobs.iter_mut()) {
-                if let Some((demand, pool)) = demands.remove(&c.id) {
-                    c.demand = demand.map(Arc::unwrap_or_clone);
-                    c.pool = pool;
-                }
-            }
-        }
-    }
+    let views: Vec<QueueView> = views.into_values().collect();
     let queue_of: HashMap<i64, &str> = views
         .iter()
         .flat_map(|v| {

@@ -177,12 +177,6 @@ impl Memo {
             kept.changes = now;
         }
     }
-
-    /// Forgets everything (tests).
-    pub fn clear(&mut self) {
-        self.queues.clear();
-        self.told.clear();
-    }
 }
 
 /// A queued job, briefly: what a scheduling pass reads of a queue's head.

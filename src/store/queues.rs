@@ -146,6 +146,14 @@ const LIVE_SQL: &str = "SELECT id, queue, priority,
 const RECENT_PREEMPTIONS_SQL: &str = "SELECT preempted_by, count(*) FROM jobs
      WHERE preempted_at_ms IS NOT NULL AND preempted_at_ms > ?1 GROUP BY preempted_by";
 
+/// What a waiting job told `reason` and `message` holds: the message as stored (capped) and
+/// the digest of both ([`crate::lifecycle::said_key`]).
+fn told_as(reason: WaitReason, message: &str) -> (String, i64) {
+    let message = crate::lifecycle::tasks::capped(message);
+    let digest = crate::lifecycle::said_key(reason, &message);
+    (message, digest)
+}
+
 /// Every queue's count of changes ([`super::memo`]), read on `conn` (a transaction's).
 fn all_changes(conn: &rusqlite::Connection) -> Result<HashMap<String, i64>> {
     let mut stmt = conn.prepare_cached("SELECT queue, n FROM queue_changes")?;
@@ -241,22 +249,26 @@ impl Store {
         let rows = stmt.query_map(params![queue, limit as i64, now_ms, allowed], |r| {
             queued(r, &mut parsed)
         })?;
+        let arrival = first_arriving
+            .as_ref()
+            .map(
+                |(priority, queued_at_ms, version)| crate::lifecycle::entry::Entry {
+                    priority: *priority,
+                    queued_at_ms: *queued_at_ms,
+                    version,
+                    id: 0,
+                },
+            );
         let mut out = Vec::new();
         let mut cut = false;
         for row in rows {
             let row = row?;
             // In admission order: every job after the first one behind is behind too.
-            if let Some((priority, queued_at_ms, version)) = &first_arriving {
-                let arrival = crate::lifecycle::entry::Entry {
-                    priority: *priority,
-                    queued_at_ms: *queued_at_ms,
-                    version,
-                    id: 0,
-                };
-                if crate::lifecycle::entry::behind(&row.entry(), &arrival) {
-                    cut = true;
-                    break;
-                }
+            if let Some(arrival) = &arrival
+                && crate::lifecycle::entry::behind(&row.entry(), arrival)
+            {
+                cut = true;
+                break;
             }
             out.push(row);
         }
@@ -377,8 +389,7 @@ impl Store {
         let changed: Vec<(i64, WaitReason, String, i64)> = told
             .iter()
             .filter_map(|(id, reason, message)| {
-                let message = crate::lifecycle::tasks::capped(message);
-                let digest = crate::lifecycle::said_key(*reason, &message);
+                let (message, digest) = told_as(*reason, message);
                 (said.get(id) != Some(&digest)).then_some((*id, *reason, message, digest))
             })
             .collect();
@@ -429,9 +440,6 @@ impl Store {
         }
         let kept = std::mem::take(&mut self.memo.borrow_mut().told);
         let mut scanned: HashMap<String, super::memo::Told> = HashMap::new();
-        let digest_of = |reason: WaitReason, message: &str| {
-            crate::lifecycle::said_key(reason, &crate::lifecycle::tasks::capped(message))
-        };
         // The groups told something else, found by reads alone (no write lock while every
         // group is told already, the steady state).
         let mut stale: Vec<(String, String, i64, WaitReason, String, i64)> = Vec::new();
@@ -460,12 +468,11 @@ impl Store {
                         && k.holds(count, queue_skip, now_ms)
                         && k.said.iter().all(|(ns, d)| {
                             let (reason, message) = why(&queue, ns);
-                            digest_of(reason, &message) == *d
+                            told_as(reason, &message).1 == *d
                         })
                     {
-                        let k = kept.get(&queue).expect("checked").clone();
                         after = (queue.clone(), "\u{10FFFF}".to_string(), i64::MAX);
-                        scanned.insert(queue, k);
+                        scanned.insert(queue, k.clone());
                         continue;
                     }
                     scanned.insert(
@@ -482,8 +489,7 @@ impl Store {
                 let group = (queue, namespace);
                 if said.as_ref().is_none_or(|(g, _)| *g != group) {
                     let (reason, message) = why(&group.0, &group.1);
-                    let message = crate::lifecycle::tasks::capped(&message);
-                    let digest = crate::lifecycle::said_key(reason, &message);
+                    let (message, digest) = told_as(reason, &message);
                     if let Some(t) = scanned.get_mut(&group.0) {
                         t.said.push((group.1.clone(), digest));
                     }
